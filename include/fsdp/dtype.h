@@ -1,0 +1,66 @@
+// Element types of libfsdp buffers (f32, bf16, f16) and exact scalar conversions.
+// bf16 and f16 are stored as raw uint16_t bits; conversions round to nearest even and keep
+// NaN/Inf, as hardware converters (vcvtneps2bf16, vcvtps2ph) do.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace fsdp {
+
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr std::string_view DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+  }
+  return "?";
+}
+
+inline uint16_t FloatToBf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float Bf16ToFloat(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t FloatToF16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t absu = u & 0x7fffffffu;
+  if (absu >= 0x7f800000u) {  // Inf or NaN
+    return static_cast<uint16_t>(sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: Inf
+  if (absu < 0x38800000u) {  // result is subnormal or zero: value * 2^24 rounded to an integer
+    const float a = std::bit_cast<float>(absu);
+    // Adding 0.5f aligns the mantissa so the FPU performs round-to-nearest-even for us.
+    const float r = a + 0.5f;
+    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(r) - 0x3f000000u));
+  }
+  uint32_t mant_odd = (absu >> 13) & 1u;
+  uint32_t v = absu + 0xc8000fffu + mant_odd;  // re-bias exponent (-112 << 23) and round
+  return static_cast<uint16_t>(sign | (v >> 13));
+}
+
+inline float F16ToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    // subnormal or zero: mant * 2^-24
+    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(v));
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,95 @@
+// CPU compute kernels with explicit forward and backward (llm.c style): plain functions on raw
+// row-major f32 pointers and sizes. They are the reference implementation that every other
+// backend is tested against, op by op.
+//
+// Conventions:
+// - Every *_backward ACCUMULATES (+=) into its gradient outputs; callers zero them first.
+//   Any gradient output may be nullptr, and is then not computed (frozen weight, no input grad).
+// - Kernels parallelise with OpenMP over the calling thread's OpenMP thread count, so a rank
+//   thread that called omp_set_num_threads(k) (see CpuBackend) uses k threads and no more.
+// - Shapes: B batch, T sequence, C channels, NH heads, V vocabulary, M/K/N matmul sizes.
+#pragma once
+
+#include <cstdint>
+
+namespace fsdp::kernels::cpu {
+
+// ---- Linear layer (oneDNN) -----------------------------------------------------------------
+// out[M,N] = inp[M,K] . weight[N,K]^T + bias[N]   (bias may be nullptr)
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t M, int64_t K, int64_t N);
+// dinp[M,K] += dout[M,N] . weight[N,K];  dweight[N,K] += dout^T . inp;  dbias[N] += sum_m dout
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t M, int64_t K, int64_t N);
+// Plain GEMM used by benchmarks and the MFU peak: c[M,N] = a[M,K] . b[K,N] (row-major, f32).
+void sgemm(float* c, const float* a, const float* b, int64_t M, int64_t K, int64_t N);
+
+// ---- LayerNorm over the last dimension (biased variance) -----------------------------------
+// mean[N], rstd[N] are saved for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t N, int64_t C,
+                       float eps = 1e-5f);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int64_t N, int64_t C);
+
+// ---- tanh GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----------------------------
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+// ---- Causal multi-head self-attention ------------------------------------------------------
+// qkv[B,T,3C]: q, k, v are columns [0,C), [C,2C), [2C,3C); head h uses [hD,(h+1)D), D = C/NH.
+// out[B,T,C] = concat_h softmax(q k^T / sqrt(D) + causal mask) v.
+// att[B,NH,T,T] receives the softmax probabilities (entries above the diagonal are 0) and is
+// what backward needs besides qkv.
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                       int64_t C, int64_t NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t NH);
+
+// ---- Softmax cross-entropy over V classes --------------------------------------------------
+// probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]].
+// A target < 0 is ignored: its loss is 0 and it gets no gradient.
+void softmax_crossentropy_forward(float* losses, float* probs, const float* logits,
+                                  const int32_t* targets, int64_t N, int64_t V);
+// dlogits[n,:] += dloss * (probs[n,:] - onehot(targets[n]))  (dloss: d mean-loss / d loss[n])
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets,
+                                   float dloss, int64_t N, int64_t V);
+
+// ---- Embedding lookup ----------------------------------------------------------------------
+// out[n,:] = table[idx[n],:]
+void embedding_forward(float* out, const int32_t* idx, const float* table, int64_t N, int64_t C);
+// dtable[idx[n],:] += dout[n,:]   (scatter-add; repeated indices accumulate)
+void embedding_backward(float* dtable, const float* dout, const int32_t* idx, int64_t N,
+                        int64_t C);
+
+// ---- Residual add --------------------------------------------------------------------------
+// out = a + b (out may alias a or b)
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+// da += dout; db += dout
+void residual_backward(float* da, float* db, const float* dout, int64_t n);
+
+// ---- Casts (round to nearest even, NaN/Inf kept) -------------------------------------------
+void cast_f32_to_bf16(uint16_t* out, const float* in, int64_t n);
+void cast_bf16_to_f32(float* out, const uint16_t* in, int64_t n);
+void cast_f32_to_f16(uint16_t* out, const float* in, int64_t n);
+void cast_f16_to_f32(float* out, const uint16_t* in, int64_t n);
+
+// ---- Optimizer element-wise updates (MODEL_SPEC.md; PyTorch semantics) ---------------------
+// AdamW, step >= 1:  p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//                    p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+// SGD with momentum (torch.optim.SGD): g' = g + wd*p; buf = g' on the first step, else
+// buf = momentum*buf + (1-dampening)*g'; d = nesterov ? g' + momentum*buf : buf; p -= lr*d.
+// momentum_buf may be nullptr when momentum == 0.
+void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
+                float momentum, float dampening, float weight_decay, bool nesterov,
+                bool first_step);
+
+// ---- Reductions used by clipping and loss scaling ------------------------------------------
+double sum_squares(const float* x, int64_t n);       // sum x^2, accumulated in double
+void scale_inplace(float* x, float s, int64_t n);    // x *= s
+bool all_finite(const float* x, int64_t n);          // no NaN / Inf in x
+
+}  // namespace fsdp::kernels::cpu
