@@ -1,0 +1,115 @@
+// The GPT of MODEL_SPEC.md, written llm.c style: each layer a forward/backward pair of
+// kernels, called through a Backend's op table.
+//
+// Parameters are grouped into units, the sharding units of the runtime: unit 0 is the root
+// (transformer.wte.weight, transformer.wpe.weight, transformer.ln_f.weight,
+// transformer.ln_f.bias) and unit 1 + i is transformer block i. A unit's parameters are stored
+// as one flat f32 buffer, the concatenation of its tensors in the order of unit_params(u).
+// The model never owns parameters: every stage takes pointers to the flat buffers it needs,
+// so a sharding runtime can point them into gathered buffers (and gradients into its own).
+//
+// One training step with all units resident (what Gpt::Forward/Backward do):
+//   ForwardEmbed(root) ; ForwardBlock(i, block_i) for i = 0..L-1 ; loss = ForwardHead(root)
+//   BackwardHead(root, droot) ; BackwardBlock(i, ...) for i = L-1..0 ; BackwardEmbed(droot)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/backend.h"
+#include "fsdp/status.h"
+
+namespace fsdp::nn {
+
+struct GptConfig {
+  std::string name;
+  int vocab_size = 256;  // V
+  int block_size = 64;   // T, the longest sequence
+  int num_layers = 2;    // L
+  int num_heads = 2;     // H
+  int channels = 64;     // C
+
+  // "nano", "mini", "gpt2", "gpt2-medium", "gpt2-xl".
+  static absl::StatusOr<GptConfig> FromName(std::string_view name);
+  absl::Status Validate() const;  // positive sizes, C divisible by H
+  int64_t num_parameters() const;  // all parameters (wte counted once; lm_head is tied)
+  // P of MODEL_SPEC.md's FLOP formula (all parameters except wpe).
+  int64_t num_flop_parameters() const;
+  // Model FLOPs of one step over `tokens` tokens of sequence length T (PaLM convention).
+  double flops_per_step(int64_t tokens, int64_t T) const;
+};
+
+struct ParamSpec {
+  std::string name;            // e.g. "transformer.h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // row-major; Linear weights are [out, in]
+  int64_t numel = 0;
+  int64_t offset = 0;  // element offset inside its unit's flat buffer
+  int unit = 0;        // 0 = root, 1 + i = block i
+  bool weight_decay = false;  // true for tensors of two or more dimensions
+};
+
+// All parameters, unit by unit (root first), in flat-buffer order inside each unit.
+std::vector<ParamSpec> GptParamSpecs(const GptConfig& config);
+int GptNumUnits(const GptConfig& config);  // L + 1
+
+// Deterministic initialisation (MODEL_SPEC.md). Element j of a tensor is a pure function of
+// (seed, tensor name, j), so any slice [begin, end) of any tensor can be initialised alone
+// and every world size and strategy sees the same model.
+void InitParamSlice(const GptConfig& config, const ParamSpec& spec, uint64_t seed,
+                    int64_t begin, int64_t end, float* out);
+// Initialises a whole unit's flat buffer (unit_numel(u) floats).
+void InitUnit(const GptConfig& config, int unit, uint64_t seed, float* flat);
+
+class Gpt {
+ public:
+  // Activations are allocated on `backend` for batches of up to B sequences of length T.
+  static absl::StatusOr<std::unique_ptr<Gpt>> Create(const GptConfig& config, Backend* backend,
+                                                     int B, int T);
+  ~Gpt();
+
+  const GptConfig& config() const { return config_; }
+  int batch_size() const { return B_; }
+  int seq_len() const { return T_; }
+  int num_units() const { return config_.num_layers + 1; }
+  const std::vector<ParamSpec>& params() const { return specs_; }
+  std::vector<const ParamSpec*> unit_params(int unit) const;
+  int64_t unit_numel(int unit) const;
+  int64_t activation_bytes() const;  // bytes of activation buffers held for B x T
+
+  // ---- staged API (pointers are device pointers of the backend) -----------------------------
+  // idx and targets are [B, T] token ids in [0, V).
+  absl::Status ForwardEmbed(const float* root, const int32_t* idx);
+  absl::Status ForwardBlock(int layer, const float* block);
+  // Returns the mean cross-entropy over the B*T positions; targets may be nullptr (no loss,
+  // logits only, as in sampling) and then 0 is returned.
+  absl::StatusOr<float> ForwardHead(const float* root, const int32_t* targets);
+  // Backward accumulates (+=) into the gradient buffers (same flat layout as the parameters);
+  // a nullptr gradient buffer skips that unit's parameter gradients.
+  absl::Status BackwardHead(const float* root, float* droot);
+  absl::Status BackwardBlock(int layer, const float* block, float* dblock);
+  absl::Status BackwardEmbed(float* droot);
+
+  // ---- whole-model convenience over resident units (units[u] = unit u's flat buffer) --------
+  absl::StatusOr<float> Forward(const std::vector<const float*>& units, const int32_t* idx,
+                                const int32_t* targets);
+  absl::Status Backward(const std::vector<const float*>& units, const std::vector<float*>& grads);
+
+  // Logits of the last ForwardHead, [B, T, V] on the backend.
+  const float* logits() const;
+
+ private:
+  struct Activations;
+  Gpt(GptConfig config, Backend* backend, int B, int T);
+  GptConfig config_;
+  Backend* backend_;
+  int B_, T_;
+  std::vector<ParamSpec> specs_;
+  std::unique_ptr<Activations> acts_;
+  const int32_t* idx_ = nullptr;      // inputs of the last ForwardEmbed
+  const int32_t* targets_ = nullptr;  // targets of the last ForwardHead
+};
+
+}  // namespace fsdp::nn
