@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/optim.h"
 #include "fsdp/status.h"
 
 namespace fsdp::nn {
@@ -34,7 +35,7 @@ struct GptConfig {
 
   // "nano", "mini", "gpt2", "gpt2-medium", "gpt2-xl".
   static absl::StatusOr<GptConfig> FromName(std::string_view name);
-  absl::Status Validate() const;  // positive sizes, C divisible by H
+  absl::Status Validate() const;  // positive sizes, C divisible by H, V <= 65536
   int64_t num_parameters() const;  // all parameters (wte counted once; lm_head is tied)
   // P of MODEL_SPEC.md's FLOP formula (all parameters except wpe).
   int64_t num_flop_parameters() const;
@@ -54,6 +55,10 @@ struct ParamSpec {
 // All parameters, unit by unit (root first), in flat-buffer order inside each unit.
 std::vector<ParamSpec> GptParamSpecs(const GptConfig& config);
 int GptNumUnits(const GptConfig& config);  // L + 1
+int64_t GptUnitNumel(const GptConfig& config, int unit);
+// The weight-decay ranges of a whole unit's flat buffer, one per tensor (use
+// SliceDecayRanges of optim.h for a shard of it).
+std::vector<DecayRange> UnitDecayRanges(const std::vector<ParamSpec>& specs, int unit);
 
 // Deterministic initialisation (MODEL_SPEC.md). Element j of a tensor is a pure function of
 // (seed, tensor name, j), so any slice [begin, end) of any tensor can be initialised alone
@@ -63,9 +68,14 @@ void InitParamSlice(const GptConfig& config, const ParamSpec& spec, uint64_t see
 // Initialises a whole unit's flat buffer (unit_numel(u) floats).
 void InitUnit(const GptConfig& config, int unit, uint64_t seed, float* flat);
 
+// Stage order is checked: a backward stage before its forward, or blocks out of order, is a
+// FailedPrecondition error. Token ids are checked against [0, V) (a copy to the host).
+// ForwardBlock(i) may run again between BackwardHead and BackwardBlock(i) (recomputation for
+// activation checkpointing): each block's input is kept.
 class Gpt {
  public:
-  // Activations are allocated on `backend` for batches of up to B sequences of length T.
+  // Activations are allocated on `backend` for batches of B sequences of length T
+  // (1 <= T <= block_size); every call runs on exactly that shape.
   static absl::StatusOr<std::unique_ptr<Gpt>> Create(const GptConfig& config, Backend* backend,
                                                      int B, int T);
   ~Gpt();
@@ -80,7 +90,8 @@ class Gpt {
   int64_t activation_bytes() const;  // bytes of activation buffers held for B x T
 
   // ---- staged API (pointers are device pointers of the backend) -----------------------------
-  // idx and targets are [B, T] token ids in [0, V).
+  // idx and targets are [B, T] token ids in [0, V); the model keeps the pointers (not a copy)
+  // until the matching backward stage, so they must stay valid until then.
   absl::Status ForwardEmbed(const float* root, const int32_t* idx);
   absl::Status ForwardBlock(int layer, const float* block);
   // Returns the mean cross-entropy over the B*T positions; targets may be nullptr (no loss,
@@ -97,12 +108,15 @@ class Gpt {
                                 const int32_t* targets);
   absl::Status Backward(const std::vector<const float*>& units, const std::vector<float*>& grads);
 
-  // Logits of the last ForwardHead, [B, T, V] on the backend.
+  // Logits of the last ForwardHead, [B, T, V] on the backend. BackwardHead reuses this buffer
+  // for the logits' gradient, so they are valid until then.
   const float* logits() const;
 
  private:
   struct Activations;
   Gpt(GptConfig config, Backend* backend, int B, int T);
+  absl::Status CheckTokens(const int32_t* tokens, const char* what) const;
+  absl::Status Zero(float* p, int64_t n) const;
   GptConfig config_;
   Backend* backend_;
   int B_, T_;
@@ -110,6 +124,10 @@ class Gpt {
   std::unique_ptr<Activations> acts_;
   const int32_t* idx_ = nullptr;      // inputs of the last ForwardEmbed
   const int32_t* targets_ = nullptr;  // targets of the last ForwardHead
+  // Progress of the current step, for the stage-order checks.
+  int forward_blocks_done_ = -1;  // -1: no ForwardEmbed yet; i: blocks 0..i-1 done
+  bool head_done_ = false;        // ForwardHead with targets since the last ForwardEmbed
+  int backward_next_ = -2;        // -2: no BackwardHead yet; i: BackwardBlock(i) is next
 };
 
 }  // namespace fsdp::nn

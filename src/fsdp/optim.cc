@@ -1,0 +1,167 @@
+// AdamW and SGD over one flat buffer and its decay ranges, LR schedules, the clip coefficient.
+#include "fsdp/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+
+namespace fsdp {
+namespace {
+
+// Sorted copy of `ranges` with empty ranges dropped and touching neighbours that have the same
+// flag merged, so a unit of many tensors costs a few kernel calls, not one per tensor.
+std::vector<DecayRange> Normalize(std::vector<DecayRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const DecayRange& a, const DecayRange& b) { return a.begin < b.begin; });
+  std::vector<DecayRange> out;
+  for (const DecayRange& r : ranges) {
+    if (r.begin == r.end) continue;
+    if (!out.empty() && out.back().end == r.begin && out.back().weight_decay == r.weight_decay) {
+      out.back().end = r.end;
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Buffer> ZeroedState(Backend* backend, int64_t numel) {
+  FSDP_ASSIGN_OR_RETURN(Buffer b, Buffer::Create(backend, static_cast<size_t>(numel) * 4));
+  FSDP_RETURN_IF_ERROR(backend->Memset(b.data(), 0, b.bytes()));
+  return b;
+}
+
+absl::Status CheckPointers(const float* param, const float* grad) {
+  if (param == nullptr || grad == nullptr) {
+    return absl::InvalidArgumentError("Optimizer::Step: param or grad is null");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<DecayRange> SliceDecayRanges(const std::vector<DecayRange>& ranges, int64_t lo,
+                                         int64_t hi) {
+  std::vector<DecayRange> out;
+  for (const DecayRange& r : ranges) {
+    const int64_t b = std::max(r.begin, lo), e = std::min(r.end, hi);
+    if (b < e) out.push_back({b - lo, e - lo, r.weight_decay});
+  }
+  return out;
+}
+
+absl::Status Optimizer::ValidateRanges(const std::vector<DecayRange>& ranges, int64_t numel) {
+  if (numel < 0) return absl::InvalidArgumentError(absl::StrCat("optimizer: numel ", numel));
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const DecayRange& r = ranges[i];
+    if (r.begin < 0 || r.begin > r.end || r.end > numel) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer: decay range [", r.begin, ", ",
+                                                     r.end, ") is not inside [0, ", numel, ")"));
+    }
+    if (i > 0 && r.begin < ranges[i - 1].end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: decay ranges overlap at element ", r.begin));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- AdamW -----------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(Backend* backend, int64_t numel,
+                                                     std::vector<DecayRange> ranges,
+                                                     AdamWOptions options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("AdamW: backend is null");
+  ranges = Normalize(std::move(ranges));
+  FSDP_RETURN_IF_ERROR(ValidateRanges(ranges, numel));
+  if (!(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1 &&
+        options.eps >= 0 && options.lr >= 0 && options.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AdamW: need lr, eps, weight_decay >= 0 and betas in [0, 1); got lr=", options.lr,
+        " betas=(", options.beta1, ", ", options.beta2, ") eps=", options.eps,
+        " weight_decay=", options.weight_decay));
+  }
+  std::unique_ptr<AdamW> opt(new AdamW(backend, numel, std::move(ranges), options));
+  FSDP_ASSIGN_OR_RETURN(opt->m_, ZeroedState(backend, numel));
+  FSDP_ASSIGN_OR_RETURN(opt->v_, ZeroedState(backend, numel));
+  return opt;
+}
+
+absl::Status AdamW::Step(float* param, const float* grad) {
+  FSDP_RETURN_IF_ERROR(CheckPointers(param, grad));
+  ++step_;
+  const Ops& ops = backend_->ops();
+  for (const DecayRange& r : ranges_) {
+    ops.adamw_update(param + r.begin, grad + r.begin, m_.as<float>() + r.begin,
+                     v_.as<float>() + r.begin, r.end - r.begin, lr_, options_.beta1,
+                     options_.beta2, options_.eps, r.weight_decay ? options_.weight_decay : 0.0f,
+                     step_);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<OptimizerState> AdamW::state() {
+  return {{"exp_avg", m_.as<float>()}, {"exp_avg_sq", v_.as<float>()}};
+}
+
+// ---- SGD -------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Sgd>> Sgd::Create(Backend* backend, int64_t numel,
+                                                 std::vector<DecayRange> ranges,
+                                                 SgdOptions options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("Sgd: backend is null");
+  ranges = Normalize(std::move(ranges));
+  FSDP_RETURN_IF_ERROR(ValidateRanges(ranges, numel));
+  if (!(options.lr >= 0 && options.momentum >= 0 && options.weight_decay >= 0)) {
+    return absl::InvalidArgumentError("Sgd: lr, momentum and weight_decay must be >= 0");
+  }
+  if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
+    return absl::InvalidArgumentError("Sgd: nesterov needs momentum > 0 and dampening 0");
+  }
+  std::unique_ptr<Sgd> opt(new Sgd(backend, numel, std::move(ranges), options));
+  if (options.momentum != 0) {
+    FSDP_ASSIGN_OR_RETURN(opt->momentum_, ZeroedState(backend, numel));
+  }
+  return opt;
+}
+
+absl::Status Sgd::Step(float* param, const float* grad) {
+  FSDP_RETURN_IF_ERROR(CheckPointers(param, grad));
+  ++step_;
+  const Ops& ops = backend_->ops();
+  float* buf = momentum_.as<float>();
+  for (const DecayRange& r : ranges_) {
+    ops.sgd_update(param + r.begin, grad + r.begin, buf == nullptr ? nullptr : buf + r.begin,
+                   r.end - r.begin, lr_, options_.momentum, options_.dampening,
+                   r.weight_decay ? options_.weight_decay : 0.0f, options_.nesterov,
+                   step_ == 1);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<OptimizerState> Sgd::state() {
+  if (momentum_.data() == nullptr) return {};
+  return {{"momentum_buffer", momentum_.as<float>()}};
+}
+
+// ---- schedules and clipping ------------------------------------------------------------------
+
+float WarmupCosine::At(int64_t step) const {
+  if (step < warmup_steps_) {
+    return max_lr_ * static_cast<float>(step + 1) / static_cast<float>(warmup_steps_);
+  }
+  if (step >= total_steps_) return min_lr_;
+  const double ratio = static_cast<double>(step - warmup_steps_) /
+                       static_cast<double>(total_steps_ - warmup_steps_);
+  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+  return static_cast<float>(min_lr_ + coeff * (max_lr_ - min_lr_));
+}
+
+float ClipCoefficient(double total_norm, float max_norm) {
+  if (max_norm <= 0 || !(total_norm > max_norm)) return 1.0f;
+  return static_cast<float>(max_norm / (total_norm + 1e-6));
+}
+
+}  // namespace fsdp
