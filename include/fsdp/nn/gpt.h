@@ -62,10 +62,10 @@ std::vector<DecayRange> UnitDecayRanges(const std::vector<ParamSpec>& specs, int
 
 // Deterministic initialisation (MODEL_SPEC.md). Element j of a tensor is a pure function of
 // (seed, tensor name, j), so any slice [begin, end) of any tensor can be initialised alone
-// and every world size and strategy sees the same model.
+// and every world size and strategy sees the same model. `out` is host memory.
 void InitParamSlice(const GptConfig& config, const ParamSpec& spec, uint64_t seed,
                     int64_t begin, int64_t end, float* out);
-// Initialises a whole unit's flat buffer (unit_numel(u) floats).
+// Initialises a whole unit's flat buffer in host memory (GptUnitNumel floats).
 void InitUnit(const GptConfig& config, int unit, uint64_t seed, float* flat);
 
 // Stage order is checked: a backward stage before its forward, or blocks out of order, is a
@@ -126,8 +126,8 @@ class Gpt {
   const int32_t* targets_ = nullptr;  // targets of the last ForwardHead
   // Progress of the current step, for the stage-order checks.
   int forward_blocks_done_ = -1;  // -1: no ForwardEmbed yet; i: blocks 0..i-1 done
-  bool head_done_ = false;        // ForwardHead with targets since the last ForwardEmbed
-  int backward_next_ = -2;        // -2: no BackwardHead yet; i: BackwardBlock(i) is next
+  bool head_done_ = false;        // a ForwardHead with targets awaits its BackwardHead
+  int backward_next_ = -2;  // -2: no BackwardHead yet; i >= 0: BackwardBlock(i); -1: embed
 };
 
 }  // namespace fsdp::nn

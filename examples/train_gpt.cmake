@@ -1,0 +1,4 @@
+# examples/train_gpt: single-rank GPT training on the embedded corpus (scripts/run_example.sh).
+add_executable(train_gpt ${CMAKE_CURRENT_LIST_DIR}/train_gpt.cc)
+target_link_libraries(train_gpt PRIVATE fsdp::fsdp absl::flags absl::flags_parse absl::flags_usage)
+fsdp_project_warnings(train_gpt)
