@@ -1,0 +1,194 @@
+// The sharding runtime (FSDP / ZeRO): flat-parameter units, the four strategies, the sharded
+// optimizer, gradient clipping, accumulation and memory accounting.
+//
+// A unit is a group of parameters flattened into one contiguous f32 buffer, padded so that
+// every rank of the shard group holds the same number of elements. Between uses each rank
+// keeps only its shard (and the gradient and optimizer-state shards of the same shape).
+//
+// The per-unit hooks, for frameworks that run their own autograd (the bundled GPT uses the
+// same ones, see fsdp/nn/sharded_gpt.h). One step with every unit u, in the model's order:
+//
+//   for each micro-batch:
+//     view = PreForward(u)      // gathered parameters of u (read them with your kernels)
+//     ... forward of u ...
+//     PostForward(u)            // FULL_SHARD frees the gathered parameters again
+//     ... loss ...
+//     view = PreBackward(u)     // (reverse order) parameters again, plus a gradient buffer
+//     ... backward of u, accumulating (+=) into view.grads ...
+//     PostBackward(u)           // reduce-scatters the gradient asynchronously
+//     FinishBackward()          // waits for the reductions (HYBRID: all-reduce across groups)
+//   Step()                      // clip by global norm, optimizer update of the local shards
+//
+// With set_sync_gradients(false) (FSDP's no_sync) PostBackward keeps the unit's full
+// gradient and accumulates into it; the next backward with sync on reduces it once. The
+// gradient that Step() uses is the mean over the data-parallel ranks and over the backward
+// passes since the last step, i.e. the gradient of the mean loss of the concatenated batch.
+//
+// Every hook checks the order it is called in and the shapes registered on each rank, and
+// reports a violation as an error before any data is touched.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/backend.h"
+#include "fsdp/communicator.h"
+#include "fsdp/optim.h"
+#include "fsdp/status.h"
+
+namespace fsdp {
+
+enum class ShardingStrategy : uint8_t {
+  kFullShard,          // shard params, grads, optimizer; gather in forward and in backward
+  kShardGradOp,        // gather once in forward, keep until the unit's backward ends
+  kNoShard,            // replicate everything, all-reduce gradients (DDP)
+  kHybridShard,        // FULL_SHARD inside a shard group, replicate across groups
+  kHybridShardGradOp,  // SHARD_GRAD_OP inside a shard group, replicate across groups
+};
+std::string_view StrategyName(ShardingStrategy s);  // "FULL_SHARD", ...
+// Accepts the names of StrategyName, case-insensitive, '-' or '_'.
+absl::StatusOr<ShardingStrategy> ParseStrategy(std::string_view name);
+
+struct ParamInfo {
+  ParamInfo() = default;
+  ParamInfo(std::string name, std::vector<int64_t> shape, bool requires_grad = true,
+            std::optional<bool> weight_decay = std::nullopt)
+      : name(std::move(name)), shape(std::move(shape)), requires_grad(requires_grad),
+        weight_decay(weight_decay) {}
+
+  std::string name;
+  std::vector<int64_t> shape;
+  bool requires_grad = true;  // false: frozen (no gradient, never updated)
+  // Weight decay; when unset, tensors of two or more dimensions get it (MODEL_SPEC.md).
+  std::optional<bool> weight_decay;
+};
+
+enum class OptimizerKind : uint8_t { kAdamW, kSgd };
+
+struct ShardingOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  // HYBRID strategies: ranks per shard group (the mesh is world/shard x shard). Must divide
+  // the world size. Ignored by the other strategies.
+  int hybrid_shard_size = 0;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  AdamWOptions adamw;
+  SgdOptions sgd;
+  float max_grad_norm = 0.0f;  // clip by global norm when > 0
+};
+
+// A parameter of a unit as seen through a view: data + offset is its first element.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+// What a hook hands the model: the unit's gathered parameters (all of them, padding at the
+// end) and, in backward, the gradient buffer of the same layout to accumulate into.
+struct UnitView {
+  int unit = -1;
+  const float* params = nullptr;
+  float* grads = nullptr;  // nullptr in forward
+  int64_t numel = 0;       // unpadded
+  const std::vector<TensorSlot>* tensors = nullptr;
+  const float* param(int i) const { return params + (*tensors)[i].offset; }
+  float* grad(int i) const { return grads + (*tensors)[i].offset; }
+};
+
+// Bytes per rank, by what they hold. "persistent" = parameter, gradient and optimizer shards.
+struct MemoryReport {
+  int64_t param_shard_bytes = 0;
+  int64_t grad_shard_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t gathered_param_bytes = 0;       // unsharded parameter buffers alive now
+  int64_t gathered_param_peak_bytes = 0;  // ... and at peak since the last ResetPeaks()
+  int64_t grad_buffer_bytes = 0;          // unsharded gradient / reduction buffers alive now
+  int64_t grad_buffer_peak_bytes = 0;
+  int64_t activation_peak_bytes = 0;      // as reported by the model (SetActivationBytes)
+  int64_t persistent_bytes() const {
+    return param_shard_bytes + grad_shard_bytes + optimizer_bytes;
+  }
+};
+std::string FormatMemoryReport(const MemoryReport& m);
+
+struct StepStats {
+  double grad_norm = 0;       // global L2 norm before clipping
+  float clip_coefficient = 1;  // what the gradients were multiplied by
+  float lr = 0;
+  int64_t step = 0;            // optimizer steps taken, including this one
+};
+
+class ShardingRuntime {
+ public:
+  // Collective over `world`: builds the mesh of the strategy (NO_SHARD: world x 1,
+  // FULL_SHARD / SHARD_GRAD_OP: 1 x world, HYBRID: world/S x S). `world` must outlive the
+  // runtime; `backend` holds every buffer.
+  static absl::StatusOr<std::unique_ptr<ShardingRuntime>> Create(Backend* backend,
+                                                                 Communicator& world,
+                                                                 ShardingOptions options);
+  ~ShardingRuntime();
+
+  // ---- set-up (local, then one collective Finalize) ------------------------------------------
+  // Registers a unit; returns its index (units are numbered in registration order).
+  // Errors: empty unit, a parameter name used twice, a dimension < 1, after Finalize.
+  absl::StatusOr<int> RegisterUnit(std::string name, std::vector<ParamInfo> params);
+  // Collective: checks that every rank registered the same units (names, shapes, flags) and
+  // allocates the shards and optimizer state. Then fills each rank's shard through `init`,
+  // which is called once per piece of a tensor inside the shard: fill elements
+  // [begin, end) of tensor `param` of unit `unit` into `out` (end - begin floats).
+  using InitFn = std::function<void(int unit, const ParamInfo& param, int64_t begin,
+                                    int64_t end, float* out)>;
+  absl::Status Finalize(const InitFn& init);
+
+  // ---- hooks ----------------------------------------------------------------------------------
+  absl::StatusOr<UnitView> PreForward(int unit);
+  absl::Status PostForward(int unit);
+  absl::StatusOr<UnitView> PreBackward(int unit);
+  absl::Status PostBackward(int unit);
+  absl::Status FinishBackward();
+  // Ends a forward pass that has no backward (evaluation, sampling): every unit must be after
+  // PostForward; frees what SHARD_GRAD_OP kept gathered and makes the units idle again.
+  absl::Status FinishForwardOnly();
+  // Clips, updates every local shard with `lr`, zeroes the gradient shards.
+  absl::StatusOr<StepStats> Step(float lr);
+
+  // no_sync: while false, backward passes accumulate full gradients locally.
+  void set_sync_gradients(bool sync);
+  bool sync_gradients() const;
+
+  // ---- inspection -----------------------------------------------------------------------------
+  int num_units() const;
+  const std::vector<TensorSlot>& unit_tensors(int unit) const;
+  int64_t unit_numel(int unit) const;        // unpadded
+  int64_t unit_shard_numel(int unit) const;  // elements per rank (padded / shard size)
+  // The local shard of a unit's parameters (fp32 master) and of its gradient.
+  const float* param_shard(int unit) const;
+  float* mutable_param_shard(int unit);
+  const float* grad_shard(int unit) const;
+  Optimizer& optimizer(int unit);
+  // Collective over the shard group: the whole unit's parameters (numel floats) into `out`.
+  absl::Status GatherUnit(int unit, float* out);
+
+  ShardingStrategy strategy() const;
+  Communicator& world() const;
+  Communicator& shard_group() const;
+  Communicator& replicate_group() const;
+  int64_t steps() const;
+
+  MemoryReport memory() const;
+  void SetActivationBytes(int64_t bytes);  // the model reports its activation footprint
+  void ResetPeaks();
+
+ private:
+  struct Impl;
+  explicit ShardingRuntime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdp

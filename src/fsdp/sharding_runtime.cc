@@ -1,0 +1,603 @@
+// ShardingRuntime: the per-unit state machine, gathers and reductions of the FSDP strategies,
+// the sharded optimizer step with global-norm clipping, and memory accounting.
+//
+// Every strategy is one mesh (replicate R x shard S) plus one flag:
+//   FULL_SHARD 1 x N, SHARD_GRAD_OP 1 x N (params kept from forward to backward),
+//   NO_SHARD N x 1 (a shard is the whole unit: no gathers, gradients all-reduced),
+//   HYBRID_* R x S.
+// Gradients: reduce-scatter (avg) in the shard group, then all-reduce (avg) of the shard in
+// the replicate group, then accumulate into the gradient shard.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/mesh.h"
+#include "fsdp/sharding.h"
+#include "src/fsdp/flat_layout.h"
+#include "src/fsdp/rank_agreement.h"
+
+namespace fsdp {
+
+std::string_view StrategyName(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
+    case ShardingStrategy::kHybridShardGradOp: return "HYBRID_SHARD_GRAD_OP";
+  }
+  return "?";
+}
+
+absl::StatusOr<ShardingStrategy> ParseStrategy(std::string_view name) {
+  std::string n = absl::AsciiStrToUpper(absl::string_view(name.data(), name.size()));
+  std::replace(n.begin(), n.end(), '-', '_');
+  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                 ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard,
+                 ShardingStrategy::kHybridShardGradOp}) {
+    if (n == StrategyName(s)) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown sharding strategy '", std::string(name),
+      "'; use FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP"));
+}
+
+std::string FormatMemoryReport(const MemoryReport& m) {
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  return absl::StrFormat(
+      "params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB (persistent %.2f MiB); gathered "
+      "params now %.2f / peak %.2f MiB; grad buffers now %.2f / peak %.2f MiB; activations "
+      "peak %.2f MiB",
+      mib(m.param_shard_bytes), mib(m.grad_shard_bytes), mib(m.optimizer_bytes),
+      mib(m.persistent_bytes()), mib(m.gathered_param_bytes), mib(m.gathered_param_peak_bytes),
+      mib(m.grad_buffer_bytes), mib(m.grad_buffer_peak_bytes), mib(m.activation_peak_bytes));
+}
+
+namespace {
+
+enum class UnitState { kIdle, kForward, kForwardDone, kBackward, kBackwardDone };
+
+absl::string_view StateName(UnitState s) {
+  switch (s) {
+    case UnitState::kIdle: return "idle";
+    case UnitState::kForward: return "in forward (after PreForward)";
+    case UnitState::kForwardDone: return "after PostForward";
+    case UnitState::kBackward: return "in backward (after PreBackward)";
+    case UnitState::kBackwardDone: return "after PostBackward";
+  }
+  return "?";
+}
+
+struct Unit {
+  std::string name;
+  std::vector<ParamInfo> params;
+  internal::FlatLayout layout;
+  std::vector<TensorSlot> slots;
+  std::vector<std::pair<int64_t, int64_t>> frozen;  // flat ranges without gradient
+  Buffer param_shard, grad_shard;
+  Buffer gathered;   // padded unit parameters while gathered (shard size > 1 only)
+  Buffer full_grad;  // padded unit gradient, from PreBackward until reduced
+  Buffer reduced;    // reduce-scatter output (shard size > 1 only)
+  std::unique_ptr<Optimizer> optimizer;
+  UnitState state = UnitState::kIdle;
+  bool unsynced = false;  // full_grad holds no_sync accumulation not yet reduced
+  Work reduce_work;
+};
+
+// Tracks bytes of one category, now and at peak.
+struct Gauge {
+  int64_t now = 0, peak = 0;
+  void Add(int64_t b) {
+    now += b;
+    peak = std::max(peak, now);
+  }
+  void Sub(int64_t b) { now -= b; }
+};
+
+}  // namespace
+
+struct ShardingRuntime::Impl {
+  Backend* backend;
+  Communicator* world;
+  ShardingOptions options;
+  std::optional<DeviceMesh> mesh;
+  std::vector<Unit> units;
+  std::set<std::string> param_names;
+  bool finalized = false;
+  bool sync_gradients = true;
+  absl::Status failure;  // set once a hook failed: the runtime is then unusable
+  int64_t passes_since_step = 0;
+  int64_t steps = 0;
+  Gauge gathered, grad_buffers;
+  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+
+  int S() const { return mesh->shard_size(); }
+  int R() const { return mesh->replicate_size(); }
+  bool reshard_after_forward() const {
+    return options.strategy == ShardingStrategy::kFullShard ||
+           options.strategy == ShardingStrategy::kHybridShard;
+  }
+
+  // Fails the runtime and every group, so that peers blocked in (or later entering) a
+  // collective get this rank's error instead of waiting for their deadline.
+  absl::Status Fail(absl::Status s) {
+    if (!s.ok() && failure.ok()) {
+      failure = absl::Status(s.code(), absl::StrCat("rank ", world->rank(), ": ", s.message()));
+      if (mesh) {
+        mesh->shard_group().Abort(failure);
+        mesh->replicate_group().Abort(failure);
+      }
+      world->Abort(failure);
+    }
+    return s;
+  }
+
+  absl::Status CheckUsable(absl::string_view what) const {
+    if (!failure.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": the sharding runtime failed earlier and cannot continue: ",
+          failure.message()));
+    }
+    if (!finalized) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": call Finalize() after registering the units first"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Unit*> GetUnit(int u, absl::string_view what) {
+    FSDP_RETURN_IF_ERROR(CheckUsable(what));
+    if (u < 0 || u >= static_cast<int>(units.size())) {
+      return absl::OutOfRangeError(absl::StrCat(what, ": unit ", u, " does not exist (",
+                                                units.size(), " units registered)"));
+    }
+    return &units[u];
+  }
+
+  absl::Status ExpectState(const Unit& unit, absl::string_view what,
+                           std::initializer_list<UnitState> allowed) const {
+    for (UnitState s : allowed) {
+      if (unit.state == s) return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "(unit '", unit.name, "') called out of order: the unit is ",
+        StateName(unit.state),
+        "; each micro-batch must call PreForward, PostForward, PreBackward, PostBackward per "
+        "unit, then FinishBackward"));
+  }
+
+  absl::StatusOr<Buffer> Alloc(int64_t numel) {
+    return Buffer::Create(backend, static_cast<size_t>(numel) * sizeof(float));
+  }
+
+  absl::Status EnsureGathered(Unit& unit) {
+    if (S() == 1 || unit.gathered.data() != nullptr) return absl::OkStatus();
+    const int64_t padded = unit.layout.padded_numel;
+    FSDP_ASSIGN_OR_RETURN(unit.gathered, Alloc(padded));
+    gathered.Add(padded * 4);
+    return mesh->shard_group().AllGather(unit.param_shard.data(), unit.gathered.data(),
+                                         unit.layout.shard_numel, DType::kF32);
+  }
+
+  void FreeGathered(Unit& unit) {
+    if (unit.gathered.data() == nullptr) return;
+    gathered.Sub(static_cast<int64_t>(unit.gathered.bytes()));
+    unit.gathered.Reset();
+  }
+
+  void FreeGradBuffer(Buffer& b) {
+    if (b.data() == nullptr) return;
+    grad_buffers.Sub(static_cast<int64_t>(b.bytes()));
+    b.Reset();
+  }
+
+  const float* GatheredParams(const Unit& unit) const {
+    return S() == 1 ? unit.param_shard.as<const float>() : unit.gathered.as<const float>();
+  }
+
+  UnitView View(int u, bool with_grads) const {
+    const Unit& unit = units[u];
+    return UnitView{u, GatheredParams(unit), with_grads ? unit.full_grad.as<float>() : nullptr,
+                    unit.layout.numel, &unit.slots};
+  }
+
+  // Issues the unit's gradient reduction: reduce-scatter in the shard group, or (NO_SHARD)
+  // the all-reduce across replicas directly.
+  absl::Status IssueReduction(Unit& unit) {
+    for (auto [b, e] : unit.frozen) {
+      FSDP_RETURN_IF_ERROR(backend->Memset(unit.full_grad.as<float>() + b, 0, (e - b) * 4));
+    }
+    if (S() > 1) {
+      FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(unit.layout.shard_numel));
+      grad_buffers.Add(static_cast<int64_t>(unit.reduced.bytes()));
+      unit.reduce_work = mesh->shard_group().ReduceScatterAsync(
+          unit.full_grad.data(), unit.reduced.data(), unit.layout.shard_numel, DType::kF32,
+          ReduceOp::kAvg);
+    } else if (R() > 1) {
+      unit.reduce_work = mesh->replicate_group().AllReduceAsync(
+          unit.full_grad.data(), unit.full_grad.data(), unit.layout.padded_numel, DType::kF32,
+          ReduceOp::kAvg);
+    }
+    unit.unsynced = false;
+    return absl::OkStatus();
+  }
+};
+
+ShardingRuntime::ShardingRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShardingRuntime::~ShardingRuntime() {
+  // Collectives still in flight read our buffers: let them finish (or fail) first.
+  for (Unit& u : impl_->units) {
+    if (u.reduce_work.valid()) u.reduce_work.Wait().IgnoreError();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
+    Backend* backend, Communicator& world, ShardingOptions options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("ShardingRuntime: backend is null");
+  const int n = world.size();
+  int replicate = 1, shard = n;
+  switch (options.strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      break;
+    case ShardingStrategy::kNoShard:
+      replicate = n;
+      shard = 1;
+      break;
+    case ShardingStrategy::kHybridShard:
+    case ShardingStrategy::kHybridShardGradOp:
+      if (options.hybrid_shard_size < 1 || n % options.hybrid_shard_size != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            std::string(StrategyName(options.strategy)), ": hybrid_shard_size (", options.hybrid_shard_size,
+            ") must be >= 1 and divide the world size (", n,
+            "); it is the number of ranks in a shard group, e.g. the ranks of one host"));
+      }
+      shard = options.hybrid_shard_size;
+      replicate = n / shard;
+      break;
+  }
+  if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_grad_norm must be >= 0 (0 disables clipping), got ", options.max_grad_norm));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->backend = backend;
+  impl->world = &world;
+  impl->options = options;
+  FSDP_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(world, replicate, shard));
+  impl->mesh.emplace(std::move(mesh));
+  return std::unique_ptr<ShardingRuntime>(new ShardingRuntime(std::move(impl)));
+}
+
+absl::StatusOr<int> ShardingRuntime::RegisterUnit(std::string name,
+                                                  std::vector<ParamInfo> params) {
+  Impl& m = *impl_;
+  auto fail = [&](absl::Status s) -> absl::Status { return m.Fail(std::move(s)); };
+  if (!m.failure.ok()) return m.CheckUsable("RegisterUnit");
+  if (m.finalized) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "RegisterUnit('", name, "') after Finalize(): register every unit first")));
+  }
+  if (params.empty()) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("RegisterUnit('", name, "'): a unit needs at least one parameter")));
+  }
+  std::vector<internal::FlatTensor> tensors;
+  std::set<std::string> names_here;
+  for (const ParamInfo& p : params) {
+    if (p.name.empty()) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("RegisterUnit('", name, "'): a parameter has an empty name")));
+    }
+    if (m.param_names.count(p.name) || !names_here.insert(p.name).second) {
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          "RegisterUnit('", name, "'): parameter '", p.name,
+          "' is already registered; each parameter belongs to exactly one unit")));
+    }
+    int64_t numel = 1;
+    for (int64_t d : p.shape) {
+      if (d < 1) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "RegisterUnit('", name, "'): parameter '", p.name, "' has shape [",
+            absl::StrJoin(p.shape, ", "), "]; every dimension must be >= 1")));
+      }
+      numel *= d;
+    }
+    tensors.push_back({p.name, p.shape, numel, 0, p.requires_grad,
+                       p.weight_decay.value_or(p.shape.size() >= 2)});
+  }
+  m.param_names.insert(names_here.begin(), names_here.end());
+  Unit unit;
+  unit.name = std::move(name);
+  unit.params = std::move(params);
+  unit.layout = internal::FlatLayout::Build(std::move(tensors), m.S());
+  for (const internal::FlatTensor& t : unit.layout.tensors) {
+    unit.slots.push_back({t.name, t.shape, t.offset, t.numel});
+    if (!t.requires_grad) unit.frozen.emplace_back(t.offset, t.offset + t.numel);
+  }
+  m.units.push_back(std::move(unit));
+  return static_cast<int>(m.units.size()) - 1;
+}
+
+absl::Status ShardingRuntime::Finalize(const InitFn& init) {
+  Impl& m = *impl_;
+  if (!m.failure.ok()) return m.CheckUsable("Finalize");
+  if (m.finalized) {
+    return m.Fail(absl::FailedPreconditionError("Finalize() called twice"));
+  }
+  if (m.units.empty()) {
+    return m.Fail(absl::FailedPreconditionError("Finalize(): no unit was registered"));
+  }
+  // Every rank must have registered the same units: compare fingerprints across the world.
+  std::vector<uint64_t> fingerprints;
+  std::vector<std::string> names;
+  for (const Unit& u : m.units) {
+    fingerprints.push_back(u.layout.Fingerprint() ^ std::hash<std::string>{}(u.name));
+    names.push_back(u.name);
+  }
+  FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names));
+
+  const int shard_rank = m.mesh->shard_index();
+  for (Unit& u : m.units) {
+    const int64_t sn = u.layout.shard_numel;
+    FSDP_ASSIGN_OR_RETURN(u.param_shard, m.Alloc(sn));
+    FSDP_ASSIGN_OR_RETURN(u.grad_shard, m.Alloc(sn));
+    FSDP_RETURN_IF_ERROR(m.backend->Memset(u.grad_shard.data(), 0, sn * 4));
+    m.param_bytes += sn * 4;
+    m.grad_bytes += sn * 4;
+    // Initialise on the host and copy once, so any backend works the same way.
+    std::vector<float> host(sn, 0.0f);
+    for (const internal::ShardPiece& p : u.layout.Pieces(shard_rank)) {
+      if (init) {
+        init(static_cast<int>(&u - m.units.data()), u.params[p.tensor], p.tensor_begin,
+             p.tensor_end, host.data() + p.shard_offset);
+      }
+    }
+    FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.data(), host.data(), sn * 4));
+    std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
+    if (m.options.optimizer == OptimizerKind::kAdamW) {
+      FSDP_ASSIGN_OR_RETURN(u.optimizer, AdamW::Create(m.backend, sn, ranges, m.options.adamw));
+    } else {
+      FSDP_ASSIGN_OR_RETURN(u.optimizer, Sgd::Create(m.backend, sn, ranges, m.options.sgd));
+    }
+    for (const OptimizerState& s : u.optimizer->state()) {
+      if (s.data != nullptr) m.optimizer_bytes += sn * 4;
+    }
+  }
+  m.finalized = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UnitView> ShardingRuntime::PreForward(int u) {
+  Impl& m = *impl_;
+  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PreForward"));
+  absl::Status s = m.ExpectState(*unit, "PreForward", {UnitState::kIdle});
+  if (s.ok()) s = m.EnsureGathered(*unit);
+  if (!s.ok()) return m.Fail(s);
+  unit->state = UnitState::kForward;
+  return m.View(u, false);
+}
+
+absl::Status ShardingRuntime::PostForward(int u) {
+  Impl& m = *impl_;
+  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PostForward"));
+  FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(*unit, "PostForward", {UnitState::kForward})));
+  if (m.reshard_after_forward()) m.FreeGathered(*unit);
+  unit->state = UnitState::kForwardDone;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UnitView> ShardingRuntime::PreBackward(int u) {
+  Impl& m = *impl_;
+  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PreBackward"));
+  absl::Status s = m.ExpectState(*unit, "PreBackward", {UnitState::kForwardDone});
+  if (s.ok()) s = m.EnsureGathered(*unit);
+  if (s.ok() && unit->full_grad.data() == nullptr) {
+    const int64_t padded = unit->layout.padded_numel;
+    auto b = m.Alloc(padded);
+    s = b.status();
+    if (s.ok()) {
+      unit->full_grad = std::move(*b);
+      m.grad_buffers.Add(padded * 4);
+      s = m.backend->Memset(unit->full_grad.data(), 0, padded * 4);
+    }
+  }
+  if (!s.ok()) return m.Fail(s);
+  unit->state = UnitState::kBackward;
+  return m.View(u, true);
+}
+
+absl::Status ShardingRuntime::PostBackward(int u) {
+  Impl& m = *impl_;
+  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PostBackward"));
+  FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(*unit, "PostBackward", {UnitState::kBackward})));
+  m.FreeGathered(*unit);
+  if (m.sync_gradients) {
+    FSDP_RETURN_IF_ERROR(m.Fail(m.IssueReduction(*unit)));
+  } else {
+    unit->unsynced = true;
+  }
+  unit->state = UnitState::kBackwardDone;
+  return absl::OkStatus();
+}
+
+absl::Status ShardingRuntime::FinishBackward() {
+  Impl& m = *impl_;
+  FSDP_RETURN_IF_ERROR(m.CheckUsable("FinishBackward"));
+  for (const Unit& unit : m.units) {
+    FSDP_RETURN_IF_ERROR(
+        m.Fail(m.ExpectState(unit, "FinishBackward: every unit must have run PostBackward; "
+                                   "PostBackward",
+                             {UnitState::kBackwardDone})));
+  }
+  // 1. wait for the shard-group reductions; 2. HYBRID: all-reduce the shards across replicas.
+  absl::Status s;
+  for (Unit& unit : m.units) {
+    if (unit.reduce_work.valid()) {
+      absl::Status w = unit.reduce_work.Wait();
+      if (s.ok()) s = w;
+      unit.reduce_work = Work();
+    }
+  }
+  if (!s.ok()) return m.Fail(s);
+  if (m.S() > 1 && m.R() > 1) {
+    for (Unit& unit : m.units) {
+      if (unit.reduced.data() == nullptr) continue;
+      unit.reduce_work = m.mesh->replicate_group().AllReduceAsync(
+          unit.reduced.data(), unit.reduced.data(), unit.layout.shard_numel, DType::kF32,
+          ReduceOp::kAvg);
+    }
+    for (Unit& unit : m.units) {
+      if (!unit.reduce_work.valid()) continue;
+      absl::Status w = unit.reduce_work.Wait();
+      if (s.ok()) s = w;
+      unit.reduce_work = Work();
+    }
+    if (!s.ok()) return m.Fail(s);
+  }
+  // 3. accumulate into the gradient shards and free the unsharded buffers.
+  const Ops& ops = m.backend->ops();
+  for (Unit& unit : m.units) {
+    unit.state = UnitState::kIdle;
+    if (unit.unsynced) continue;  // no_sync: keep accumulating the full gradient
+    Buffer& src = m.S() > 1 ? unit.reduced : unit.full_grad;
+    if (src.data() != nullptr) {
+      ops.residual_forward(unit.grad_shard.as<float>(), unit.grad_shard.as<float>(),
+                           src.as<const float>(), unit.layout.shard_numel);
+    }
+    m.FreeGradBuffer(unit.reduced);
+    m.FreeGradBuffer(unit.full_grad);
+  }
+  ++m.passes_since_step;
+  return absl::OkStatus();
+}
+
+absl::Status ShardingRuntime::FinishForwardOnly() {
+  Impl& m = *impl_;
+  FSDP_RETURN_IF_ERROR(m.CheckUsable("FinishForwardOnly"));
+  for (const Unit& unit : m.units) {
+    FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(
+        unit, "FinishForwardOnly: every unit must have run PostForward; PostForward",
+        {UnitState::kForwardDone})));
+  }
+  for (Unit& unit : m.units) {
+    m.FreeGathered(unit);
+    unit.state = UnitState::kIdle;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
+  Impl& m = *impl_;
+  FSDP_RETURN_IF_ERROR(m.CheckUsable("Step"));
+  for (const Unit& unit : m.units) {
+    if (unit.state != UnitState::kIdle) {
+      return m.Fail(absl::FailedPreconditionError(absl::StrCat(
+          "Step(): unit '", unit.name, "' is ", StateName(unit.state),
+          "; finish the backward pass (PostBackward for every unit, then FinishBackward)")));
+    }
+    if (unit.unsynced) {
+      return m.Fail(absl::FailedPreconditionError(absl::StrCat(
+          "Step(): unit '", unit.name,
+          "' holds gradients accumulated with sync_gradients off that were never reduced; "
+          "run the last micro-batch's backward with sync_gradients on")));
+    }
+  }
+  if (m.passes_since_step == 0) {
+    return m.Fail(absl::FailedPreconditionError(
+        "Step() without a backward pass since the last step: there is no gradient"));
+  }
+  const Ops& ops = m.backend->ops();
+  // Global norm: each element of the padded flat buffers lives on exactly one rank of the
+  // shard group (replicas hold equal copies), so summing over the shard group counts each once.
+  double local = 0;
+  for (const Unit& unit : m.units) {
+    local += ops.sum_squares(unit.grad_shard.as<const float>(), unit.layout.shard_numel);
+  }
+  FSDP_ASSIGN_OR_RETURN(double total_sq, internal::SumAcrossRanks(m.mesh->shard_group(), local));
+  const double k = static_cast<double>(m.passes_since_step);
+  StepStats stats;
+  stats.grad_norm = std::sqrt(total_sq) / k;
+  stats.clip_coefficient = ClipCoefficient(stats.grad_norm, m.options.max_grad_norm);
+  stats.lr = lr;
+  const float scale = static_cast<float>(stats.clip_coefficient / k);
+  for (Unit& unit : m.units) {
+    float* g = unit.grad_shard.as<float>();
+    if (scale != 1.0f) ops.scale_inplace(g, scale, unit.layout.shard_numel);
+    unit.optimizer->set_lr(lr);
+    absl::Status s = unit.optimizer->Step(unit.param_shard.as<float>(), g);
+    if (!s.ok()) return m.Fail(s);
+    FSDP_RETURN_IF_ERROR(m.backend->Memset(g, 0, unit.layout.shard_numel * 4));
+  }
+  m.passes_since_step = 0;
+  stats.step = ++m.steps;
+  return stats;
+}
+
+void ShardingRuntime::set_sync_gradients(bool sync) { impl_->sync_gradients = sync; }
+bool ShardingRuntime::sync_gradients() const { return impl_->sync_gradients; }
+int ShardingRuntime::num_units() const { return static_cast<int>(impl_->units.size()); }
+const std::vector<TensorSlot>& ShardingRuntime::unit_tensors(int u) const {
+  return impl_->units.at(u).slots;
+}
+int64_t ShardingRuntime::unit_numel(int u) const { return impl_->units.at(u).layout.numel; }
+int64_t ShardingRuntime::unit_shard_numel(int u) const {
+  return impl_->units.at(u).layout.shard_numel;
+}
+const float* ShardingRuntime::param_shard(int u) const {
+  return impl_->units.at(u).param_shard.as<const float>();
+}
+float* ShardingRuntime::mutable_param_shard(int u) {
+  return impl_->units.at(u).param_shard.as<float>();
+}
+const float* ShardingRuntime::grad_shard(int u) const {
+  return impl_->units.at(u).grad_shard.as<const float>();
+}
+Optimizer& ShardingRuntime::optimizer(int u) { return *impl_->units.at(u).optimizer; }
+ShardingStrategy ShardingRuntime::strategy() const { return impl_->options.strategy; }
+Communicator& ShardingRuntime::world() const { return *impl_->world; }
+Communicator& ShardingRuntime::shard_group() const { return impl_->mesh->shard_group(); }
+Communicator& ShardingRuntime::replicate_group() const { return impl_->mesh->replicate_group(); }
+int64_t ShardingRuntime::steps() const { return impl_->steps; }
+
+absl::Status ShardingRuntime::GatherUnit(int u, float* out) {
+  Impl& m = *impl_;
+  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "GatherUnit"));
+  const int64_t numel = unit->layout.numel;
+  if (m.S() == 1) return m.backend->CopyToHost(out, unit->param_shard.data(), numel * 4);
+  FSDP_ASSIGN_OR_RETURN(Buffer tmp, m.Alloc(unit->layout.padded_numel));
+  FSDP_RETURN_IF_ERROR(m.mesh->shard_group().AllGather(
+      unit->param_shard.data(), tmp.data(), unit->layout.shard_numel, DType::kF32));
+  return m.backend->CopyToHost(out, tmp.data(), numel * 4);
+}
+
+MemoryReport ShardingRuntime::memory() const {
+  const Impl& m = *impl_;
+  MemoryReport r;
+  r.param_shard_bytes = m.param_bytes;
+  r.grad_shard_bytes = m.grad_bytes;
+  r.optimizer_bytes = m.optimizer_bytes;
+  r.gathered_param_bytes = m.gathered.now;
+  r.gathered_param_peak_bytes = m.gathered.peak;
+  r.grad_buffer_bytes = m.grad_buffers.now;
+  r.grad_buffer_peak_bytes = m.grad_buffers.peak;
+  r.activation_peak_bytes = m.activation_bytes;
+  return r;
+}
+
+void ShardingRuntime::SetActivationBytes(int64_t bytes) {
+  impl_->activation_bytes = std::max(impl_->activation_bytes, bytes);
+}
+
+void ShardingRuntime::ResetPeaks() {
+  impl_->gathered.peak = impl_->gathered.now;
+  impl_->grad_buffers.peak = impl_->grad_buffers.now;
+  impl_->activation_bytes = 0;
+}
+
+}  // namespace fsdp

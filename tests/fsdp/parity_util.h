@@ -1,0 +1,181 @@
+// Shared by the sharding tests (threads and mpirun): train the GPT with a strategy on N
+// ranks, and the single-rank reference that trains on the concatenated batches.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend.h"
+#include "fsdp/communicator.h"
+#include "fsdp/nn/data.h"
+#include "fsdp/nn/sharded_gpt.h"
+#include "fsdp/optim.h"
+
+namespace fsdp::testing {
+
+struct TrainSpec {
+  std::string config = "nano";
+  int batch_size = 2;  // per rank and micro-batch
+  int seq_len = 32;
+  int steps = 20;
+  int micro_batches = 1;  // > 1: accumulate with sync off until the last one
+  float lr = 1e-3f;
+  float max_grad_norm = 0.5f;
+  std::vector<std::string> frozen;
+  nn::WrapPolicy wrap;
+};
+
+struct TrainResult {
+  std::vector<float> losses;                // mean over ranks, per step
+  std::vector<std::vector<float>> params;   // model units after the last step
+  int clipped_steps = 0;                    // steps whose clip coefficient was < 1
+  MemoryReport memory;
+};
+
+inline const nn::TokenDataset& TestCorpus() {
+  static const nn::TokenDataset* data =
+      new nn::TokenDataset(nn::TokenDataset::FromText(nn::EmbeddedCorpus()));
+  return *data;
+}
+
+// Rows of micro-batch j of step s for data-parallel rank r of n: DataLoader step s*k + j.
+inline nn::Batch RankBatch(const TrainSpec& spec, int rank, int world, int64_t step, int micro) {
+  nn::DataLoaderOptions o;
+  o.batch_size = spec.batch_size;
+  o.seq_len = spec.seq_len;
+  o.rank = rank;
+  o.world_size = world;
+  o.seed = 7;
+  auto loader = nn::DataLoader::Create(&TestCorpus(), o);
+  return loader->At(step * spec.micro_batches + micro);
+}
+
+// Trains on `comm`'s ranks. `threads_per_rank` OpenMP threads for the kernels.
+inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainSpec& spec,
+                                                ShardingOptions sharding, int threads_per_rank) {
+  FSDP_ASSIGN_OR_RETURN(nn::GptConfig config, nn::GptConfig::FromName(spec.config));
+  FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = threads_per_rank}));
+  backend->BindCurrentThread();
+  nn::ShardedGptOptions o;
+  sharding.max_grad_norm = spec.max_grad_norm;
+  o.sharding = sharding;
+  o.batch_size = spec.batch_size;
+  o.seq_len = spec.seq_len;
+  o.frozen = spec.frozen;
+  o.wrap = spec.wrap;
+  FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(config, backend.get(), comm, o));
+  TrainResult result;
+  for (int s = 0; s < spec.steps; ++s) {
+    double loss_sum = 0;
+    for (int j = 0; j < spec.micro_batches; ++j) {
+      model->runtime().set_sync_gradients(j + 1 == spec.micro_batches);
+      nn::Batch b = RankBatch(spec, comm.rank(), comm.size(), s, j);
+      FSDP_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(b.inputs.data(), b.targets.data()));
+      loss_sum += loss;
+    }
+    FSDP_ASSIGN_OR_RETURN(float mean,
+                          model->MeanOverRanks(static_cast<float>(loss_sum / spec.micro_batches)));
+    result.losses.push_back(mean);
+    FSDP_ASSIGN_OR_RETURN(StepStats st, model->Step(spec.lr));
+    if (st.clip_coefficient < 1.0f) ++result.clipped_steps;
+  }
+  result.memory = model->memory();
+  FSDP_ASSIGN_OR_RETURN(result.params, model->GatherModelUnits());
+  return result;
+}
+
+// The reference, independent of the sharding runtime: one rank whose batch is the
+// concatenation of every rank's micro-batches, trained with the model's plain Forward /
+// Backward over whole units, per-unit AdamW and global-norm clipping.
+inline absl::StatusOr<TrainResult> TrainReference(const TrainSpec& spec, int world, int threads) {
+  const int B = spec.batch_size * world * spec.micro_batches;
+  FSDP_ASSIGN_OR_RETURN(nn::GptConfig config, nn::GptConfig::FromName(spec.config));
+  FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = threads}));
+  backend->BindCurrentThread();
+  FSDP_ASSIGN_OR_RETURN(auto model, nn::Gpt::Create(config, backend.get(), B, spec.seq_len));
+  const int U = model->num_units();
+  std::vector<std::vector<float>> params(U), grads(U);
+  std::vector<std::unique_ptr<AdamW>> opts;
+  for (int u = 0; u < U; ++u) {
+    params[u].resize(model->unit_numel(u));
+    grads[u].resize(model->unit_numel(u));
+    nn::InitUnit(config, u, 1337, params[u].data());
+    std::vector<DecayRange> ranges;
+    for (const nn::ParamSpec* p : model->unit_params(u)) {
+      bool frozen = false;
+      for (const std::string& f : spec.frozen) frozen |= f == p->name;
+      if (!frozen) ranges.push_back({p->offset, p->offset + p->numel, p->weight_decay});
+    }
+    FSDP_ASSIGN_OR_RETURN(auto opt, AdamW::Create(backend.get(), model->unit_numel(u), ranges));
+    opts.push_back(std::move(opt));
+  }
+  TrainResult result;
+  const int rows = spec.batch_size * spec.seq_len;
+  for (int s = 0; s < spec.steps; ++s) {
+    std::vector<int32_t> in, tg;
+    for (int j = 0; j < spec.micro_batches; ++j) {
+      for (int r = 0; r < world; ++r) {
+        nn::Batch b = RankBatch(spec, r, world, s, j);
+        in.insert(in.end(), b.inputs.begin(), b.inputs.begin() + rows);
+        tg.insert(tg.end(), b.targets.begin(), b.targets.begin() + rows);
+      }
+    }
+    std::vector<const float*> pu;
+    std::vector<float*> gu;
+    for (int u = 0; u < U; ++u) {
+      std::fill(grads[u].begin(), grads[u].end(), 0.0f);
+      pu.push_back(params[u].data());
+      gu.push_back(grads[u].data());
+    }
+    FSDP_ASSIGN_OR_RETURN(float loss, model->Forward(pu, in.data(), tg.data()));
+    FSDP_RETURN_IF_ERROR(model->Backward(pu, gu));
+    result.losses.push_back(loss);
+    for (const std::string& f : spec.frozen) {
+      for (const nn::ParamSpec& p : model->params()) {
+        if (p.name == f) std::fill_n(grads[p.unit].begin() + p.offset, p.numel, 0.0f);
+      }
+    }
+    double sq = 0;
+    for (int u = 0; u < U; ++u) {
+      for (float g : grads[u]) sq += double(g) * g;
+    }
+    const float coef = ClipCoefficient(std::sqrt(sq), spec.max_grad_norm);
+    if (coef < 1.0f) ++result.clipped_steps;
+    for (int u = 0; u < U; ++u) {
+      if (coef != 1.0f) {
+        for (float& g : grads[u]) g *= coef;
+      }
+      opts[u]->set_lr(spec.lr);
+      FSDP_RETURN_IF_ERROR(opts[u]->Step(params[u].data(), grads[u].data()));
+    }
+  }
+  result.params = std::move(params);
+  return result;
+}
+
+// Largest |a - b| / (|b| + floor) over all elements; floor keeps near-zero values from
+// dominating (parameters here are ~0.02 to 1).
+inline double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b,
+                         double floor = 1e-2) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(a[i]) - b[i]) / (std::fabs(double(b[i])) + floor));
+  }
+  return a.size() == b.size() ? worst : INFINITY;
+}
+
+// ||a - b|| / ||b|| over a whole unit: the relative error of the parameters as a vector.
+inline double NormRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+}  // namespace fsdp::testing

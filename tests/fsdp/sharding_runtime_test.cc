@@ -1,0 +1,404 @@
+// The sharding runtime's hooks, memory shares of each strategy, wrap policies, frozen
+// parameters and bad input, with ranks as threads.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <numeric>
+
+#include "fsdp/local_world.h"
+#include "fsdp/sharding.h"
+#include "tests/fsdp/parity_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+CommOptions ShortTimeout() {
+  CommOptions o;
+  o.timeout = absl::Seconds(10);
+  return o;
+}
+
+// Each rank's persistent bytes for `strategy` on `world` ranks of the mini model.
+absl::StatusOr<std::vector<MemoryReport>> MiniMemory(ShardingStrategy strategy, int world,
+                                                     int hybrid_shard = 0) {
+  std::vector<MemoryReport> out(world);
+  FSDP_ASSIGN_OR_RETURN(nn::GptConfig config, nn::GptConfig::FromName("mini"));
+  FSDP_RETURN_IF_ERROR(LocalWorld::Run(world, ShortTimeout(), [&](Communicator& comm) {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    nn::ShardedGptOptions o;
+    o.sharding.strategy = strategy;
+    o.sharding.hybrid_shard_size = hybrid_shard;
+    o.batch_size = 1;
+    o.seq_len = 8;
+    FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(config, backend.get(), comm, o));
+    out[comm.rank()] = model->memory();
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+TEST(ShardingMemoryTest, FullShardPersistentBytesAreOneNthPlusPadding) {
+  auto one = MiniMemory(ShardingStrategy::kFullShard, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const int64_t single = (*one)[0].persistent_bytes();
+  auto config = nn::GptConfig::FromName("mini");
+  // params + grads + AdamW m, v: 4 f32 copies of every parameter.
+  EXPECT_EQ(single, 4 * 4 * config->num_parameters());
+  const int units = config->num_layers + 1;
+  for (int n : {2, 4, 8}) {
+    auto mem = MiniMemory(ShardingStrategy::kFullShard, n);
+    ASSERT_TRUE(mem.ok()) << mem.status();
+    // Padding: < n elements per unit, in each of the 4 copies.
+    const double padding = 4.0 * 4 * units * n;
+    for (const MemoryReport& m : *mem) {
+      EXPECT_LE(m.persistent_bytes(), single / n * 1.01 + padding) << "N=" << n;
+      EXPECT_GE(m.persistent_bytes(), single / n) << "N=" << n;
+    }
+  }
+}
+
+TEST(ShardingMemoryTest, EachStrategyHoldsItsShare) {
+  auto one = MiniMemory(ShardingStrategy::kFullShard, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const double single = (*one)[0].persistent_bytes();
+  struct Expect {
+    ShardingStrategy s;
+    int hybrid;
+    double share;
+  };
+  for (Expect e : {Expect{ShardingStrategy::kShardGradOp, 0, 0.25},
+                   Expect{ShardingStrategy::kNoShard, 0, 1.0},
+                   Expect{ShardingStrategy::kHybridShard, 2, 0.5},
+                   Expect{ShardingStrategy::kHybridShardGradOp, 2, 0.5}}) {
+    auto mem = MiniMemory(e.s, 4, e.hybrid);
+    ASSERT_TRUE(mem.ok()) << mem.status();
+    for (const MemoryReport& m : *mem) {
+      EXPECT_NEAR(m.persistent_bytes() / single, e.share, 0.01) << StrategyName(e.s);
+    }
+  }
+}
+
+// Gathered parameters at peak: FULL_SHARD holds the root unit and one block at a time;
+// SHARD_GRAD_OP keeps every unit from forward to backward; NO_SHARD never gathers.
+TEST(ShardingMemoryTest, GatheredPeakFollowsTheStrategy) {
+  TrainSpec spec;
+  spec.steps = 1;
+  auto config = nn::GptConfig::FromName(spec.config);
+  const int64_t root = nn::GptUnitNumel(*config, 0), block = nn::GptUnitNumel(*config, 1);
+  const int64_t all = config->num_parameters();
+  struct Expect {
+    ShardingStrategy s;
+    int64_t peak_elems;
+  };
+  for (Expect e : {Expect{ShardingStrategy::kFullShard, root + block},
+                   Expect{ShardingStrategy::kShardGradOp, all},
+                   Expect{ShardingStrategy::kNoShard, 0}}) {
+    ShardingOptions so;
+    so.strategy = e.s;
+    std::vector<TrainResult> res(2);
+    ASSERT_TRUE(LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+      FSDP_ASSIGN_OR_RETURN(res[comm.rank()], TrainSharded(comm, spec, so, 1));
+      return absl::OkStatus();
+    }).ok());
+    for (const TrainResult& r : res) {
+      // Padding of at most one element per unit and rank.
+      EXPECT_GE(r.memory.gathered_param_peak_bytes, e.peak_elems * 4) << StrategyName(e.s);
+      EXPECT_LE(r.memory.gathered_param_peak_bytes, (e.peak_elems + 2 * 3) * 4)
+          << StrategyName(e.s);
+      EXPECT_EQ(r.memory.gathered_param_bytes, 0) << "freed after the step";
+      EXPECT_EQ(r.memory.grad_buffer_bytes, 0);
+      EXPECT_GT(r.memory.activation_peak_bytes, 0);
+    }
+  }
+}
+
+TEST(ShardingWrapTest, PoliciesGroupBlocksAndStillMatchTheReference) {
+  auto config = nn::GptConfig::FromName("nano");
+  const int64_t block = nn::GptUnitNumel(*config, 1);
+  TrainSpec spec;
+  spec.steps = 5;
+  const TrainResult ref = *TrainReference(spec, 2, 2);
+  struct P {
+    nn::WrapPolicy policy;
+    int units;
+  };
+  std::vector<P> policies;
+  policies.push_back({{nn::WrapPolicy::Kind::kMinParams, 2 * block, {}}, 2});
+  policies.push_back({{nn::WrapPolicy::Kind::kExplicit, 0, {"transformer.h.1"}}, 2});
+  policies.push_back({{nn::WrapPolicy::Kind::kExplicit, 0, {}}, 1});
+  for (const P& p : policies) {
+    spec.wrap = p.policy;
+    std::vector<TrainResult> res(2);
+    std::vector<int> units(2);
+    ShardingOptions so;
+    ASSERT_TRUE(LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+      FSDP_ASSIGN_OR_RETURN(res[comm.rank()], TrainSharded(comm, spec, so, 1));
+      return absl::OkStatus();
+    }).ok());
+    for (const TrainResult& r : res) {
+      for (size_t u = 0; u < ref.params.size(); ++u) {
+        EXPECT_LT(NormRelDiff(r.params[u], ref.params[u]), 1e-5);
+      }
+    }
+  }
+  // Unit counts of each policy.
+  for (const P& p : policies) {
+    ASSERT_TRUE(LocalWorld::Run(1, ShortTimeout(), [&](Communicator& comm) {
+      FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+      nn::ShardedGptOptions o;
+      o.wrap = p.policy;
+      o.batch_size = 1;
+      o.seq_len = 4;
+      FSDP_ASSIGN_OR_RETURN(auto m, nn::ShardedGpt::Create(*config, backend.get(), comm, o));
+      EXPECT_EQ(m->runtime().num_units(), p.units);
+      return absl::OkStatus();
+    }).ok());
+  }
+  nn::ShardedGptOptions bad;
+  bad.wrap = {nn::WrapPolicy::Kind::kExplicit, 0, {"transformer.h.9"}};
+  absl::Status s = LocalWorld::Run(1, ShortTimeout(), [&](Communicator& comm) {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    return nn::ShardedGpt::Create(*config, backend.get(), comm, bad).status();
+  });
+  EXPECT_THAT(s.message(), HasSubstr("transformer.h.9"));
+}
+
+TEST(ShardingFrozenTest, FrozenTensorsKeepTheirValuesInsideATrainedUnit) {
+  TrainSpec spec;
+  spec.steps = 5;
+  spec.frozen = {"transformer.h.0.attn.c_attn.weight", "transformer.ln_f.bias",
+                 "transformer.wpe.weight"};
+  const TrainResult ref = *TrainReference(spec, 3, 2);
+  std::vector<TrainResult> res(3);
+  ShardingOptions so;
+  ASSERT_TRUE(LocalWorld::Run(3, ShortTimeout(), [&](Communicator& comm) {
+    FSDP_ASSIGN_OR_RETURN(res[comm.rank()], TrainSharded(comm, spec, so, 1));
+    return absl::OkStatus();
+  }).ok());
+  auto config = *nn::GptConfig::FromName("nano");
+  for (const nn::ParamSpec& p : nn::GptParamSpecs(config)) {
+    std::vector<float> init(p.numel);
+    nn::InitParamSlice(config, p, 1337, 0, p.numel, init.data());
+    const float* got = res[1].params[p.unit].data() + p.offset;
+    const bool frozen = std::find(spec.frozen.begin(), spec.frozen.end(), p.name) !=
+                        spec.frozen.end();
+    const bool same = std::equal(init.begin(), init.end(), got);
+    EXPECT_EQ(same, frozen) << p.name;
+  }
+  for (size_t u = 0; u < ref.params.size(); ++u) {
+    EXPECT_LT(NormRelDiff(res[0].params[u], ref.params[u]), 1e-5);
+  }
+}
+
+// The low-level hooks, as a framework would drive them: a model of two units y = W2 W1 x on
+// 3 ranks, gradients computed by the test itself, checked against the averaged gradients.
+TEST(ShardingHooksTest, FrameworkDrivenUnitsReduceAveragedGradients) {
+  constexpr int kRanks = 3;
+  std::vector<std::vector<float>> got_w1(kRanks);
+  absl::Status s = LocalWorld::Run(kRanks, ShortTimeout(), [&](Communicator& comm) {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    ShardingOptions so;
+    so.optimizer = OptimizerKind::kSgd;
+    so.sgd.lr = 1.0f;
+    FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(backend.get(), comm, so));
+    FSDP_ASSIGN_OR_RETURN(int u1, rt->RegisterUnit("w1", {{"w1", {2, 3}}, {"b1", {2}}}));
+    FSDP_ASSIGN_OR_RETURN(int u2, rt->RegisterUnit("w2", {{"w2", {1, 2}}}));
+    FSDP_RETURN_IF_ERROR(rt->Finalize([](int, const ParamInfo& p, int64_t b, int64_t e,
+                                         float* out) {
+      for (int64_t j = b; j < e; ++j) out[j - b] = 0.1f * (j + 1) + (p.name == "b1" ? 1 : 0);
+    }));
+    EXPECT_EQ(rt->unit_shard_numel(u1), 3);  // 8 elements over 3 ranks, padded to 9
+    // Forward: h = W1 x + b1, y = W2 h; loss = y (scalar), x = (rank + 1) * (1, 1, 1).
+    const float x = comm.rank() + 1.0f;
+    FSDP_ASSIGN_OR_RETURN(UnitView v1, rt->PreForward(u1));
+    float h[2];
+    for (int i = 0; i < 2; ++i) h[i] = (v1.param(0)[3 * i] + v1.param(0)[3 * i + 1] +
+                                        v1.param(0)[3 * i + 2]) * x + v1.param(1)[i];
+    FSDP_RETURN_IF_ERROR(rt->PostForward(u1));
+    FSDP_ASSIGN_OR_RETURN(UnitView v2, rt->PreForward(u2));
+    const float w2[2] = {v2.param(0)[0], v2.param(0)[1]};
+    FSDP_RETURN_IF_ERROR(rt->PostForward(u2));
+    (void)h;
+    // Backward: dW2 = h, dh = W2, dW1 = dh x^T, db1 = dh.
+    FSDP_ASSIGN_OR_RETURN(UnitView g2, rt->PreBackward(u2));
+    g2.grad(0)[0] += h[0];
+    g2.grad(0)[1] += h[1];
+    FSDP_RETURN_IF_ERROR(rt->PostBackward(u2));
+    FSDP_ASSIGN_OR_RETURN(UnitView g1, rt->PreBackward(u1));
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 3; ++j) g1.grad(0)[3 * i + j] += w2[i] * x;
+      g1.grad(1)[i] += w2[i];
+    }
+    FSDP_RETURN_IF_ERROR(rt->PostBackward(u1));
+    FSDP_RETURN_IF_ERROR(rt->FinishBackward());
+    FSDP_RETURN_IF_ERROR(rt->Step(1.0f).status());
+    got_w1[comm.rank()].resize(rt->unit_numel(u1));
+    return rt->GatherUnit(u1, got_w1[comm.rank()].data());
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  // Mean over ranks of x is 2; W2 = (0.1, 0.2). SGD lr 1: w1 -= w2_i * 2, b1 -= w2_i.
+  const float w2[2] = {0.1f, 0.2f};
+  for (int r = 0; r < kRanks; ++r) {
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        EXPECT_NEAR(got_w1[r][3 * i + j], 0.1f * (3 * i + j + 1) - 2 * w2[i], 1e-6);
+      }
+      EXPECT_NEAR(got_w1[r][6 + i], 1.0f + 0.1f * (i + 1) - w2[i], 1e-6);
+    }
+  }
+}
+
+// ---- bad input: a clear error on every rank, never a hang ------------------------------------
+
+TEST(ShardingErrorsTest, RanksRegisteringDifferentShapesFailEverywhere) {
+  std::vector<absl::Status> st(2);
+  LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, {});
+    const int64_t cols = comm.rank() == 1 ? 5 : 4;
+    st[comm.rank()] = rt->RegisterUnit("a", {{"w", {3, cols}}}).status();
+    if (st[comm.rank()].ok()) st[comm.rank()] = rt->Finalize(nullptr);
+    return absl::OkStatus();
+  }).IgnoreError();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].code(), absl::StatusCode::kInvalidArgument) << st[r];
+    EXPECT_THAT(st[r].message(), HasSubstr("differs between rank 0 and rank 1"));
+  }
+}
+
+TEST(ShardingErrorsTest, DifferentUnitCountsFailEverywhere) {
+  std::vector<absl::Status> st(2);
+  LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, {});
+    rt->RegisterUnit("a", {{"w", {3}}}).IgnoreError();
+    if (comm.rank() == 0) rt->RegisterUnit("b", {{"v", {3}}}).IgnoreError();
+    st[comm.rank()] = rt->Finalize(nullptr);
+    return absl::OkStatus();
+  }).IgnoreError();
+  for (int r = 0; r < 2; ++r) EXPECT_THAT(st[r].message(), HasSubstr("registered 2 units"));
+}
+
+TEST(ShardingErrorsTest, MeshThatDoesNotDivideTheWorld) {
+  std::vector<absl::Status> st(4);
+  LocalWorld::Run(4, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    ShardingOptions so;
+    so.strategy = ShardingStrategy::kHybridShard;
+    so.hybrid_shard_size = 3;
+    st[comm.rank()] = ShardingRuntime::Create(backend.get(), comm, so).status();
+    return absl::OkStatus();
+  }).IgnoreError();
+  for (const absl::Status& s : st) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("divide the world size (4)"));
+  }
+}
+
+TEST(ShardingErrorsTest, ParameterRegisteredTwiceFailsEveryRank) {
+  std::vector<absl::Status> st(2);
+  LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, {});
+    rt->RegisterUnit("a", {{"w", {3}}}).IgnoreError();
+    absl::Status s = absl::OkStatus();
+    if (comm.rank() == 1) s = rt->RegisterUnit("b", {{"w", {3}}}).status();
+    if (s.ok()) s = rt->Finalize(nullptr);
+    st[comm.rank()] = s;
+    return absl::OkStatus();
+  }).IgnoreError();
+  EXPECT_EQ(st[1].code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(st[1].message(), HasSubstr("'w' is already registered"));
+  // Rank 0 reached Finalize; it fails with rank 1's reason, not a timeout.
+  EXPECT_FALSE(st[0].ok());
+  EXPECT_THAT(st[0].message(), HasSubstr("already registered"));
+}
+
+TEST(ShardingErrorsTest, HookOutOfOrderFailsEveryRankBeforeDataMoves) {
+  std::vector<absl::Status> st(2);
+  std::vector<std::vector<float>> after(2);
+  const absl::Time start = absl::Now();
+  LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, {});
+    rt->RegisterUnit("a", {{"w", {4}}}).IgnoreError();
+    EXPECT_TRUE(rt->Finalize([](int, const ParamInfo&, int64_t b, int64_t e, float* out) {
+      for (int64_t j = b; j < e; ++j) out[j - b] = static_cast<float>(j);
+    }).ok());
+    if (comm.rank() == 1) {
+      st[1] = rt->PostBackward(0);  // without PreForward / PreBackward
+    } else {
+      st[0] = rt->PreForward(0).status();
+    }
+    after[comm.rank()].assign(rt->param_shard(0), rt->param_shard(0) + 2);
+    return absl::OkStatus();
+  }).IgnoreError();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the peer waited for its deadline";
+  EXPECT_EQ(st[1].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st[1].message(), HasSubstr("PostBackward(unit 'a') called out of order"));
+  EXPECT_FALSE(st[0].ok());
+  EXPECT_THAT(st[0].message(), HasSubstr("rank 1"));
+  // The shards are untouched.
+  EXPECT_EQ(after[0], (std::vector<float>{0, 1}));
+  EXPECT_EQ(after[1], (std::vector<float>{2, 3}));
+}
+
+TEST(ShardingErrorsTest, StepWithoutReducingNoSyncGradients) {
+  absl::Status s = LocalWorld::Run(1, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, {});
+    rt->RegisterUnit("a", {{"w", {4}}}).IgnoreError();
+    FSDP_RETURN_IF_ERROR(rt->Finalize(nullptr));
+    EXPECT_THAT(rt->Step(0.1f).status().message(), HasSubstr("without a backward pass"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  s = LocalWorld::Run(1, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, {});
+    rt->RegisterUnit("a", {{"w", {4}}}).IgnoreError();
+    FSDP_RETURN_IF_ERROR(rt->Finalize(nullptr));
+    rt->set_sync_gradients(false);
+    FSDP_RETURN_IF_ERROR(rt->PreForward(0).status());
+    FSDP_RETURN_IF_ERROR(rt->PostForward(0));
+    FSDP_RETURN_IF_ERROR(rt->PreBackward(0).status());
+    FSDP_RETURN_IF_ERROR(rt->PostBackward(0));
+    FSDP_RETURN_IF_ERROR(rt->FinishBackward());
+    EXPECT_THAT(rt->Step(0.1f).status().message(), HasSubstr("never reduced"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ShardingErrorsTest, BadRegistrations) {
+  // Each case in a world of its own: an error fails the runtime and its groups.
+  auto expect_error = [](const std::function<absl::Status(ShardingRuntime&)>& f,
+                         const std::string& text) {
+    absl::Status s = LocalWorld::Run(1, ShortTimeout(), [&](Communicator& comm) {
+      FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+      FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(backend.get(), comm, {}));
+      return f(*rt);
+    });
+    EXPECT_THAT(s.message(), HasSubstr(text));
+  };
+  expect_error([](ShardingRuntime& rt) { return rt.RegisterUnit("a", {}).status(); },
+               "at least one");
+  expect_error([](ShardingRuntime& rt) { return rt.RegisterUnit("a", {{"w", {3, 0}}}).status(); },
+               "every dimension must be >= 1");
+  expect_error([](ShardingRuntime& rt) { return rt.PreForward(0).status(); }, "Finalize");
+  expect_error(
+      [](ShardingRuntime& rt) {
+        FSDP_RETURN_IF_ERROR(rt.RegisterUnit("a", {{"w", {3}}}).status());
+        FSDP_RETURN_IF_ERROR(rt.Finalize(nullptr));
+        return rt.PreForward(1).status();
+      },
+      "unit 1 does not exist");
+  EXPECT_FALSE(ParseStrategy("half_shard").ok());
+  EXPECT_EQ(*ParseStrategy("full-shard"), ShardingStrategy::kFullShard);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
