@@ -1,6 +1,8 @@
 // Element types of libfsdp buffers (f32, bf16, f16) and exact scalar conversions.
 // bf16 and f16 are stored as raw uint16_t bits; conversions round to nearest even and keep
-// NaN/Inf, as hardware converters (vcvtneps2bf16, vcvtps2ph) do.
+// NaN/Inf, as hardware converters (vcvtneps2bf16, vcvtps2ph, vcvtph2ps) do: a NaN keeps its
+// sign and top payload bits and becomes quiet. Unlike vcvtneps2bf16, f32 subnormals are
+// rounded, not flushed to zero (as PyTorch's c10::BFloat16 does).
 #pragma once
 
 #include <bit>
@@ -35,8 +37,9 @@ inline uint16_t FloatToF16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t absu = u & 0x7fffffffu;
-  if (absu >= 0x7f800000u) {  // Inf or NaN
-    return static_cast<uint16_t>(sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u : 0u));
+  if (absu >= 0x7f800000u) {  // Inf, or NaN made quiet with its top payload bits (as F16C)
+    return static_cast<uint16_t>(
+        sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u | ((absu >> 13) & 0x3ffu) : 0u));
   }
   if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: Inf
   if (absu < 0x38800000u) {  // result is subnormal or zero: value * 2^24 rounded to an integer
@@ -59,7 +62,9 @@ inline float F16ToFloat(uint16_t h) {
     const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
     return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(v));
   }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  if (exp == 31) {  // Inf, or NaN made quiet (as F16C vcvtph2ps)
+    return std::bit_cast<float>(sign | 0x7f800000u | (mant != 0 ? 0x400000u : 0u) | (mant << 13));
+  }
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 

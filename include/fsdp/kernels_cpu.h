@@ -92,4 +92,10 @@ double sum_squares(const float* x, int64_t n);       // sum x^2, accumulated in 
 void scale_inplace(float* x, float s, int64_t n);    // x *= s
 bool all_finite(const float* x, int64_t n);          // no NaN / Inf in x
 
+// ---- MFU peak (MODEL_SPEC.md) --------------------------------------------------------------
+// Times sgemm(n, n, n) `repeats` times on `threads` OpenMP threads (<= 0: the calling thread's
+// current count) after one warm-up call, and returns the median GFLOP/s (2 n^3 per call).
+// The calling thread's OpenMP thread count is restored afterwards.
+double measure_sgemm_gflops(int64_t n, int threads, int repeats);
+
 }  // namespace fsdp::kernels::cpu

@@ -1,0 +1,228 @@
+// CPU kernel benchmarks. sgemm 2048^3 on one core and on all cores is the MFU peak of
+// MODEL_SPEC.md; the layer kernels run at the `mini` GPT shapes (B=8, T=256, C=384, NH=6).
+// Counters: GFLOP/s (model FLOPs: attention counts the full T x T products, as the PaLM
+// formula does) or GB/s (bytes the kernel must read and write) for memory-bound kernels.
+//
+//   build/bench/kernels_bench --benchmark_counters_tabular=true
+#include <omp.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "fsdp/kernels_cpu.h"
+
+namespace k = fsdp::kernels::cpu;
+
+namespace {
+
+constexpr int64_t kB = 8, kT = 256, kC = 384, kNH = 6, kV = 256;
+constexpr int64_t kTokens = kB * kT;
+
+std::vector<float> Random(int64_t n, float scale = 1.0f) {
+  std::mt19937 rng(static_cast<unsigned>(n));
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Runs the benchmark on `threads` OpenMP threads (0 = all) and restores the count after.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs());
+  }
+  ~ThreadScope() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+void SetFlops(benchmark::State& state, double flops_per_iter) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void SetBytes(benchmark::State& state, double bytes_per_iter) {
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- sgemm: the MFU peak ---------------------------------------------------------------------
+// Args: n, threads (0 = all cores).
+void BM_Sgemm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  ThreadScope scope(static_cast<int>(state.range(1)));
+  const int threads = omp_get_max_threads();
+  const auto a = Random(n * n), b = Random(n * n);
+  std::vector<float> c(n * n);
+  k::sgemm(c.data(), a.data(), b.data(), n, n, n);  // warm-up: plan, page faults
+  for (auto _ : state) {
+    k::sgemm(c.data(), a.data(), b.data(), n, n, n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  const double flops = 2.0 * n * n * n;
+  SetFlops(state, flops);
+  state.counters["GFLOP/s/core"] = benchmark::Counter(
+      flops * 1e-9 / threads, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
+}
+BENCHMARK(BM_Sgemm)->Args({2048, 1})->Args({2048, 0})->Unit(benchmark::kMillisecond)
+    ->UseRealTime()->MinTime(2.0);
+
+// ---- Linear layers of one `mini` block: M = B*T tokens; args K (in), N (out) ---------------
+void BM_MatmulForward(benchmark::State& state) {
+  const int64_t M = kTokens, K = state.range(0), N = state.range(1);
+  ThreadScope scope(static_cast<int>(state.range(2)));
+  const auto inp = Random(M * K), w = Random(N * K, 0.05f), bias = Random(N);
+  std::vector<float> out(M * N);
+  for (auto _ : state) {
+    k::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), M, K, N);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetFlops(state, 2.0 * M * K * N);
+}
+
+void BM_MatmulBackward(benchmark::State& state) {
+  const int64_t M = kTokens, K = state.range(0), N = state.range(1);
+  ThreadScope scope(static_cast<int>(state.range(2)));
+  const auto inp = Random(M * K), w = Random(N * K, 0.05f), dout = Random(M * N);
+  std::vector<float> dinp(M * K), dw(N * K), db(N);
+  for (auto _ : state) {
+    k::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), M,
+                       K, N);
+    benchmark::DoNotOptimize(dinp.data());
+  }
+  SetFlops(state, 4.0 * M * K * N);
+}
+
+// c_attn (C -> 3C), attn c_proj (C -> C), mlp c_fc (C -> 4C), mlp c_proj (4C -> C).
+// Arg threads: 1 = one core (the per-core MFU), 0 = all cores.
+#define MINI_LINEAR_SHAPES                                                                  \
+  ArgNames({"K", "N", "threads"})->ArgsProduct({{kC}, {3 * kC, kC, 4 * kC}, {1, 0}})        \
+      ->Args({4 * kC, kC, 1})->Args({4 * kC, kC, 0})->Unit(benchmark::kMillisecond)         \
+      ->UseRealTime()
+BENCHMARK(BM_MatmulForward)->MINI_LINEAR_SHAPES;
+BENCHMARK(BM_MatmulBackward)->MINI_LINEAR_SHAPES;
+
+// ---- Attention ----------------------------------------------------------------------------
+void BM_AttentionForward(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const auto qkv = Random(kTokens * 3 * kC);
+  std::vector<float> out(kTokens * kC), att(kB * kNH * kT * kT);
+  for (auto _ : state) {
+    k::attention_forward(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetFlops(state, 4.0 * kB * kT * kT * kC);  // q k^T and att v
+}
+BENCHMARK(BM_AttentionForward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_AttentionBackward(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const auto qkv = Random(kTokens * 3 * kC), dout = Random(kTokens * kC);
+  std::vector<float> out(kTokens * kC), att(kB * kNH * kT * kT), dqkv(kTokens * 3 * kC);
+  k::attention_forward(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH);
+  for (auto _ : state) {
+    k::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC, kNH);
+    benchmark::DoNotOptimize(dqkv.data());
+  }
+  SetFlops(state, 8.0 * kB * kT * kT * kC);  // twice the forward
+}
+BENCHMARK(BM_AttentionBackward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// ---- Memory-bound layers ----------------------------------------------------------------------
+void BM_LayernormForward(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const auto inp = Random(kTokens * kC), w = Random(kC), b = Random(kC);
+  std::vector<float> out(kTokens * kC), mean(kTokens), rstd(kTokens);
+  for (auto _ : state) {
+    k::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                         kTokens, kC);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetBytes(state, 2.0 * kTokens * kC * sizeof(float));
+}
+BENCHMARK(BM_LayernormForward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_LayernormBackward(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const auto inp = Random(kTokens * kC), w = Random(kC), b = Random(kC),
+             dout = Random(kTokens * kC);
+  std::vector<float> out(kTokens * kC), mean(kTokens), rstd(kTokens), dinp(kTokens * kC),
+      dw(kC), db(kC);
+  k::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                       kTokens, kC);
+  for (auto _ : state) {
+    k::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                          mean.data(), rstd.data(), kTokens, kC);
+    benchmark::DoNotOptimize(dinp.data());
+  }
+  SetBytes(state, 4.0 * kTokens * kC * sizeof(float));  // read x, dy, dx; write dx
+}
+BENCHMARK(BM_LayernormBackward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_GeluForward(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const int64_t n = kTokens * 4 * kC;
+  const auto inp = Random(n, 3.0f);
+  std::vector<float> out(n);
+  for (auto _ : state) {
+    k::gelu_forward(out.data(), inp.data(), n);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetBytes(state, 2.0 * n * sizeof(float));
+}
+BENCHMARK(BM_GeluForward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_GeluBackward(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const int64_t n = kTokens * 4 * kC;
+  const auto inp = Random(n, 3.0f), dout = Random(n);
+  std::vector<float> dinp(n);
+  for (auto _ : state) {
+    k::gelu_backward(dinp.data(), inp.data(), dout.data(), n);
+    benchmark::DoNotOptimize(dinp.data());
+  }
+  SetBytes(state, 4.0 * n * sizeof(float));
+}
+BENCHMARK(BM_GeluBackward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_SoftmaxCrossEntropy(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const auto logits = Random(kTokens * kV, 4.0f);
+  std::vector<int32_t> targets(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) targets[i] = static_cast<int32_t>(i % kV);
+  std::vector<float> losses(kTokens), probs(kTokens * kV), dlogits(kTokens * kV);
+  for (auto _ : state) {
+    k::softmax_crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(),
+                                    kTokens, kV);
+    k::softmax_crossentropy_backward(dlogits.data(), probs.data(), targets.data(),
+                                     1.0f / kTokens, kTokens, kV);
+    benchmark::DoNotOptimize(dlogits.data());
+  }
+  SetBytes(state, 5.0 * kTokens * kV * sizeof(float));
+}
+BENCHMARK(BM_SoftmaxCrossEntropy)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// AdamW over all `mini` parameters (~10.8 M): read p, g, m, v; write p, m, v.
+void BM_AdamW(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const int64_t n = 10'800'000;
+  auto p = Random(n), g = Random(n), m = Random(n, 0.01f), v = Random(n, 0.01f);
+  for (float& x : v) x = x * x;
+  int64_t step = 1;
+  for (auto _ : state) {
+    k::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                    step++);
+    benchmark::DoNotOptimize(p.data());
+  }
+  SetBytes(state, 7.0 * n * sizeof(float));
+}
+BENCHMARK(BM_AdamW)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

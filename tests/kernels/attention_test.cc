@@ -1,0 +1,131 @@
+// Causal attention forward/backward against a double reference and finite differences.
+#include <omp.h>
+
+#include "fsdp/kernels_cpu.h"
+#include "tests/kernels/reference.h"
+
+namespace fsdp::kernels::cpu {
+namespace {
+
+using namespace fsdp::kernels::cpu::testing;
+
+struct Shape {
+  int64_t B, T, C, NH;
+};
+
+std::string Name(const ::testing::TestParamInfo<Shape>& info) {
+  const Shape& s = info.param;
+  return absl::StrCat("B", s.B, "T", s.T, "C", s.C, "NH", s.NH);
+}
+
+class AttentionTest : public ::testing::TestWithParam<Shape> {};
+// Finite differences cost O(size^2): run on the small shapes only.
+class AttentionGradTest : public AttentionTest {};
+
+TEST_P(AttentionTest, ForwardMatchesReference) {
+  const auto [B, T, C, NH] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(B * 1000 + T * 10 + C + NH));
+  // Spread-out scores so the softmax is far from uniform.
+  const Vec qkv = Random(B * T * 3 * C, rng, -2.0f, 2.0f);
+  DVec want_att;
+  const DVec want = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_att);
+  Vec out(B * T * C, 5.0f), att(B * NH * T * T, 5.0f);  // forward overwrites both fully
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  ExpectClose(out, want, 2e-6, 2e-5, "out");
+  ExpectClose(att, want_att, 1e-6, 1e-5, "att");  // includes the zeros above the diagonal
+}
+
+TEST_P(AttentionGradTest, BackwardMatchesFiniteDifferences) {
+  const auto [B, T, C, NH] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(B * 7 + T * 11 + C * 13 + NH));
+  const Vec qkv = Random(B * T * 3 * C, rng, -1.5f, 1.5f), dout = Random(B * T * C, rng);
+  const DVec want = NumericGrad(
+      [&](const DVec& x) { return Dot(AttentionRef(x, B, T, C, NH), dout); }, ToDouble(qkv));
+
+  Vec out(B * T * C), att(B * NH * T * T);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  const Vec dqkv0 = Random(qkv.size(), rng);
+  Vec dqkv = dqkv0;
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
+}
+
+// Odd head sizes, T = 1, NH = 1, T not a multiple of the vector width.
+const auto kSmallShapes =
+    ::testing::Values(Shape{1, 1, 4, 1}, Shape{1, 1, 6, 2}, Shape{2, 5, 8, 2}, Shape{1, 7, 12, 3},
+                      Shape{2, 9, 5, 1}, Shape{3, 4, 16, 4}, Shape{1, 17, 6, 2});
+INSTANTIATE_TEST_SUITE_P(Small, AttentionTest, kSmallShapes, Name);
+INSTANTIATE_TEST_SUITE_P(Small, AttentionGradTest, kSmallShapes, Name);
+INSTANTIATE_TEST_SUITE_P(Large, AttentionTest,
+                         ::testing::Values(Shape{2, 64, 64, 4}, Shape{1, 100, 96, 6}), Name);
+
+// Backward of a larger shape against a closed-form double backward (FD would be too slow).
+TEST(Attention, BackwardMatchesReferenceOnLargerShape) {
+  const int64_t B = 2, T = 48, C = 32, NH = 2, D = C / NH;
+  std::mt19937 rng(11);
+  const Vec qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng);
+  DVec att;
+  AttentionRef(ToDouble(qkv), B, T, C, NH, &att);
+  DVec want(qkv.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const auto q = [&](int64_t s) { return (b * T + s) * 3 * C + h * D; };
+        const double* p = &att[((b * NH + h) * T + t) * T];
+        DVec dp(t + 1, 0.0);
+        for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t d = 0; d < D; ++d) {
+            const double g = dout[(b * T + t) * C + h * D + d];
+            dp[s] += g * qkv[q(s) + 2 * C + d];
+            want[q(s) + 2 * C + d] += p[s] * g;  // dv
+          }
+        }
+        double dot = 0;
+        for (int64_t s = 0; s <= t; ++s) dot += p[s] * dp[s];
+        for (int64_t s = 0; s <= t; ++s) {
+          const double ds = p[s] * (dp[s] - dot) * scale;
+          for (int64_t d = 0; d < D; ++d) {
+            want[q(t) + d] += ds * qkv[q(s) + C + d];  // dq
+            want[q(s) + C + d] += ds * qkv[q(t) + d];  // dk
+          }
+        }
+      }
+    }
+  }
+  Vec out(B * T * C), katt(B * NH * T * T), dqkv(qkv.size(), 0.0f);
+  attention_forward(out.data(), katt.data(), qkv.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), katt.data(), B, T, C, NH);
+  ExpectClose(dqkv, want, 1e-5, 1e-4, "dqkv");
+}
+
+TEST(Attention, LargeScoresDoNotOverflow) {
+  // Scores around +-400 overflow exp() without the max subtraction.
+  const int64_t B = 1, T = 6, C = 4, NH = 1;
+  std::mt19937 rng(12);
+  const Vec qkv = Random(B * T * 3 * C, rng, -20.0f, 20.0f);
+  DVec want_att;
+  const DVec want = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_att);
+  Vec out(B * T * C), att(B * NH * T * T);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  ExpectClose(out, want, 1e-4, 1e-4, "out");
+  ExpectClose(att, want_att, 1e-5, 1e-4, "att");
+}
+
+TEST(Attention, LeavesTheCallersThreadCountAlone) {
+  // The kernel runs each head's GEMMs single-threaded inside its parallel region; that
+  // setting must not leak out to the calling (rank) thread.
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  const int64_t B = 2, T = 4, C = 8, NH = 2;
+  std::mt19937 rng(13);
+  const Vec qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng);
+  Vec out(B * T * C), att(B * NH * T * T), dqkv(qkv.size(), 0.0f);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  EXPECT_EQ(omp_get_max_threads(), 3);
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
+}  // namespace fsdp::kernels::cpu
