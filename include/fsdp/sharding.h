@@ -157,6 +157,10 @@ class ShardingRuntime {
   absl::Status FinishForwardOnly();
   // Clips, updates every local shard with `lr`, zeroes the gradient shards.
   absl::StatusOr<StepStats> Step(float lr);
+  // The same with the learning rate of `schedule` at the 0-based index of this step.
+  absl::StatusOr<StepStats> Step(const LrSchedule& schedule) {
+    return Step(schedule.At(steps()));
+  }
 
   // no_sync: while false, backward passes accumulate full gradients locally.
   void set_sync_gradients(bool sync);

@@ -11,6 +11,13 @@ namespace {
 
 Communicator* g_world = nullptr;
 
+ShardingOptions With(ShardingStrategy strategy, int hybrid_shard = 0) {
+  ShardingOptions o;
+  o.strategy = strategy;
+  o.hybrid_shard_size = hybrid_shard;
+  return o;
+}
+
 void ExpectParity(ShardingOptions sharding, int micro_batches) {
   TrainSpec spec;
   spec.steps = 10;
@@ -28,16 +35,40 @@ void ExpectParity(ShardingOptions sharding, int micro_batches) {
   }
 }
 
-TEST(ShardingMpiTest, FullShard) { ExpectParity({ShardingStrategy::kFullShard}, 1); }
-TEST(ShardingMpiTest, ShardGradOp) { ExpectParity({ShardingStrategy::kShardGradOp}, 1); }
-TEST(ShardingMpiTest, NoShard) { ExpectParity({ShardingStrategy::kNoShard}, 1); }
+TEST(ShardingMpiTest, FullShard) { ExpectParity(With(ShardingStrategy::kFullShard), 1); }
+TEST(ShardingMpiTest, ShardGradOp) { ExpectParity(With(ShardingStrategy::kShardGradOp), 1); }
+TEST(ShardingMpiTest, NoShard) { ExpectParity(With(ShardingStrategy::kNoShard), 1); }
 TEST(ShardingMpiTest, FullShardWithAccumulation) {
-  ExpectParity({ShardingStrategy::kFullShard}, 4);
+  ExpectParity(With(ShardingStrategy::kFullShard), 4);
 }
 TEST(ShardingMpiTest, HybridShardOneRankPerShardGroup) {
-  ShardingOptions o{ShardingStrategy::kHybridShard};
-  o.hybrid_shard_size = 1;  // the only mesh besides 1 x N that 2 and 3 processes allow
-  ExpectParity(o, 1);
+  // The only mesh besides 1 x N that 2 and 3 processes allow.
+  ExpectParity(With(ShardingStrategy::kHybridShard, 1), 1);
+}
+
+TEST(ShardingMpiTest, FullShardHoldsOneNthOfThePersistentBytes) {
+  TrainSpec spec;
+  spec.steps = 1;
+  auto got = TrainSharded(*g_world, spec, With(ShardingStrategy::kFullShard), 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto config = nn::GptConfig::FromName("nano");
+  const int n = g_world->size();
+  const double single = 4.0 * 4 * config->num_parameters();
+  const double padding = 4.0 * 4 * (config->num_layers + 1) * n;
+  EXPECT_GE(got->memory.persistent_bytes(), single / n);
+  EXPECT_LE(got->memory.persistent_bytes(), single / n * 1.01 + padding);
+}
+
+// Runs last: it leaves the runtime it made failed (the world stays usable).
+TEST(ShardingMpiTest, RanksRegisteringDifferentShapesFailEverywhere) {
+  auto backend = *CpuBackend::Create({.num_threads = 1});
+  auto rt = ShardingRuntime::Create(backend.get(), *g_world, {});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const int64_t cols = g_world->rank() == 1 ? 5 : 4;
+  ASSERT_TRUE((*rt)->RegisterUnit("a", {{"w", {3, cols}}}).ok());
+  absl::Status s = (*rt)->Finalize(nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("differs between rank 0 and rank 1"), std::string::npos) << s;
 }
 
 }  // namespace
