@@ -79,6 +79,14 @@ struct ShardingOptions {
   AdamWOptions adamw;
   SgdOptions sgd;
   float max_grad_norm = 0.0f;  // clip by global norm when > 0
+  // Overlap: while a unit computes, the all-gather of the next unit (in the order recorded
+  // during the first forward / backward pass) is already in flight.
+  bool forward_prefetch = true;
+  bool backward_prefetch = true;
+  // Rate limit (FSDP's limit_all_gathers): at most this many units gathered ahead of their
+  // use at once, per direction, so prefetching raises the peak of gathered parameters by at
+  // most this many units.
+  int max_prefetch_units = 1;
 };
 
 // A parameter of a unit as seen through a view: data + offset is its first element.

@@ -13,10 +13,12 @@ void Pack(uint64_t v, float* out) {
 
 }  // namespace
 
-absl::Status CheckUnitsAgree(Communicator& comm, const std::vector<uint64_t>& fingerprints,
-                             const std::vector<std::string>& names) {
+absl::Status CheckUnitsAgree(Communicator& comm, const std::vector<uint64_t>& units,
+                             const std::vector<std::string>& names, uint64_t options) {
+  std::vector<uint64_t> fingerprints = units;
+  fingerprints.push_back(options);
   const int n = comm.size();
-  const float mine = static_cast<float>(fingerprints.size());
+  const float mine = static_cast<float>(units.size());
   std::vector<float> counts(n);
   FSDP_RETURN_IF_ERROR(comm.AllGather(&mine, counts.data(), 1, DType::kF32));
   for (int r = 1; r < n; ++r) {
@@ -34,6 +36,11 @@ absl::Status CheckUnitsAgree(Communicator& comm, const std::vector<uint64_t>& fi
     for (size_t i = 0; i < k; ++i) {
       for (int j = 0; j < 4; ++j) {
         if (all[(r * k + i) * 4 + j] != all[i * 4 + j]) {
+          if (i + 1 == k) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "ranks 0 and ", r, " were given different sharding options (strategy, hybrid "
+                "shard size, prefetch or optimizer); every rank must use the same options"));
+          }
           return absl::InvalidArgumentError(absl::StrCat(
               "ranks registered different units: unit ", i, " ('", names[i], "' on rank ",
               comm.rank(), ") differs between rank 0 and rank ", r,

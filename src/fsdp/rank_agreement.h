@@ -11,10 +11,11 @@
 
 namespace fsdp::internal {
 
-// Collective: OK when every rank passed the same fingerprints (one per unit); otherwise the
-// same error on every rank, naming the first rank and unit that differ from rank 0.
+// Collective: OK when every rank passed the same fingerprints (one per unit) and the same
+// options fingerprint; otherwise the same error on every rank, naming the first rank and
+// unit (or the options) that differ from rank 0.
 absl::Status CheckUnitsAgree(Communicator& comm, const std::vector<uint64_t>& fingerprints,
-                             const std::vector<std::string>& names);
+                             const std::vector<std::string>& names, uint64_t options);
 
 // Collective: the sum over the group's ranks of `value`, added in rank order in double, so
 // every rank gets the bit-identical result.

@@ -85,6 +85,8 @@ struct Unit {
   Buffer reduced;    // reduce-scatter output (shard size > 1 only)
   std::unique_ptr<Optimizer> optimizer;
   UnitState state = UnitState::kIdle;
+  Work gather_work;         // all-gather in flight into `gathered`
+  bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
   bool unsynced = false;  // full_grad holds no_sync accumulation not yet reduced
   Work reduce_work;
 };
@@ -112,6 +114,11 @@ struct ShardingRuntime::Impl {
   bool sync_gradients = true;
   absl::Status failure;  // set once a hook failed: the runtime is then unusable
   int64_t passes_since_step = 0;
+  // Unit order of the first forward and backward pass, for prefetching.
+  std::vector<int> forward_order, backward_order;
+  bool forward_recorded = false, backward_recorded = false;
+  bool in_backward = false;
+  int prefetched_units = 0;
   int64_t steps = 0;
   Gauge gathered, grad_buffers;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
@@ -175,17 +182,65 @@ struct ShardingRuntime::Impl {
     return Buffer::Create(backend, static_cast<size_t>(numel) * sizeof(float));
   }
 
-  absl::Status EnsureGathered(Unit& unit) {
+  // Starts the all-gather of a unit's parameters unless they are gathered or on their way.
+  absl::Status IssueGather(Unit& unit) {
     if (S() == 1 || unit.gathered.data() != nullptr) return absl::OkStatus();
     const int64_t padded = unit.layout.padded_numel;
     FSDP_ASSIGN_OR_RETURN(unit.gathered, Alloc(padded));
     gathered.Add(padded * 4);
-    return mesh->shard_group().AllGather(unit.param_shard.data(), unit.gathered.data(),
-                                         unit.layout.shard_numel, DType::kF32);
+    unit.gather_work = mesh->shard_group().AllGatherAsync(
+        unit.param_shard.data(), unit.gathered.data(), unit.layout.shard_numel, DType::kF32);
+    return absl::OkStatus();
+  }
+
+  // Makes unit `u` gathered for use now, and prefetches the units that follow it in `order`
+  // (recorded in the first pass) within the rate limit. Prefetch decisions depend only on
+  // the order and the units' states, so every rank issues the same collectives.
+  absl::Status Acquire(int u, std::vector<int>& order, bool recording, bool prefetch) {
+    Unit& unit = units[u];
+    if (recording) order.push_back(u);
+    if (unit.prefetched) {
+      unit.prefetched = false;
+      --prefetched_units;
+    }
+    FSDP_RETURN_IF_ERROR(IssueGather(unit));
+    if (prefetch && !recording && S() > 1) {
+      auto pos = std::find(order.begin(), order.end(), u);
+      for (auto it = pos == order.end() ? pos : pos + 1;
+           it != order.end() && prefetched_units < options.max_prefetch_units; ++it) {
+        Unit& next = units[*it];
+        if (next.gathered.data() != nullptr || next.state != NextState(next)) continue;
+        FSDP_RETURN_IF_ERROR(IssueGather(next));
+        next.prefetched = true;
+        ++prefetched_units;
+        break;  // one unit ahead per use; the next use prefetches the next one
+      }
+    }
+    return WaitGather(unit);
+  }
+
+  // The state a unit is in right before the hook that the current direction calls next.
+  UnitState NextState(const Unit& unit) const {
+    return in_backward ? UnitState::kForwardDone : UnitState::kIdle;
+  }
+
+  absl::Status WaitGather(Unit& unit) {
+    if (!unit.gather_work.valid()) return absl::OkStatus();
+    absl::Status s = unit.gather_work.Wait();
+    unit.gather_work = Work();
+    return s;
   }
 
   void FreeGathered(Unit& unit) {
     if (unit.gathered.data() == nullptr) return;
+    if (unit.gather_work.valid()) {  // a prefetch never used: let it land before freeing
+      unit.gather_work.Wait().IgnoreError();
+      unit.gather_work = Work();
+    }
+    if (unit.prefetched) {
+      unit.prefetched = false;
+      --prefetched_units;
+    }
     gathered.Sub(static_cast<int64_t>(unit.gathered.bytes()));
     unit.gathered.Reset();
   }
@@ -265,6 +320,11 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "max_grad_norm must be >= 0 (0 disables clipping), got ", options.max_grad_norm));
   }
+  if (options.max_prefetch_units < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_prefetch_units must be >= 0 (0 disables prefetching), got ",
+        options.max_prefetch_units));
+  }
   auto impl = std::make_unique<Impl>();
   impl->backend = backend;
   impl->world = &world;
@@ -340,7 +400,13 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
     fingerprints.push_back(u.layout.Fingerprint() ^ std::hash<std::string>{}(u.name));
     names.push_back(u.name);
   }
-  FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names));
+  // The options that decide which collectives run must agree too, or ranks would diverge.
+  const ShardingOptions& o = m.options;
+  const uint64_t options_fp =
+      static_cast<uint64_t>(o.strategy) | uint64_t(o.hybrid_shard_size) << 8 |
+      uint64_t(o.forward_prefetch) << 40 | uint64_t(o.backward_prefetch) << 41 |
+      uint64_t(o.max_prefetch_units & 0xffff) << 42 | uint64_t(o.optimizer) << 58;
+  FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names, options_fp));
 
   const int shard_rank = m.mesh->shard_index();
   for (Unit& u : m.units) {
@@ -377,7 +443,10 @@ absl::StatusOr<UnitView> ShardingRuntime::PreForward(int u) {
   Impl& m = *impl_;
   FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PreForward"));
   absl::Status s = m.ExpectState(*unit, "PreForward", {UnitState::kIdle});
-  if (s.ok()) s = m.EnsureGathered(*unit);
+  m.in_backward = false;
+  if (s.ok()) {
+    s = m.Acquire(u, m.forward_order, !m.forward_recorded, m.options.forward_prefetch);
+  }
   if (!s.ok()) return m.Fail(s);
   unit->state = UnitState::kForward;
   return m.View(u, false);
@@ -396,7 +465,13 @@ absl::StatusOr<UnitView> ShardingRuntime::PreBackward(int u) {
   Impl& m = *impl_;
   FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PreBackward"));
   absl::Status s = m.ExpectState(*unit, "PreBackward", {UnitState::kForwardDone});
-  if (s.ok()) s = m.EnsureGathered(*unit);
+  if (!m.in_backward) {
+    m.in_backward = true;
+    m.forward_recorded = true;
+  }
+  if (s.ok()) {
+    s = m.Acquire(u, m.backward_order, !m.backward_recorded, m.options.backward_prefetch);
+  }
   if (s.ok() && unit->full_grad.data() == nullptr) {
     const int64_t padded = unit->layout.padded_numel;
     auto b = m.Alloc(padded);
@@ -464,6 +539,7 @@ absl::Status ShardingRuntime::FinishBackward() {
   const Ops& ops = m.backend->ops();
   for (Unit& unit : m.units) {
     unit.state = UnitState::kIdle;
+    m.FreeGathered(unit);  // a prefetch that no hook claimed
     if (unit.unsynced) continue;  // no_sync: keep accumulating the full gradient
     Buffer& src = m.S() > 1 ? unit.reduced : unit.full_grad;
     if (src.data() != nullptr) {
@@ -474,6 +550,8 @@ absl::Status ShardingRuntime::FinishBackward() {
     m.FreeGradBuffer(unit.full_grad);
   }
   ++m.passes_since_step;
+  m.backward_recorded = true;
+  m.in_backward = false;
   return absl::OkStatus();
 }
 
@@ -489,6 +567,7 @@ absl::Status ShardingRuntime::FinishForwardOnly() {
     m.FreeGathered(unit);
     unit.state = UnitState::kIdle;
   }
+  m.forward_recorded = true;
   return absl::OkStatus();
 }
 

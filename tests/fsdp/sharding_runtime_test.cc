@@ -115,6 +115,42 @@ TEST(ShardingMemoryTest, GatheredPeakFollowsTheStrategy) {
   }
 }
 
+// Prefetching changes when gathers run, not what they compute: losses and parameters are
+// bitwise those of the run without it, and the gathered peak grows by at most
+// max_prefetch_units units.
+TEST(ShardingPrefetchTest, SameResultsBitwiseAndBoundedPeak) {
+  TrainSpec spec;
+  spec.steps = 4;
+  spec.micro_batches = 2;
+  auto config = nn::GptConfig::FromName(spec.config);
+  const int64_t root = nn::GptUnitNumel(*config, 0), block = nn::GptUnitNumel(*config, 1);
+  for (ShardingStrategy st : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    std::vector<TrainResult> res[2];
+    for (int prefetch = 0; prefetch < 2; ++prefetch) {
+      ShardingOptions so;
+      so.strategy = st;
+      so.forward_prefetch = so.backward_prefetch = prefetch == 1;
+      res[prefetch].resize(3);
+      ASSERT_TRUE(LocalWorld::Run(3, ShortTimeout(), [&](Communicator& comm) {
+        FSDP_ASSIGN_OR_RETURN(res[prefetch][comm.rank()], TrainSharded(comm, spec, so, 1));
+        return absl::OkStatus();
+      }).ok());
+    }
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(res[0][r].losses, res[1][r].losses) << StrategyName(st);
+      EXPECT_EQ(res[0][r].params, res[1][r].params) << StrategyName(st);
+      if (st == ShardingStrategy::kFullShard) {
+        // Without prefetch: the root and one block; with it: one more block at most.
+        EXPECT_LE(res[0][r].memory.gathered_param_peak_bytes, (root + block + 6) * 4);
+        EXPECT_GT(res[1][r].memory.gathered_param_peak_bytes,
+                  res[0][r].memory.gathered_param_peak_bytes)
+            << "prefetch never ran ahead";
+        EXPECT_LE(res[1][r].memory.gathered_param_peak_bytes, (root + 2 * block + 9) * 4);
+      }
+    }
+  }
+}
+
 TEST(ShardingWrapTest, PoliciesGroupBlocksAndStillMatchTheReference) {
   auto config = nn::GptConfig::FromName("nano");
   const int64_t block = nn::GptUnitNumel(*config, 1);
