@@ -192,6 +192,9 @@ class ShardingRuntime {
   Communicator& shard_group() const;
   Communicator& replicate_group() const;
   int64_t steps() const;
+  // Restoring a checkpoint: the optimizer steps taken (the index Step(LrSchedule) uses next).
+  void set_steps(int64_t steps);
+  Backend* backend() const;  // where every shard lives
 
   MemoryReport memory() const;
   void SetActivationBytes(int64_t bytes);  // the model reports its activation footprint

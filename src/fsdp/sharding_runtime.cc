@@ -643,6 +643,8 @@ Communicator& ShardingRuntime::world() const { return *impl_->world; }
 Communicator& ShardingRuntime::shard_group() const { return impl_->mesh->shard_group(); }
 Communicator& ShardingRuntime::replicate_group() const { return impl_->mesh->replicate_group(); }
 int64_t ShardingRuntime::steps() const { return impl_->steps; }
+void ShardingRuntime::set_steps(int64_t steps) { impl_->steps = steps; }
+Backend* ShardingRuntime::backend() const { return impl_->backend; }
 
 absl::Status ShardingRuntime::GatherUnit(int u, float* out) {
   Impl& m = *impl_;
