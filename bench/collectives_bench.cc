@@ -1,0 +1,547 @@
+// Collectives benchmark in the manner of nccl-tests: for each op and size, the time per call,
+// algbw, busbw (MODEL_SPEC.md: busbw = algbw (n-1)/n for all_gather and reduce_scatter,
+// 2 (n-1)/n for all_reduce) and #wrong, out-of-place and in-place; for the local communicator,
+// and under mpirun also for the mpi communicator and Open MPI's own blocking collectives on
+// the same buffers; next to the memcpy bandwidth of the machine measured in the same run.
+//
+//   collectives_bench [--ranks=2,4] [--min_bytes=1K] [--max_bytes=256M] [--ops=ag,rs,ar]
+//                     [--dtype=f32|bf16|f16] [--iters=N] [--no_check]
+//   mpirun -np 2 --bind-to none collectives_bench ...   (adds the mpi rows; rank 0 prints)
+//
+// Size is the full buffer as nccl-tests counts it: the gathered output of all_gather, the
+// input of reduce_scatter, the buffer of all_reduce. Each time is the best of 3 rounds of
+// calls (the average over one round), as the machine may be shared.
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "collectives/reduce.h"
+#include "fsdp/local_world.h"
+#include "fsdp/mpi_world.h"
+
+#ifdef FSDP_BENCH_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace fsdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::vector<int> ranks = {2};
+  int64_t min_bytes = 1 << 10;
+  int64_t max_bytes = int64_t{256} << 20;
+  std::vector<CollectiveKind> ops = {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
+                                     CollectiveKind::kAllReduce};
+  DType dtype = DType::kF32;
+  int iters = 0;  // 0: adapt to the size
+  bool check = true;
+};
+
+int64_t ParseBytes(std::string_view s) {
+  int64_t mult = 1;
+  if (!s.empty()) {
+    const char c = static_cast<char>(std::toupper(s.back()));
+    if (c == 'K' || c == 'M' || c == 'G') {
+      mult = c == 'K' ? 1 << 10 : c == 'M' ? 1 << 20 : int64_t{1} << 30;
+      s.remove_suffix(1);
+    }
+  }
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(absl::string_view(s.data(), s.size()), &v) || v <= 0) {
+    std::fprintf(stderr, "bad size '%s'\n", std::string(s).c_str());
+    std::exit(2);
+  }
+  return v * mult;
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string key = a, value;
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      key = a.substr(0, eq);
+      value = a.substr(eq + 1);
+    } else if (a != "--no_check" && a != "--help" && i + 1 < argc) {
+      value = argv[++i];
+    }
+    if (key == "--ranks") {
+      f.ranks.clear();
+      for (absl::string_view p : absl::StrSplit(value, ',')) {
+        f.ranks.push_back(static_cast<int>(ParseBytes(std::string_view(p.data(), p.size()))));
+      }
+    } else if (key == "--min_bytes") {
+      f.min_bytes = ParseBytes(value);
+    } else if (key == "--max_bytes") {
+      f.max_bytes = ParseBytes(value);
+    } else if (key == "--iters") {
+      f.iters = static_cast<int>(ParseBytes(value));
+    } else if (key == "--dtype") {
+      f.dtype = value == "bf16" ? DType::kBF16 : value == "f16" ? DType::kF16 : DType::kF32;
+    } else if (key == "--ops") {
+      f.ops.clear();
+      for (auto p : absl::StrSplit(value, ',')) {
+        if (p == "ag" || p == "all_gather") f.ops.push_back(CollectiveKind::kAllGather);
+        if (p == "rs" || p == "reduce_scatter") f.ops.push_back(CollectiveKind::kReduceScatter);
+        if (p == "ar" || p == "all_reduce") f.ops.push_back(CollectiveKind::kAllReduce);
+      }
+    } else if (key == "--no_check") {
+      f.check = false;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--ranks=2,4] [--min_bytes=1K] [--max_bytes=256M] [--ops=ag,rs,ar] "
+                   "[--dtype=f32|bf16|f16] [--iters=N] [--no_check]\n",
+                   argv[0]);
+      std::exit(key == "--help" ? 0 : 2);
+    }
+  }
+  return f;
+}
+
+std::vector<int64_t> Sizes(const Flags& f) {
+  std::vector<int64_t> s;
+  for (int64_t b = f.min_bytes; b <= f.max_bytes; b *= 2) s.push_back(b);
+  return s;
+}
+
+int Iters(const Flags& f, int64_t bytes) {
+  if (f.iters > 0) return f.iters;
+  return static_cast<int>(std::clamp<int64_t>((int64_t{512} << 20) / bytes, 5, 200));
+}
+
+double BusFactor(CollectiveKind k, int n) {
+  return k == CollectiveKind::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+}
+
+// A page-aligned, pre-touched buffer.
+struct Buf {
+  explicit Buf(size_t bytes)
+      : bytes(bytes), p(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {
+    std::memset(p, 0, bytes);
+  }
+  ~Buf() { std::free(p); }
+  size_t bytes;
+  char* p;
+};
+
+float Value(int rank, int64_t i) { return static_cast<float>((i + 7 * rank) % 61 - 30); }
+
+void Fill(DType t, void* p, int64_t count, int rank, int64_t offset) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = Value(rank, offset + i);
+    if (t == DType::kF32) {
+      static_cast<float*>(p)[i] = v;
+    } else {
+      static_cast<uint16_t*>(p)[i] = t == DType::kBF16 ? FloatToBf16(v) : FloatToF16(v);
+    }
+  }
+}
+
+float Load(DType t, const void* p, int64_t i) {
+  if (t == DType::kF32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return t == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+}
+
+// One rank's view of one measured call: where its buffers are for the op and placement.
+struct Call {
+  CollectiveKind kind;
+  DType dtype;
+  int64_t count;  // per rank for all_gather / reduce_scatter, whole for all_reduce
+  const void* send;
+  void* recv;
+};
+
+Call MakeCall(CollectiveKind k, DType t, int64_t bytes, int n, int r, bool in_place, Buf& a, Buf& b) {
+  const size_t e = DTypeSize(t);
+  Call c{k, t, 0, a.p, b.p};
+  switch (k) {
+    case CollectiveKind::kAllGather:
+      c.count = bytes / static_cast<int64_t>(e) / n;
+      if (in_place) c.send = b.p + r * c.count * e;
+      break;
+    case CollectiveKind::kReduceScatter:
+      c.count = bytes / static_cast<int64_t>(e) / n;
+      if (in_place) c.recv = a.p + r * c.count * e;
+      break;
+    default:
+      c.count = bytes / static_cast<int64_t>(e);
+      if (in_place) c.recv = a.p;
+      break;
+  }
+  return c;
+}
+
+void FillInputs(const Call& c, int n, int r) {
+  switch (c.kind) {
+    case CollectiveKind::kAllGather: Fill(c.dtype, const_cast<void*>(c.send), c.count, r, 0); break;
+    case CollectiveKind::kReduceScatter: Fill(c.dtype, const_cast<void*>(c.send), c.count * n, r, 0); break;
+    default: Fill(c.dtype, const_cast<void*>(c.send), c.count, r, 0); break;
+  }
+}
+
+int64_t CountWrong(const Call& c, int n, int r) {
+  int64_t wrong = 0;
+  auto sum = [&](int64_t j) {
+    float s = 0;
+    for (int q = 0; q < n; ++q) s += Value(q, j);
+    return s;
+  };
+  switch (c.kind) {
+    case CollectiveKind::kAllGather:
+      for (int64_t j = 0; j < c.count * n; ++j) wrong += Load(c.dtype, c.recv, j) != Value(static_cast<int>(j / c.count), j % c.count);
+      break;
+    case CollectiveKind::kReduceScatter:
+      for (int64_t i = 0; i < c.count; ++i) wrong += Load(c.dtype, c.recv, i) != sum(r * c.count + i);
+      break;
+    default:
+      for (int64_t i = 0; i < c.count; ++i) wrong += Load(c.dtype, c.recv, i) != sum(i);
+      break;
+  }
+  return wrong;
+}
+
+Work Issue(Communicator& comm, const Call& c) {
+  switch (c.kind) {
+    case CollectiveKind::kAllGather: return comm.AllGatherAsync(c.send, c.recv, c.count, c.dtype);
+    case CollectiveKind::kReduceScatter:
+      return comm.ReduceScatterAsync(c.send, c.recv, c.count, c.dtype, ReduceOp::kSum);
+    default: return comm.AllReduceAsync(c.send, c.recv, c.count, c.dtype, ReduceOp::kSum);
+  }
+}
+
+struct Result {
+  double us = 0;       // per call, slowest rank
+  int64_t wrong = -1;  // -1: not checked
+  double algbw(int64_t bytes) const { return us > 0 ? bytes / us / 1e3 : 0; }
+};
+
+// Microseconds per call on one rank: after `warmup` calls, kRounds rounds of `iters` calls,
+// each started by a barrier; the best round counts (the machine may be shared).
+constexpr int kRounds = 3;
+double TimeCalls(int warmup, int iters, const std::function<void()>& run,
+                 const std::function<void()>& barrier) {
+  for (int i = 0; i < warmup; ++i) run();
+  double best = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) run();
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+    best = round == 0 ? us : std::min(best, us);
+  }
+  return best;
+}
+
+void Die(const absl::Status& s) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "collectives_bench: %s\n", s.ToString().c_str());
+  std::exit(1);
+}
+
+// ----------------------------------------------------------------------------- printing
+
+void PrintHeader(const std::string& title, bool in_place_columns) {
+  std::printf("#\n# %s\n", title.c_str());
+  std::printf("#%13s %12s %5s %6s   %10s %8s %8s %7s", "size", "count", "type", "redop", "time", "algbw",
+              "busbw", "#wrong");
+  if (in_place_columns) std::printf("   %10s %8s %8s %7s", "time", "algbw", "busbw", "#wrong");
+  std::printf("\n#%13s %12s %5s %6s   %10s %8s %8s %7s", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
+              "(GB/s)", "");
+  if (in_place_columns) std::printf("   %10s %8s %8s %7s", "(us)", "(GB/s)", "(GB/s)", "");
+  std::printf("\n#%13s %12s %5s %6s   %-36s", "", "", "", "", "out-of-place");
+  if (in_place_columns) std::printf("   %-36s", "in-place");
+  std::printf("\n");
+}
+
+void PrintRow(int64_t bytes, DType t, CollectiveKind k, int n, const Result& oop, const Result* ip) {
+  auto cols = [&](const Result& r) {
+    const std::string wrong = r.wrong < 0 ? "N/A" : std::to_string(r.wrong);
+    std::printf("   %10.1f %8.2f %8.2f %7s", r.us, r.algbw(bytes), r.algbw(bytes) * BusFactor(k, n),
+                wrong.c_str());
+  };
+  std::printf("%14lld %12lld %5s %6s", static_cast<long long>(bytes),
+              static_cast<long long>(bytes / static_cast<int64_t>(DTypeSize(t))),
+              std::string(DTypeName(t)).c_str(), k == CollectiveKind::kAllGather ? "none" : "sum");
+  cols(oop);
+  if (ip) cols(*ip);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// Figures kept for the summary: (table, op, placement, bytes) -> busbw or GB/s.
+std::map<std::string, double>& Figures() {
+  static std::map<std::string, double> m;
+  return m;
+}
+std::string Key(std::string_view table, CollectiveKind k, bool in_place, int64_t bytes) {
+  return absl::StrFormat("%s|%s|%d|%d", table, CollectiveName(k), in_place, bytes);
+}
+
+// ------------------------------------------------------------------------------ memcpy
+
+void BenchMemcpy(const Flags& f) {
+  std::printf("#\n# memcpy bandwidth of this machine (GB/s = bytes copied / time): glibc memcpy on one\n"
+              "# thread, on two threads at once (per thread), and libfsdp's copy loop (streaming stores)\n");
+  std::printf("#%13s %12s %12s %12s\n", "size (B)", "memcpy", "memcpy x2", "fsdp copy");
+  Buf src(f.max_bytes), dst(f.max_bytes), src2(f.max_bytes), dst2(f.max_bytes);
+  std::memset(src.p, 1, src.bytes);
+  std::memset(src2.p, 2, src2.bytes);
+  for (int64_t bytes : Sizes(f)) {
+    const int iters = Iters(f, bytes);
+    auto gbs = [&](const std::function<void(char*, const char*)>& copy, char* d, const char* s) {
+      const double us = TimeCalls(1, iters, [&] { copy(d, s); }, [] {});
+      return bytes / us / 1e3;
+    };
+    auto glibc = [&](char* d, const char* s) { std::memcpy(d, s, bytes); };
+    auto ours = [&](char* d, const char* s) { coll::CopyBytes(d, s, bytes); };
+    const double one = gbs(glibc, dst.p, src.p);
+    double other = 0;
+    std::thread t([&] { other = gbs(glibc, dst2.p, src2.p); });
+    const double two = gbs(glibc, dst.p, src.p);
+    t.join();
+    const double fsdp = gbs(ours, dst.p, src.p);
+    std::printf("%14lld %12.2f %12.2f %12.2f\n", static_cast<long long>(bytes), one, std::min(two, other), fsdp);
+    Figures()[absl::StrFormat("memcpy|%d", bytes)] = one;
+    Figures()[absl::StrFormat("memcpy2|%d", bytes)] = std::min(two, other);
+    Figures()[absl::StrFormat("fsdpcopy|%d", bytes)] = fsdp;
+  }
+  std::fflush(stdout);
+}
+
+// ------------------------------------------------------------------------------- local
+
+void BenchLocal(const Flags& f, int n) {
+  auto world = LocalWorld::Create(n);
+  Die(world.status());
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::unique_ptr<Buf>> a, b;
+  for (int r = 0; r < n; ++r) {
+    auto c = (*world)->TakeRank(r);
+    Die(c.status());
+    comms.push_back(std::move(c).value());
+    a.push_back(std::make_unique<Buf>(f.max_bytes));
+    b.push_back(std::make_unique<Buf>(f.max_bytes));
+  }
+  const std::string table = absl::StrFormat("local%d", n);
+  for (CollectiveKind k : f.ops) {
+    PrintHeader(absl::StrFormat("local communicator, %d ranks (threads): %s", n, CollectiveName(k)), true);
+    for (int64_t bytes : Sizes(f)) {
+      if (bytes / static_cast<int64_t>(DTypeSize(f.dtype)) < n) continue;
+      Result res[2];
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        std::vector<double> us(n);
+        std::vector<int64_t> wrong(n, -1);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; ++r) {
+          threads.emplace_back([&, r] {
+            Communicator& comm = *comms[r];
+            const Call c = MakeCall(k, f.dtype, bytes, n, r, in_place, *a[r], *b[r]);
+            auto barrier = [&] { Die(comm.Barrier()); };
+            us[r] = TimeCalls(2, Iters(f, bytes), [&] { Die(Issue(comm, c).Wait()); }, barrier);
+            if (f.check) {
+              FillInputs(c, n, r);
+              Die(Issue(comm, c).Wait());
+              wrong[r] = CountWrong(c, n, r);
+            }
+          });
+        }
+        for (auto& t : threads) t.join();
+        res[in_place].us = *std::max_element(us.begin(), us.end());
+        if (f.check) {
+          res[in_place].wrong = 0;
+          for (int64_t w : wrong) res[in_place].wrong += w;
+        }
+        Figures()[Key(table, k, in_place, bytes)] = res[in_place].algbw(bytes) * BusFactor(k, n);
+      }
+      PrintRow(bytes, f.dtype, k, n, res[0], &res[1]);
+    }
+  }
+}
+
+// --------------------------------------------------------------------------------- mpi
+
+#ifdef FSDP_BENCH_WITH_MPI
+MPI_Datatype MpiType(DType t) { return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+// The mpi communicator, and Open MPI's own blocking collectives on the same buffers. All
+// ranks call this; rank 0 prints.
+void BenchMpi(const Flags& f, Communicator& world) {
+  const int n = world.size(), r = world.rank();
+  Buf a(f.max_bytes), b(f.max_bytes);
+  auto max_over_ranks = [&](double v) {
+    Die(RunOnMpiThread([&] { MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); }));
+    return v;
+  };
+  auto sum_over_ranks = [&](int64_t v) {
+    Die(RunOnMpiThread([&] { MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD); }));
+    return v;
+  };
+  for (CollectiveKind k : f.ops) {
+    if (r == 0) PrintHeader(absl::StrFormat("mpi communicator, %d processes: %s", n, CollectiveName(k)), true);
+    for (int64_t bytes : Sizes(f)) {
+      if (bytes / static_cast<int64_t>(DTypeSize(f.dtype)) < n) continue;
+      Result res[2];
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        const Call c = MakeCall(k, f.dtype, bytes, n, r, in_place, a, b);
+        const double us = TimeCalls(2, Iters(f, bytes), [&] { Die(Issue(world, c).Wait()); },
+                                    [&] { Die(world.Barrier()); });
+        res[in_place].us = max_over_ranks(us);
+        if (f.check) {
+          FillInputs(c, n, r);
+          Die(Issue(world, c).Wait());
+          res[in_place].wrong = sum_over_ranks(CountWrong(c, n, r));
+        }
+        Figures()[Key("mpi", k, in_place, bytes)] = res[in_place].algbw(bytes) * BusFactor(k, n);
+      }
+      if (r == 0) PrintRow(bytes, f.dtype, k, n, res[0], &res[1]);
+    }
+  }
+  // Open MPI's blocking collectives, run on libfsdp's MPI thread (the only one that calls MPI).
+  if (f.dtype != DType::kF32) return;  // MPI has no 16-bit float reduction
+  for (CollectiveKind k : f.ops) {
+    const char* name = k == CollectiveKind::kAllGather       ? "MPI_Allgather"
+                       : k == CollectiveKind::kReduceScatter ? "MPI_Reduce_scatter_block"
+                                                             : "MPI_Allreduce";
+    if (r == 0) PrintHeader(absl::StrFormat("Open MPI %s, %d processes (same buffers)", name, n), false);
+    for (int64_t bytes : Sizes(f)) {
+      if (bytes / static_cast<int64_t>(DTypeSize(f.dtype)) < n) continue;
+      const Call c = MakeCall(k, f.dtype, bytes, n, r, false, a, b);
+      const int count = static_cast<int>(c.count);
+      auto call = [&] {
+        switch (k) {
+          case CollectiveKind::kAllGather:
+            MPI_Allgather(c.send, count, MpiType(c.dtype), c.recv, count, MpiType(c.dtype), MPI_COMM_WORLD);
+            break;
+          case CollectiveKind::kReduceScatter:
+            MPI_Reduce_scatter_block(c.send, c.recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+          default:
+            MPI_Allreduce(c.send, c.recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+        }
+      };
+      Result res;
+      Die(RunOnMpiThread([&] { res.us = TimeCalls(2, Iters(f, bytes), call, [] { MPI_Barrier(MPI_COMM_WORLD); }); }));
+      res.us = max_over_ranks(res.us);
+      if (f.check) {
+        FillInputs(c, n, r);
+        Die(RunOnMpiThread(call));
+        res.wrong = sum_over_ranks(CountWrong(c, n, r));
+      }
+      Figures()[Key("rawmpi", k, false, bytes)] = res.algbw(bytes) * BusFactor(k, n);
+      if (r == 0) PrintRow(bytes, f.dtype, k, n, res, nullptr);
+    }
+  }
+}
+#endif
+
+// ----------------------------------------------------------------------------- summary
+
+void PrintSummary(const Flags& f, int mpi_ranks) {
+  const int64_t at = std::min<int64_t>(int64_t{64} << 20, f.max_bytes);
+  auto get = [&](const std::string& k) {
+    auto it = Figures().find(k);
+    return it == Figures().end() ? 0.0 : it->second;
+  };
+  const double mem = get(absl::StrFormat("memcpy|%d", at));
+  std::printf("#\n# Summary at %lld MiB (%s)\n", static_cast<long long>(at >> 20), std::string(DTypeName(f.dtype)).c_str());
+  std::printf("#   memcpy, 1 thread                      %7.2f GB/s\n", mem);
+  std::printf("#   memcpy, 2 threads at once (each)      %7.2f GB/s\n", get(absl::StrFormat("memcpy2|%d", at)));
+  std::printf("#   libfsdp copy loop (streaming stores)  %7.2f GB/s\n", get(absl::StrFormat("fsdpcopy|%d", at)));
+  for (int n : f.ranks) {
+    for (CollectiveKind k : f.ops) {
+      for (int ip = 0; ip < 2; ++ip) {
+        const double bw = get(Key(absl::StrFormat("local%d", n), k, ip, at));
+        std::printf("#   local %d ranks %-15s %-12s busbw %7.2f GB/s = %5.2f x memcpy\n", n,
+                    std::string(CollectiveName(k)).c_str(), ip ? "in-place" : "out-of-place", bw,
+                    mem > 0 ? bw / mem : 0.0);
+      }
+    }
+  }
+  if (mpi_ranks > 1) {
+    for (CollectiveKind k : f.ops) {
+      const double ours = get(Key("mpi", k, false, at)), raw = get(Key("rawmpi", k, false, at));
+      std::printf("#   mpi %d procs   %-15s out-of-place busbw %7.2f GB/s; Open MPI's own %7.2f GB/s\n",
+                  mpi_ranks, std::string(CollectiveName(k)).c_str(), ours, raw);
+    }
+    const int n = std::find(f.ranks.begin(), f.ranks.end(), mpi_ranks) != f.ranks.end() ? mpi_ranks : f.ranks[0];
+    for (CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
+      const double raw = get(Key("rawmpi", k, false, at));
+      const double local = get(Key(absl::StrFormat("local%d", n), k, false, at));
+      if (raw > 0 && local > 0) {
+        std::printf("#   local %d ranks %s / %s (busbw, out-of-place) = %.1f x\n", n,
+                    std::string(CollectiveName(k)).c_str(),
+                    k == CollectiveKind::kAllGather ? "MPI_Allgather" : "MPI_Reduce_scatter_block", local / raw);
+      }
+    }
+  }
+  std::fflush(stdout);
+}
+
+int Main(int argc, char** argv) {
+  const Flags f = ParseFlags(argc, argv);
+  const char* env_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  std::unique_ptr<Communicator> mpi_world;
+  int mpi_ranks = 1, rank = 0;
+#ifdef FSDP_BENCH_WITH_MPI
+  if (env_size != nullptr && std::atoi(env_size) > 1) {
+    CommOptions o;
+    o.timeout = absl::Hours(2);  // the other ranks wait while rank 0 measures memcpy and local
+    auto w = CreateMpiWorld(o);
+    Die(w.status());
+    mpi_world = std::move(w).value();
+    mpi_ranks = mpi_world->size();
+    rank = mpi_world->rank();
+  }
+#endif
+  if (rank == 0) {
+    std::printf("# libfsdp collectives benchmark: sizes %lld B .. %lld B, %s, local ranks",
+                static_cast<long long>(f.min_bytes), static_cast<long long>(f.max_bytes),
+                std::string(DTypeName(f.dtype)).c_str());
+    for (int n : f.ranks) std::printf(" %d", n);
+    std::printf(", mpi processes %d%s\n", mpi_ranks,
+                mpi_ranks > 1 ? "" : (env_size == nullptr ? " (run under mpirun -np 2 for the mpi rows)" : ""));
+    std::printf("# busbw = algbw * (n-1)/n (all_gather, reduce_scatter), algbw * 2(n-1)/n (all_reduce)\n");
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 &&
+        CPU_COUNT(&set) < static_cast<int>(std::thread::hardware_concurrency())) {
+      std::printf("# WARNING: this process may run on %d of the %u CPUs (mpirun binds ranks to cores by "
+                  "default: pass --bind-to none), so the local ranks share them\n",
+                  CPU_COUNT(&set), std::thread::hardware_concurrency());
+    }
+    BenchMemcpy(f);
+    for (int n : f.ranks) BenchLocal(f, n);
+  }
+#ifdef FSDP_BENCH_WITH_MPI
+  if (mpi_world) {
+    Die(mpi_world->Barrier());  // the other ranks waited here (sleeping) for rank 0
+    BenchMpi(f, *mpi_world);
+    mpi_world.reset();
+  }
+#endif
+  if (rank == 0) PrintSummary(f, mpi_ranks);
+  ShutdownMpi();
+  return 0;
+}
+
+}  // namespace
+}  // namespace fsdp
+
+int main(int argc, char** argv) { return fsdp::Main(argc, argv); }

@@ -1,0 +1,312 @@
+// The transport-independent part of the Communicator: names, argument checks, the public
+// entry points (all of which go through Enqueue -> Submit), Work handles and deadlines.
+#include "fsdp/communicator.h"
+
+#include <cstdlib>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "collectives/work_state.h"
+
+namespace fsdp {
+
+std::string_view ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+std::string_view CollectiveName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kSplit: return "split";
+  }
+  return "?";
+}
+
+absl::Duration DefaultCommTimeout() {
+  if (const char* env = std::getenv("FSDP_COMM_TIMEOUT_S")) {
+    double seconds = 0;
+    if (absl::SimpleAtod(env, &seconds) && seconds > 0 && seconds < 1e9) {
+      return absl::Seconds(seconds);
+    }
+  }
+  return absl::Seconds(60);
+}
+
+std::string DescribeCall(const CollectiveCall& c) {
+  switch (c.kind) {
+    case CollectiveKind::kAllGather:
+      return absl::StrFormat("all_gather(count=%d, %s)", c.count, DTypeName(c.dtype));
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllReduce:
+      return absl::StrFormat("%s(count=%d, %s, %s)", CollectiveName(c.kind), c.count,
+                             DTypeName(c.dtype), ReduceOpName(c.op));
+    case CollectiveKind::kBroadcast:
+      return absl::StrFormat("broadcast(count=%d, %s, root=%d)", c.count, DTypeName(c.dtype),
+                             c.root);
+    case CollectiveKind::kBarrier: return "barrier()";
+    case CollectiveKind::kSplit: return "split()";
+  }
+  return "?";
+}
+
+namespace {
+
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace
+
+absl::Status ValidateCall(const CollectiveCall& c, int rank, int size) {
+  const std::string what = DescribeCall(c);
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s on rank %d: %s", what, rank, why));
+  };
+  if (static_cast<unsigned>(c.dtype) > static_cast<unsigned>(DType::kF16)) {
+    return bad(absl::StrFormat("unknown dtype %d", static_cast<int>(c.dtype)));
+  }
+  if (static_cast<unsigned>(c.op) > static_cast<unsigned>(ReduceOp::kMax)) {
+    return bad(absl::StrFormat("unknown reduce op %d", static_cast<int>(c.op)));
+  }
+  if (c.kind == CollectiveKind::kBarrier || c.kind == CollectiveKind::kSplit) return absl::OkStatus();
+  const bool per_rank =
+      c.kind == CollectiveKind::kAllGather || c.kind == CollectiveKind::kReduceScatter;
+  if (c.count < 0) {
+    return bad(absl::StrFormat("%s must be >= 0, got %d", per_rank ? "count_per_rank" : "count",
+                               c.count));
+  }
+  const int64_t esize = static_cast<int64_t>(DTypeSize(c.dtype));
+  if (c.count > std::numeric_limits<int64_t>::max() / 8 / size) {
+    return bad(absl::StrFormat("count %d is too large", c.count));
+  }
+  if (c.kind == CollectiveKind::kBroadcast) {
+    if (c.root < 0 || c.root >= size) {
+      return bad(absl::StrFormat("root %d is not a rank of a group of size %d", c.root, size));
+    }
+    if (c.count > 0 && c.recv == nullptr) return bad("buffer is null");
+    return absl::OkStatus();
+  }
+  if (c.count == 0) return absl::OkStatus();
+  if (c.send == nullptr) return bad("send buffer is null");
+  if (c.recv == nullptr) return bad("recv buffer is null");
+  const size_t chunk = static_cast<size_t>(c.count * esize);
+  const size_t whole = chunk * static_cast<size_t>(size);
+  switch (c.kind) {
+    case CollectiveKind::kAllGather: {
+      const void* in_place = static_cast<const char*>(c.recv) + chunk * rank;
+      if (c.send != in_place && Overlap(c.send, chunk, c.recv, whole)) {
+        return bad("send overlaps recv but is not at the in-place position recv + rank * count_per_rank");
+      }
+      break;
+    }
+    case CollectiveKind::kReduceScatter: {
+      const void* in_place = static_cast<const char*>(c.send) + chunk * rank;
+      if (c.recv != in_place && Overlap(c.send, whole, c.recv, chunk)) {
+        return bad("recv overlaps send but is not at the in-place position send + rank * count_per_rank");
+      }
+      break;
+    }
+    case CollectiveKind::kAllReduce:
+      if (c.send != c.recv && Overlap(c.send, chunk, c.recv, chunk)) {
+        return bad("send and recv overlap without being the same buffer (in-place)");
+      }
+      break;
+    default: break;
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------- Work
+
+namespace internal {
+
+void WorkState::Complete(absl::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_.load(std::memory_order_relaxed)) return;
+    status_ = Detach(status);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+absl::Status WorkState::Wait(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto until = std::chrono::steady_clock::now() +
+                     absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration()));
+  if (cv_.wait_until(lock, until, [&] { return done_.load(std::memory_order_relaxed); })) {
+    return Detach(status_);
+  }
+  lock.unlock();
+  // The deadline passed. The transport fails the group so that the collective stops waiting
+  // for its peers and completes with an error naming who is missing; only then may the
+  // caller reuse its buffers, so wait for that completion (it comes promptly).
+  if (on_expire_) {
+    on_expire_(timeout);
+  } else {
+    Complete(absl::DeadlineExceededError(absl::StrFormat(
+        "%s did not complete within %s", description_, absl::FormatDuration(timeout))));
+  }
+  lock.lock();
+  cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
+  return Detach(status_);
+}
+
+std::shared_ptr<WorkState> CompletedWork(std::string description, absl::Status status) {
+  auto w = std::make_shared<WorkState>(std::move(description), absl::ZeroDuration());
+  w->Complete(std::move(status));
+  return w;
+}
+
+}  // namespace internal
+
+Work::Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
+
+absl::Status Work::Wait() const {
+  if (!state_) return absl::FailedPreconditionError("Wait on an empty Work handle");
+  return state_->Wait(state_->default_timeout());
+}
+
+absl::Status Work::Wait(absl::Duration timeout) const {
+  if (!state_) return absl::FailedPreconditionError("Wait on an empty Work handle");
+  return state_->Wait(timeout);
+}
+
+bool Work::Test() const { return !state_ || state_->done(); }
+
+std::string Work::description() const { return state_ ? state_->description() : "(empty Work)"; }
+
+absl::Status WaitAll(std::span<const Work> works) {
+  absl::Status first;
+  for (const Work& w : works) {
+    absl::Status s = w.Wait();
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  return first;
+}
+
+// -------------------------------------------------------------------------- Communicator
+
+std::string Communicator::description() const {
+  return absl::StrFormat("%s group '%s' rank %d of %d", backend(), name(), rank(), size());
+}
+
+Work Communicator::Enqueue(const CollectiveCall& call, absl::Status extra_check) {
+  absl::Status invalid = ValidateCall(call, rank(), size());
+  if (invalid.ok()) invalid = std::move(extra_check);
+  return Submit(call, std::move(invalid));
+}
+
+Work Communicator::AllGatherAsync(const void* send, void* recv, int64_t count_per_rank,
+                                  DType dtype) {
+  return Enqueue({.kind = CollectiveKind::kAllGather, .send = send, .recv = recv,
+                  .count = count_per_rank, .dtype = dtype});
+}
+
+Work Communicator::ReduceScatterAsync(const void* send, void* recv, int64_t count_per_rank,
+                                      DType dtype, ReduceOp op) {
+  return Enqueue({.kind = CollectiveKind::kReduceScatter, .send = send, .recv = recv,
+                  .count = count_per_rank, .dtype = dtype, .op = op});
+}
+
+Work Communicator::AllReduceAsync(const void* send, void* recv, int64_t count, DType dtype,
+                                  ReduceOp op) {
+  return Enqueue({.kind = CollectiveKind::kAllReduce, .send = send, .recv = recv,
+                  .count = count, .dtype = dtype, .op = op});
+}
+
+Work Communicator::BroadcastAsync(void* buf, int64_t count, DType dtype, int root) {
+  return Enqueue({.kind = CollectiveKind::kBroadcast, .send = buf, .recv = buf,
+                  .count = count, .dtype = dtype, .root = root});
+}
+
+Work Communicator::BarrierAsync() { return Enqueue({.kind = CollectiveKind::kBarrier}); }
+
+namespace {
+
+absl::Status SameDtype(std::string_view op, ConstBufferView send, ConstBufferView recv) {
+  if (send.dtype == recv.dtype) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat("%s: send is %s but recv is %s", op,
+                                                    DTypeName(send.dtype), DTypeName(recv.dtype)));
+}
+
+}  // namespace
+
+Work Communicator::AllGatherAsync(ConstBufferView send, BufferView recv) {
+  absl::Status check = SameDtype("all_gather", send, recv);
+  if (check.ok() && recv.count != send.count * size()) {
+    check = absl::InvalidArgumentError(absl::StrFormat(
+        "all_gather: recv holds %d elements but must hold group size %d x send %d = %d",
+        recv.count, size(), send.count, send.count * size()));
+  }
+  return Enqueue({.kind = CollectiveKind::kAllGather, .send = send.data, .recv = recv.data,
+                  .count = send.count, .dtype = send.dtype},
+                 std::move(check));
+}
+
+Work Communicator::ReduceScatterAsync(ConstBufferView send, BufferView recv, ReduceOp op) {
+  absl::Status check = SameDtype("reduce_scatter", send, recv);
+  if (check.ok() && send.count % size() != 0) {
+    check = absl::InvalidArgumentError(absl::StrFormat(
+        "reduce_scatter: send holds %d elements, not a multiple of the group size %d; the "
+        "caller pads it to %d (PaddedCount)",
+        send.count, size(), PaddedCount(send.count, size())));
+  } else if (check.ok() && recv.count * size() != send.count) {
+    check = absl::InvalidArgumentError(absl::StrFormat(
+        "reduce_scatter: recv holds %d elements but must hold send %d / group size %d = %d",
+        recv.count, send.count, size(), send.count / size()));
+  }
+  return Enqueue({.kind = CollectiveKind::kReduceScatter, .send = send.data, .recv = recv.data,
+                  .count = send.count / size(), .dtype = send.dtype, .op = op},
+                 std::move(check));
+}
+
+Work Communicator::AllReduceAsync(ConstBufferView send, BufferView recv, ReduceOp op) {
+  absl::Status check = SameDtype("all_reduce", send, recv);
+  if (check.ok() && recv.count != send.count) {
+    check = absl::InvalidArgumentError(absl::StrFormat(
+        "all_reduce: send holds %d elements but recv holds %d", send.count, recv.count));
+  }
+  return Enqueue({.kind = CollectiveKind::kAllReduce, .send = send.data, .recv = recv.data,
+                  .count = send.count, .dtype = send.dtype, .op = op},
+                 std::move(check));
+}
+
+absl::Status Communicator::AllGather(const void* send, void* recv, int64_t count_per_rank,
+                                     DType dtype) {
+  return AllGatherAsync(send, recv, count_per_rank, dtype).Wait();
+}
+absl::Status Communicator::ReduceScatter(const void* send, void* recv, int64_t count_per_rank,
+                                         DType dtype, ReduceOp op) {
+  return ReduceScatterAsync(send, recv, count_per_rank, dtype, op).Wait();
+}
+absl::Status Communicator::AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                                     ReduceOp op) {
+  return AllReduceAsync(send, recv, count, dtype, op).Wait();
+}
+absl::Status Communicator::Broadcast(void* buf, int64_t count, DType dtype, int root) {
+  return BroadcastAsync(buf, count, dtype, root).Wait();
+}
+absl::Status Communicator::Barrier() { return BarrierAsync().Wait(); }
+absl::Status Communicator::AllGather(ConstBufferView send, BufferView recv) {
+  return AllGatherAsync(send, recv).Wait();
+}
+absl::Status Communicator::ReduceScatter(ConstBufferView send, BufferView recv, ReduceOp op) {
+  return ReduceScatterAsync(send, recv, op).Wait();
+}
+absl::Status Communicator::AllReduce(ConstBufferView send, BufferView recv, ReduceOp op) {
+  return AllReduceAsync(send, recv, op).Wait();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,662 @@
+// The engine thread of the mpi communicator and the state machine of each group's calls
+// (see mpi_engine.h): fingerprint exchange -> data collective -> completion, with deadlines,
+// diagnostics and failure.
+#include "collectives/mpi/mpi_engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <future>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "collectives/reduce.h"
+
+namespace fsdp::internal {
+namespace {
+
+constexpr int kDiagTag = 4242;
+enum DiagType : int64_t { kQuery = 1, kReply = 2, kAbort = 3 };
+
+// Data collectives at least this large are polled without sleeping while in flight: Open MPI
+// moves large messages in fragments, each of which needs a progress call.
+constexpr size_t kBusyBytes = 64 << 10;
+constexpr auto kSpinAfterStart = std::chrono::milliseconds(1);
+// A call whose peers have not all arrived after this long is polled less often, so that a
+// rank waiting for slow peers leaves the CPU to them.
+constexpr auto kStallAfter = std::chrono::milliseconds(10);
+
+MPI_Datatype ElementType(DType t) { return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+CollectiveCall CallOf(const FpRecord& r) {
+  return {.kind = static_cast<CollectiveKind>(r.kind), .count = r.count,
+          .dtype = static_cast<DType>(r.dtype), .op = static_cast<ReduceOp>(r.op),
+          .root = static_cast<int>(r.root)};
+}
+
+// Tests the requests MPI still holds for a failed call; true once none is left.
+bool TestOrphan(MpiOp& op) {
+  int a = 1, b = 1;
+  if (op.fp_req != MPI_REQUEST_NULL) MPI_Test(&op.fp_req, &a, MPI_STATUS_IGNORE);
+  if (op.data_req != MPI_REQUEST_NULL) MPI_Test(&op.data_req, &b, MPI_STATUS_IGNORE);
+  return a && b;
+}
+
+absl::Duration DiagnosisGrace(absl::Duration timeout) {
+  return std::clamp(timeout / 4, absl::Milliseconds(50), absl::Seconds(1));
+}
+
+}  // namespace
+
+std::string MpiErrorString(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return absl::StrFormat("MPI error %d", code);
+  return std::string(buf, len);
+}
+
+// ------------------------------------------------------------------------------ MpiGroup
+
+MpiGroup::MpiGroup(std::string name, CommOptions options, MPI_Comm data, MPI_Comm ctrl,
+                   MPI_Comm diag)
+    : name_(std::move(name)), options_(options), data_(data), ctrl_(ctrl), diag_(diag) {
+  MPI_Comm_rank(data_, &rank_);
+  MPI_Comm_size(data_, &size_);
+  for (MPI_Comm c : {data_, ctrl_, diag_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+}
+
+absl::Status MpiGroup::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Detach(failure_);
+}
+
+void MpiGroup::Open() {
+  MPI_Irecv(&diag_in_, sizeof(DiagMsg), MPI_BYTE, MPI_ANY_SOURCE, kDiagTag, diag_, &diag_recv_);
+}
+
+std::string MpiGroup::Header(const CollectiveCall& call, int64_t seq) const {
+  return absl::StrFormat("%s at sequence %d of group '%s' (mpi, %d ranks)", DescribeCall(call), seq,
+                         name_, size_);
+}
+
+absl::Status MpiGroup::NotRun(const MpiOp& op) const {
+  return absl::Status(failure_.code(),
+                      absl::StrFormat("%s at sequence %d of group '%s' was not run: the group "
+                                      "had failed: %s",
+                                      DescribeCall(op.call), op.seq, name_, failure_.message()));
+}
+
+void MpiGroup::Add(std::shared_ptr<MpiOp> op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok()) {
+      op->work->Complete(NotRun(*op));
+      return;
+    }
+  }
+  FpRecord& m = op->mine;
+  m.seq = op->seq;
+  m.kind = static_cast<int64_t>(op->call.kind);
+  m.dtype = static_cast<int64_t>(op->call.dtype);
+  m.count = op->call.count;
+  m.op = static_cast<int64_t>(op->call.op);
+  m.root = op->call.root;
+  m.color = op->color;
+  m.key = op->key;
+  m.label_hash = std::hash<std::string>{}(op->label);
+  m.invalid = op->invalid.ok() ? 0 : 1;
+  std::snprintf(m.reason, sizeof(m.reason), "%s", std::string(op->invalid.message()).c_str());
+  op->all.resize(size_);
+  const int rc = MPI_Iallgather(&op->mine, sizeof(FpRecord), MPI_BYTE, op->all.data(),
+                                sizeof(FpRecord), MPI_BYTE, ctrl_, &op->fp_req);
+  op->issued = Clock::now();
+  op->deadline = op->issued + absl::ToChronoNanoseconds(options_.timeout);
+  ops_.push_back(op);
+  if (rc != MPI_SUCCESS) {
+    Fail(absl::InternalError(absl::StrFormat("%s: MPI_Iallgather of the fingerprint failed: %s",
+                                             Header(op->call, op->seq), MpiErrorString(rc))),
+         op->seq, true);
+  }
+}
+
+void MpiGroup::Verify(MpiOp& op) {
+  std::vector<std::string> invalid;
+  for (int q = 0; q < size_; ++q) {
+    if (!op.all[q].invalid) continue;
+    invalid.push_back(q == rank_ ? std::string(op.invalid.message()) : std::string(op.all[q].reason));
+  }
+  if (!invalid.empty()) {  // every rank learns of it; the schedule is intact, the group lives
+    op.work->Complete(absl::InvalidArgumentError(absl::StrFormat(
+        "invalid arguments at sequence %d of group '%s': %s", op.seq, name_,
+        absl::StrJoin(invalid, "; "))));
+    op.stage = MpiOp::Stage::kDone;
+    return;
+  }
+  const FpRecord& a = op.all[0];
+  bool same = true;
+  for (const FpRecord& b : op.all) {
+    same = same && a.seq == b.seq && a.kind == b.kind && a.dtype == b.dtype && a.count == b.count &&
+           a.op == b.op && a.root == b.root && a.label_hash == b.label_hash;
+  }
+  if (same) {
+    op.stage = MpiOp::Stage::kReady;
+    return;
+  }
+  std::vector<std::pair<std::string, std::vector<int>>> calls;
+  for (int q = 0; q < size_; ++q) {
+    std::string d = DescribeCall(CallOf(op.all[q]));
+    if (op.all[q].seq != op.seq) d += absl::StrFormat(" as its sequence %d", op.all[q].seq);
+    auto it = std::find_if(calls.begin(), calls.end(), [&](auto& c) { return c.first == d; });
+    if (it == calls.end()) calls.push_back({d, {q}}); else it->second.push_back(q);
+  }
+  std::vector<std::string> parts;
+  for (auto& [d, ranks] : calls) {
+    parts.push_back(absl::StrFormat("ranks [%s] called %s", absl::StrJoin(ranks, ", "), d));
+  }
+  // Every rank sees the same fingerprints, so every rank fails the group on its own.
+  Fail(absl::FailedPreconditionError(absl::StrFormat(
+           "schedule mismatch at sequence %d of group '%s': %s", op.seq, name_,
+           absl::StrJoin(parts, "; "))),
+       op.seq, false);
+}
+
+void MpiGroup::StartData(MpiOp& op, MpiEngine& engine) {
+  const CollectiveCall& c = op.call;
+  const int n = size_;
+  const size_t e = DTypeSize(c.dtype);
+  const int count = static_cast<int>(c.count);  // checked <= INT_MAX when submitted
+  const bool wide = c.dtype != DType::kF32 &&
+                    (c.kind == CollectiveKind::kReduceScatter || c.kind == CollectiveKind::kAllReduce);
+  const MPI_Op mop = c.op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+  op.data_start = Clock::now();
+  op.deadline = op.data_start + absl::ToChronoNanoseconds(options_.timeout);
+  op.stage = MpiOp::Stage::kData;
+  int rc = MPI_SUCCESS;
+  switch (c.kind) {
+    case CollectiveKind::kAllGather: {
+      const void* in_place = static_cast<const char*>(c.recv) + rank_ * c.count * e;
+      rc = MPI_Iallgather(c.send == in_place ? MPI_IN_PLACE : c.send, count, ElementType(c.dtype),
+                          c.recv, count, ElementType(c.dtype), data_, &op.data_req);
+      break;
+    }
+    case CollectiveKind::kReduceScatter: {
+      if (wide) {  // f32 accumulation: widen, reduce in f32, narrow when done
+        op.wide.resize(static_cast<size_t>(c.count) * (n + 1));
+        coll::WidenToF32(c.dtype, c.send, op.wide.data(), c.count * n);
+        rc = MPI_Ireduce_scatter_block(op.wide.data(), op.wide.data() + c.count * n, count,
+                                       MPI_FLOAT, mop, data_, &op.data_req);
+      } else {
+        // In place, MPI would put the result at the start of the buffer: use scratch instead.
+        const void* in_place = static_cast<const char*>(c.send) + rank_ * c.count * e;
+        void* out = c.recv;
+        if (c.recv == in_place) {
+          op.scratch.resize(c.count * e);
+          out = op.scratch.data();
+        }
+        rc = MPI_Ireduce_scatter_block(c.send, out, count, MPI_FLOAT, mop, data_, &op.data_req);
+      }
+      break;
+    }
+    case CollectiveKind::kAllReduce:
+      if (wide) {
+        op.wide.resize(c.count);
+        coll::WidenToF32(c.dtype, c.send, op.wide.data(), c.count);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, op.wide.data(), count, MPI_FLOAT, mop, data_, &op.data_req);
+      } else {
+        rc = MPI_Iallreduce(c.send == c.recv ? MPI_IN_PLACE : c.send, c.recv, count, MPI_FLOAT, mop,
+                            data_, &op.data_req);
+      }
+      break;
+    case CollectiveKind::kBroadcast:
+      rc = MPI_Ibcast(c.recv, count, ElementType(c.dtype), c.root, data_, &op.data_req);
+      break;
+    case CollectiveKind::kBarrier:
+      rc = MPI_Ibarrier(data_, &op.data_req);
+      break;
+    case CollectiveKind::kSplit: {
+      // Every rank has arrived (the fingerprints agreed), so these blocking calls return promptly.
+      MPI_Comm comm = MPI_COMM_NULL, ctrl = MPI_COMM_NULL, diag = MPI_COMM_NULL;
+      rc = MPI_Comm_split(data_, op.color >= 0 ? op.color : MPI_UNDEFINED, op.key, &comm);
+      auto payload = std::make_shared<MpiSplitPayload>();
+      if (rc == MPI_SUCCESS && comm != MPI_COMM_NULL) {
+        rc = MPI_Comm_dup(comm, &ctrl);
+        if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(comm, &diag);
+        if (rc == MPI_SUCCESS) {
+          payload->group = std::make_shared<MpiGroup>(
+              absl::StrFormat("%s/%s%d", name_, op.label.empty() ? "split" : op.label, op.color),
+              options_, comm, ctrl, diag);
+          engine.AddGroup(payload->group);
+        }
+      }
+      if (rc == MPI_SUCCESS) {
+        op.work->payload = payload;
+        op.work->Complete(absl::OkStatus());
+        op.stage = MpiOp::Stage::kDone;
+      }
+      break;
+    }
+  }
+  if (rc != MPI_SUCCESS) {
+    Fail(absl::InternalError(absl::StrFormat("%s: starting the MPI collective failed: %s",
+                                             Header(c, op.seq), MpiErrorString(rc))),
+         op.seq, true);
+  }
+}
+
+void MpiGroup::FinishData(MpiOp& op) {
+  const CollectiveCall& c = op.call;
+  const int divisor = c.op == ReduceOp::kAvg ? size_ : 1;
+  switch (c.kind) {
+    case CollectiveKind::kReduceScatter:
+      if (!op.wide.empty()) {
+        coll::NarrowFromF32(c.dtype, op.wide.data() + c.count * size_, c.recv, c.count, divisor);
+      } else if (!op.scratch.empty()) {
+        coll::NarrowFromF32(DType::kF32, reinterpret_cast<const float*>(op.scratch.data()), c.recv,
+                            c.count, divisor);
+      } else if (divisor != 1) {
+        coll::NarrowFromF32(DType::kF32, static_cast<const float*>(c.recv), c.recv, c.count, divisor);
+      }
+      break;
+    case CollectiveKind::kAllReduce:
+      if (!op.wide.empty()) {
+        coll::NarrowFromF32(c.dtype, op.wide.data(), c.recv, c.count, divisor);
+      } else if (divisor != 1) {
+        coll::NarrowFromF32(DType::kF32, static_cast<const float*>(c.recv), c.recv, c.count, divisor);
+      }
+      break;
+    default:
+      break;
+  }
+  op.wide = {};
+  op.scratch = {};
+  op.work->Complete(absl::OkStatus());
+  op.stage = MpiOp::Stage::kDone;
+}
+
+MpiGroup::Activity MpiGroup::Poll(MpiEngine& engine) {
+  PollDiag();
+  // Fingerprints that have arrived.
+  // (Each loop holds its op: failing the group clears ops_.)
+  for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
+    const std::shared_ptr<MpiOp> op = ops_[i];
+    if (op->stage != MpiOp::Stage::kFingerprint) continue;
+    int flag = 0;
+    MPI_Test(&op->fp_req, &flag, MPI_STATUS_IGNORE);
+    if (flag) Verify(*op);
+  }
+  // Data collectives start in sequence order, behind any call whose fingerprint is pending.
+  for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
+    const std::shared_ptr<MpiOp> op = ops_[i];
+    if (op->stage == MpiOp::Stage::kFingerprint) break;
+    if (op->stage == MpiOp::Stage::kReady) StartData(*op, engine);
+  }
+  for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
+    const std::shared_ptr<MpiOp> op = ops_[i];
+    if (op->stage != MpiOp::Stage::kData) continue;
+    int flag = 0;
+    MPI_Test(&op->data_req, &flag, MPI_STATUS_IGNORE);
+    if (flag) FinishData(*op);
+  }
+  // Deadlines.
+  const auto now = Clock::now();
+  for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
+    const std::shared_ptr<MpiOp> op = ops_[i];
+    if (now < op->deadline) continue;
+    if (op->stage == MpiOp::Stage::kFingerprint && !diagnosis_) {
+      StartDiagnosis(*op, absl::StrFormat("rank %d waited %s", rank_,
+                                          absl::FormatDuration(options_.timeout)));
+    } else if (op->stage == MpiOp::Stage::kData) {
+      Fail(absl::DeadlineExceededError(absl::StrFormat(
+               "%s: every rank arrived, but the transfer did not complete within %s",
+               Header(op->call, op->seq), absl::FormatDuration(options_.timeout))),
+           op->seq, true);
+    }
+  }
+  if (diagnosis_) ContinueDiagnosis();
+  std::erase_if(ops_, [](const auto& op) { return op->stage == MpiOp::Stage::kDone; });
+  std::erase_if(orphans_, [](const auto& op) { return TestOrphan(*op); });
+
+  if (closing_ && ops_.empty() && !closed_) {
+    CloseNow();
+    if (on_closed_) on_closed_();
+  }
+  Activity act = Activity::kIdle;
+  for (const auto& op : ops_) {
+    act = std::max(act, op->stage == MpiOp::Stage::kFingerprint && now - op->issued > kStallAfter
+                            ? Activity::kStalled
+                            : Activity::kWaiting);
+    if (op->stage == MpiOp::Stage::kData &&
+        (static_cast<size_t>(op->call.count) * DTypeSize(op->call.dtype) >= kBusyBytes ||
+         now - op->data_start < kSpinAfterStart)) {
+      act = Activity::kBusy;
+    }
+  }
+  if (diagnosis_) act = std::max(act, Activity::kStalled);
+  return act;
+}
+
+void MpiGroup::Expire(int64_t seq, absl::Duration waited) {
+  if (!failure_.ok() || diagnosis_) return;
+  for (const auto& op : ops_) {
+    // Past the fingerprint every rank has arrived: the transfer finishes, or fails at its own
+    // deadline; the caller's buffers are in use until then.
+    if (op->seq == seq && op->stage == MpiOp::Stage::kFingerprint) {
+      StartDiagnosis(*op, absl::StrFormat("Wait on rank %d passed its deadline of %s", rank_,
+                                          absl::FormatDuration(waited)));
+    }
+  }
+}
+
+void MpiGroup::StartDiagnosis(const MpiOp& op, std::string why) {
+  diagnosis_ = Diagnosis{.seq = op.seq, .what = Header(op.call, op.seq), .why = std::move(why),
+                         .until = Clock::now() + absl::ToChronoNanoseconds(DiagnosisGrace(options_.timeout)),
+                         .issued = std::vector<int64_t>(size_, -1)};
+  diagnosis_->issued[rank_] = issued_.load(std::memory_order_relaxed);
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) SendDiag(q, DiagMsg{.type = kQuery, .seq = op.seq, .issued = 0, .code = 0, .text = {}});
+  }
+}
+
+void MpiGroup::ContinueDiagnosis() {
+  Diagnosis& d = *diagnosis_;
+  const bool all = std::none_of(d.issued.begin(), d.issued.end(), [](int64_t v) { return v < 0; });
+  if (!all && Clock::now() < d.until) return;
+  std::vector<int> missing;
+  std::vector<std::string> notes;
+  for (int q = 0; q < size_; ++q) {
+    if (d.issued[q] > d.seq) continue;  // it issued this call: arrived
+    missing.push_back(q);
+    notes.push_back(d.issued[q] < 0
+                        ? absl::StrFormat("rank %d did not answer: not running, or its MPI engine is stuck", q)
+                        : absl::StrFormat("rank %d had issued %d calls on this group", q, d.issued[q]));
+  }
+  std::string who = missing.empty()
+                        ? std::string("every rank has arrived since, too late")
+                        : absl::StrFormat("ranks [%s] did not arrive (%s)", absl::StrJoin(missing, ", "),
+                                          absl::StrJoin(notes, "; "));
+  const int64_t seq = d.seq;
+  std::string msg = absl::StrFormat("%s: %s and %s", d.what, d.why, who);
+  diagnosis_.reset();
+  Fail(absl::DeadlineExceededError(msg), seq, true);
+}
+
+void MpiGroup::SendDiag(int to, const DiagMsg& msg) {
+  auto buf = std::make_unique<DiagMsg>(msg);
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Isend(buf.get(), sizeof(DiagMsg), MPI_BYTE, to, kDiagTag, diag_, &req) == MPI_SUCCESS) {
+    diag_sends_.emplace_back(req, std::move(buf));
+  }
+}
+
+void MpiGroup::PollDiag() {
+  for (;;) {
+    if (diag_recv_ == MPI_REQUEST_NULL) break;
+    int flag = 0;
+    MPI_Status st;
+    MPI_Test(&diag_recv_, &flag, &st);
+    if (!flag) break;
+    const DiagMsg m = diag_in_;
+    const int from = st.MPI_SOURCE;
+    Open();  // the next message
+    switch (m.type) {
+      case kQuery:
+        SendDiag(from, DiagMsg{.type = kReply, .seq = m.seq,
+                               .issued = issued_.load(std::memory_order_relaxed), .code = 0, .text = {}});
+        break;
+      case kReply:
+        if (diagnosis_ && diagnosis_->seq == m.seq) diagnosis_->issued[from] = m.issued;
+        break;
+      case kAbort: {
+        const auto code = static_cast<absl::StatusCode>(m.code);
+        Fail(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kAborted : code,
+                          absl::StrFormat("group '%s' was failed by rank %d: %.*s", name_, from,
+                                          static_cast<int>(strnlen(m.text, sizeof(m.text))), m.text)),
+             m.seq, false);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  std::erase_if(diag_sends_, [](auto& s) {
+    int flag = 0;
+    MPI_Test(&s.first, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  });
+}
+
+void MpiGroup::Fail(absl::Status reason, int64_t seq, bool tell_peers) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok() && !reason.ok()) {
+      failure_ = reason;
+      failure_seq_ = seq;
+      first = true;
+    }
+  }
+  for (auto& op : ops_) {
+    if (op->stage == MpiOp::Stage::kDone) continue;
+    op->work->Complete(op->seq == failure_seq_ ? Detach(failure_) : NotRun(*op));
+    op->stage = MpiOp::Stage::kDone;
+    // MPI may still hold the fingerprint or the data request: keep them until they finish
+    // (nonblocking collectives cannot be cancelled).
+    if (op->fp_req != MPI_REQUEST_NULL || op->data_req != MPI_REQUEST_NULL) orphans_.push_back(op);
+  }
+  ops_.clear();
+  diagnosis_.reset();
+  if (first && tell_peers) {
+    DiagMsg m{.type = kAbort, .seq = seq, .issued = 0, .code = static_cast<int64_t>(reason.code()), .text = {}};
+    std::snprintf(m.text, sizeof(m.text), "%s", std::string(reason.message()).c_str());
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) SendDiag(q, m);
+    }
+  }
+}
+
+void MpiGroup::CloseNow() {
+  if (closed_) return;
+  if (!ops_.empty()) Fail(absl::CancelledError("the communicator was shut down"), -1, false);
+  if (diag_recv_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&diag_recv_);
+    MPI_Wait(&diag_recv_, MPI_STATUS_IGNORE);
+  }
+  for (auto& s : diag_sends_) MPI_Request_free(&s.first);  // point-to-point: allowed
+  diag_sends_.clear();
+  // Orphaned collectives keep their communicator until they complete; MPI_Comm_free only
+  // marks it for deallocation.
+  for (MPI_Comm* c : {&data_, &ctrl_, &diag_}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
+  closed_ = true;
+}
+
+// ----------------------------------------------------------------------------- MpiEngine
+
+MpiEngine& MpiEngine::Get() {
+  static MpiEngine engine;
+  return engine;
+}
+
+absl::Status MpiEngine::Start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_) return absl::FailedPreconditionError("MPI was shut down (ShutdownMpi)");
+  }
+  std::call_once(once_, [this] {
+    auto started = std::make_shared<std::promise<absl::Status>>();
+    auto result = started->get_future();
+    thread_ = std::thread([this, started] {
+      int initialized = 0;
+      MPI_Initialized(&initialized);
+      absl::Status status;
+      if (!initialized) {
+        int provided = MPI_THREAD_SINGLE;
+        const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+        if (rc != MPI_SUCCESS) {
+          status = absl::InternalError("MPI_Init_thread failed: " + MpiErrorString(rc));
+        } else {
+          we_initialized_ = true;
+          // This thread initialized MPI and is the only one that calls it: FUNNELED suffices.
+          if (provided < MPI_THREAD_FUNNELED) {
+            status = absl::FailedPreconditionError(absl::StrFormat(
+                "MPI provides thread level %d; libfsdp needs MPI_THREAD_FUNNELED or higher", provided));
+          }
+        }
+      } else {
+        int provided = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&provided);
+        if (provided < MPI_THREAD_SERIALIZED) {
+          status = absl::FailedPreconditionError(absl::StrFormat(
+              "MPI was initialized with thread level %d; libfsdp calls MPI from its own thread and "
+              "needs MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE if you also call MPI yourself)",
+              provided));
+        }
+      }
+      start_status_ = status;
+      started->set_value(status);
+      if (status.ok()) Loop();
+      if (we_initialized_) MPI_Finalize();
+    });
+    result.wait();
+    if (!result.get().ok()) thread_.join();
+  });
+  return start_status_;
+}
+
+bool MpiEngine::Post(std::function<void()> cmd) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || !thread_.joinable()) return false;
+    cmds_.push_back(std::move(cmd));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+absl::Status MpiEngine::RunSync(const std::function<void()>& fn) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  if (!Post([&fn, done] {
+        fn();
+        done->set_value();
+      })) {
+    return absl::FailedPreconditionError("the MPI engine is not running (ShutdownMpi was called)");
+  }
+  f.wait();
+  return absl::OkStatus();
+}
+
+void MpiEngine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_) return;
+    shut_ = true;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void MpiEngine::AddGroup(std::shared_ptr<MpiGroup> group) {
+  group->Open();
+  groups_.push_back(std::move(group));
+}
+
+void MpiEngine::DupAsync(MPI_Comm parent, absl::Duration timeout,
+                         std::function<void(absl::Status, MPI_Comm[3])> done) {
+  auto d = std::make_unique<PendingDup>();
+  d->until = Clock::now() + absl::ToChronoNanoseconds(timeout);
+  d->timeout = timeout;
+  d->done = std::move(done);
+  for (int i = 0; i < 3; ++i) {
+    d->comms[i] = MPI_COMM_NULL;
+    const int rc = MPI_Comm_idup(parent, &d->comms[i], &d->reqs[i]);
+    if (rc != MPI_SUCCESS) {
+      d->done(absl::InternalError("MPI_Comm_idup failed: " + MpiErrorString(rc)), d->comms);
+      return;
+    }
+  }
+  dups_.push_back(std::move(d));
+}
+
+MpiGroup::Activity MpiEngine::PollAll() {
+  MpiGroup::Activity act = MpiGroup::Activity::kIdle;
+  const auto now = Clock::now();
+  for (auto it = dups_.begin(); it != dups_.end();) {
+    PendingDup& d = **it;
+    int flag = 0;
+    MPI_Testall(3, d.reqs, &flag, MPI_STATUSES_IGNORE);
+    if (flag) {
+      d.done(absl::OkStatus(), d.comms);
+      it = dups_.erase(it);
+    } else if (now >= d.until) {
+      d.done(absl::DeadlineExceededError(absl::StrFormat(
+                 "CreateMpiWorld: not every process of MPI_COMM_WORLD joined within %s",
+                 absl::FormatDuration(d.timeout))),
+             d.comms);
+      dup_orphans_.push_back(std::move(*it));
+      it = dups_.erase(it);
+    } else {
+      act = MpiGroup::Activity::kStalled;
+      ++it;
+    }
+  }
+  // By index: a split adds its new group while this loop runs.
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const std::shared_ptr<MpiGroup> g = groups_[i];
+    act = std::max(act, g->Poll(*this));
+  }
+  for (const auto& g : groups_) {
+    if (!g->closed()) continue;
+    orphans_.insert(orphans_.end(), g->orphans_.begin(), g->orphans_.end());
+    g->orphans_.clear();
+  }
+  std::erase_if(groups_, [](const auto& g) { return g->closed(); });
+  std::erase_if(orphans_, [](const auto& op) { return TestOrphan(*op); });
+  return act;
+}
+
+void MpiEngine::Loop() {
+  MpiGroup::Activity act = MpiGroup::Activity::kIdle;
+  for (;;) {
+    std::deque<std::function<void()>> cmds;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cmds_.empty() && !stop_) {
+        switch (act) {
+          case MpiGroup::Activity::kBusy:
+            lock.unlock();
+            std::this_thread::yield();
+            lock.lock();
+            break;
+          case MpiGroup::Activity::kWaiting:
+            cv_.wait_for(lock, std::chrono::microseconds(50));
+            break;
+          case MpiGroup::Activity::kStalled:
+            cv_.wait_for(lock, std::chrono::milliseconds(1));
+            break;
+          case MpiGroup::Activity::kIdle:
+            // Diagnostic queries from peers still need answers: wake up now and then.
+            if (groups_.empty()) {
+              cv_.wait(lock, [&] { return stop_ || !cmds_.empty(); });
+            } else {
+              cv_.wait_for(lock, std::chrono::milliseconds(2));
+            }
+            break;
+        }
+      }
+      cmds.swap(cmds_);
+      if (stop_ && cmds.empty()) break;
+    }
+    for (auto& c : cmds) c();
+    act = PollAll();
+  }
+  for (auto& g : groups_) {
+    g->CloseNow();
+    orphans_.insert(orphans_.end(), g->orphans_.begin(), g->orphans_.end());
+  }
+  groups_.clear();  // orphans_ stays until the engine is destroyed, after MPI_Finalize
+}
+
+}  // namespace fsdp::internal

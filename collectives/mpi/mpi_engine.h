@@ -1,0 +1,197 @@
+// The machinery of the mpi communicator. One engine thread per process makes every MPI call:
+// it initializes MPI, starts each group's non-blocking collectives in sequence order and polls
+// them (MPI_Test) so they progress while the callers compute.
+//
+// Each collective first exchanges a small fingerprint (kind, dtype, count, op, root, argument
+// check) with MPI_Iallgather on a duplicate communicator; only when every rank's fingerprint
+// agrees does the data collective start. So a mismatched schedule or bad arguments on one rank
+// become an error on every rank, never corrupted data or a hang. A third duplicate carries
+// point-to-point diagnostics: when a deadline passes, the rank asks its peers how many calls
+// they have issued, names those that did not arrive, and tells every peer to fail the group.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/work_state.h"
+#include "fsdp/communicator.h"
+
+namespace fsdp::internal {
+
+using Clock = std::chrono::steady_clock;
+
+// What every rank contributes to the fingerprint exchange of one call (plain bytes on the wire).
+struct FpRecord {
+  int64_t seq, kind, dtype, count, op, root, color, key;
+  uint64_t label_hash;
+  int32_t invalid, pad;
+  char reason[176];  // this rank's argument error, truncated
+};
+
+class MpiGroup;
+
+struct MpiOp {
+  enum class Stage { kFingerprint, kReady, kData, kDone };
+  CollectiveCall call;
+  absl::Status invalid;
+  int color = 0, key = 0;
+  std::string label;
+  int64_t seq = 0;
+  std::shared_ptr<WorkState> work;
+
+  // engine thread only
+  Stage stage = Stage::kFingerprint;
+  FpRecord mine{};
+  std::vector<FpRecord> all;
+  MPI_Request fp_req = MPI_REQUEST_NULL, data_req = MPI_REQUEST_NULL;
+  std::vector<float> wide;   // f32 copy of a 16-bit reduction's data
+  std::vector<char> scratch;  // output of an in-place f32 reduce_scatter
+  Clock::time_point deadline, data_start, issued;
+};
+
+// The split of a group: the new group, or null for a negative color.
+struct MpiSplitPayload {
+  std::shared_ptr<MpiGroup> group;
+};
+
+class MpiEngine;
+
+class MpiGroup {
+ public:
+  // How the engine polls: kIdle every 2 ms (diagnostic queries only), kStalled every 1 ms
+  // (calls waiting for peers for a while), kWaiting every 50 us, kBusy without sleeping.
+  enum class Activity { kIdle, kStalled, kWaiting, kBusy };
+
+  MpiGroup(std::string name, CommOptions options, MPI_Comm data, MPI_Comm ctrl, MPI_Comm diag);
+
+  // Any thread.
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommOptions& options() const { return options_; }
+  absl::Status health() const;
+  void NoteIssued(int64_t seq) { issued_.store(seq + 1, std::memory_order_relaxed); }
+
+  // Engine thread.
+  void Open();  // posts the diagnostics receive
+  void Add(std::shared_ptr<MpiOp> op);
+  Activity Poll(MpiEngine& engine);
+  void Expire(int64_t seq, absl::Duration waited);
+  void Fail(absl::Status reason, int64_t seq, bool tell_peers);
+  void BeginClose(std::function<void()> done) {
+    closing_ = true;
+    on_closed_ = std::move(done);
+  }
+  bool closed() const { return closed_; }
+  void CloseNow();  // at shutdown: fail what is pending, free the communicators
+
+ private:
+  struct DiagMsg {
+    int64_t type, seq, issued, code;
+    char text[480];
+  };
+  struct Diagnosis {
+    int64_t seq;
+    std::string what, why;
+    Clock::time_point until;
+    std::vector<int64_t> issued;  // per rank, -1 until it answers
+  };
+
+  void Verify(MpiOp& op);
+  void StartData(MpiOp& op, MpiEngine& engine);
+  void FinishData(MpiOp& op);
+  void StartDiagnosis(const MpiOp& op, std::string why);
+  void ContinueDiagnosis();
+  void PollDiag();
+  void SendDiag(int to, const DiagMsg& msg);
+  absl::Status NotRun(const MpiOp& op) const;
+  std::string Header(const CollectiveCall& call, int64_t seq) const;
+
+  const std::string name_;
+  const CommOptions options_;
+  MPI_Comm data_, ctrl_, diag_;
+  int rank_ = 0, size_ = 1;
+  std::atomic<int64_t> issued_{0};
+
+  mutable std::mutex mu_;  // guards failure_ (read by any thread)
+  absl::Status failure_;
+  int64_t failure_seq_ = -1;
+
+  // engine thread only
+  std::deque<std::shared_ptr<MpiOp>> ops_;  // in sequence order, not yet done
+  // Calls failed while MPI still held their requests. MPI may yet write into their buffers
+  // (a late peer completes the exchange), so they outlive the group: the engine keeps them.
+  std::vector<std::shared_ptr<MpiOp>> orphans_;
+  std::optional<Diagnosis> diagnosis_;
+  DiagMsg diag_in_{};
+  MPI_Request diag_recv_ = MPI_REQUEST_NULL;
+  std::deque<std::pair<MPI_Request, std::unique_ptr<DiagMsg>>> diag_sends_;
+  bool closing_ = false, closed_ = false;
+  std::function<void()> on_closed_;
+  friend class MpiEngine;
+};
+
+class MpiEngine {
+ public:
+  static MpiEngine& Get();
+  ~MpiEngine() { Shutdown(); }
+
+  // Starts the engine thread and initializes MPI (once); returns the result of that.
+  absl::Status Start();
+  // Runs cmd on the engine thread, in the order posted; false (and cmd is dropped) once the
+  // engine has been shut down.
+  bool Post(std::function<void()> cmd);
+  // Runs fn on the engine thread and waits for it.
+  absl::Status RunSync(const std::function<void()>& fn);
+  void Shutdown();
+
+  // Engine thread only.
+  void AddGroup(std::shared_ptr<MpiGroup> group);
+  // Duplicates `parent` three times without blocking; calls done with the three
+  // communicators, or with an error if not every rank joined within `timeout`.
+  void DupAsync(MPI_Comm parent, absl::Duration timeout,
+                std::function<void(absl::Status, MPI_Comm[3])> done);
+
+ private:
+  MpiEngine() = default;
+  void Loop();
+  MpiGroup::Activity PollAll();
+
+  std::once_flag once_;
+  absl::Status start_status_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> cmds_;
+  bool stop_ = false, shut_ = false;
+
+  // engine thread only
+  bool we_initialized_ = false;
+  std::vector<std::shared_ptr<MpiGroup>> groups_;
+  struct PendingDup {
+    MPI_Request reqs[3];
+    MPI_Comm comms[3];
+    Clock::time_point until;
+    absl::Duration timeout;
+    std::function<void(absl::Status, MPI_Comm[3])> done;
+  };
+  std::deque<std::unique_ptr<PendingDup>> dups_, dup_orphans_;
+  // Orphaned calls of closed groups; tested until MPI is done with them, freed at exit.
+  std::vector<std::shared_ptr<MpiOp>> orphans_;
+};
+
+// The message of an MPI error code.
+std::string MpiErrorString(int code);
+
+}  // namespace fsdp::internal

@@ -1,0 +1,206 @@
+// Collective communication between the ranks of a group: the Communicator interface that every
+// transport implements (local threads, Open MPI, later NCCL), the Work handle of an
+// asynchronous collective, and the options every group shares (deadline, simulated link).
+//
+// Semantics (docs/collectives.md has the long form):
+// - Every call is collective: all ranks of the group make the same calls in the same order.
+//   Each call gets the next sequence number of the group; ranks that call different
+//   collectives (kind, dtype, count, reduction, root) at the same sequence number get an
+//   error on every rank, and the group fails: its later calls fail at once.
+// - Asynchronous forms return at once with a Work handle; the call's buffers belong to the
+//   communicator until the Work has completed. Synchronous forms wait on that handle.
+// - Every wait has a deadline (CommOptions::timeout). A rank that does not arrive turns into
+//   a DeadlineExceeded error on the ranks that wait, naming the collective, the group, its
+//   sequence number and the ranks that did not arrive; the group then fails.
+// - Invalid arguments (negative count, null buffer, bad root, buffer sizes that do not fit)
+//   are reported on every rank of the group, not just the one that made the mistake, and do
+//   not fail the group.
+// - In-place as NCCL defines it: all_reduce and broadcast with send == recv; all_gather with
+//   send == recv + rank * count_per_rank; reduce_scatter with recv == send + rank *
+//   count_per_rank (the other chunks of the buffer are left unspecified).
+// - Counts are in elements. Sizes that do not divide by the group size are the caller's to
+//   pad (ShardCount / PaddedCount); the buffer-view overloads check the sizes and say what is
+//   wrong.
+// - bf16 and f16 reductions accumulate in f32 and round once. kAvg is the sum divided by the
+//   group size, in f32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/time/time.h"
+#include "fsdp/dtype.h"
+#include "fsdp/status.h"
+
+namespace fsdp {
+
+enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
+std::string_view ReduceOpName(ReduceOp op);
+
+enum class CollectiveKind : uint8_t {
+  kAllGather = 0,
+  kReduceScatter = 1,
+  kAllReduce = 2,
+  kBroadcast = 3,
+  kBarrier = 4,
+  kSplit = 5,
+};
+std::string_view CollectiveName(CollectiveKind kind);
+
+// The deadline used when none is given: $FSDP_COMM_TIMEOUT_S seconds (a decimal number > 0)
+// when set and valid, else 60 s.
+absl::Duration DefaultCommTimeout();
+
+struct CommOptions {
+  // How long a rank waits for its peers to arrive at a collective, and the default deadline
+  // of Work::Wait().
+  absl::Duration timeout = DefaultCommTimeout();
+  // Simulated link, honoured by the local communicator only (0 = off): each transfer of S
+  // bytes between two ranks takes at least link_latency + S / link_bytes_per_second, so a
+  // benchmark or test can make a step communication-bound on purpose.
+  double link_bytes_per_second = 0;
+  absl::Duration link_latency = absl::ZeroDuration();
+};
+
+// One collective call, as the group compares it across ranks. Fields a kind does not use are
+// zero (kSum, root 0) so that equal calls compare equal.
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;  // also the buffer of broadcast
+  int64_t count = 0;     // per rank for all_gather / reduce_scatter, else the whole buffer
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  // Same kind, dtype, count, op and root (the buffers are each rank's own).
+  bool SameSchedule(const CollectiveCall& o) const {
+    return kind == o.kind && dtype == o.dtype && count == o.count && op == o.op && root == o.root;
+  }
+};
+// "all_gather(count=10, f32)", "reduce_scatter(count=3, bf16, avg)", "broadcast(count=4, f16, root=1)".
+std::string DescribeCall(const CollectiveCall& call);
+// Checks the arguments of `call` as made by `rank` of a group of `size` (counts, pointers,
+// root, in-place aliasing). OK or InvalidArgument saying what is wrong.
+absl::Status ValidateCall(const CollectiveCall& call, int rank, int size);
+
+// Padding helpers: elements per rank for `count` elements over `ranks` ranks, and the padded
+// total that every rank's buffers must hold.
+constexpr int64_t ShardCount(int64_t count, int ranks) { return (count + ranks - 1) / ranks; }
+constexpr int64_t PaddedCount(int64_t count, int ranks) { return ShardCount(count, ranks) * ranks; }
+
+// A typed view of a caller's buffer, for the overloads that check sizes.
+struct ConstBufferView {
+  const void* data = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::kF32;
+};
+struct BufferView {
+  void* data = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::kF32;
+  operator ConstBufferView() const { return {data, count, dtype}; }  // NOLINT: implicit on purpose
+};
+
+namespace internal {
+class WorkState;
+}
+
+// The handle of an asynchronous collective. Copies share the same state. Waiting from several
+// threads at once is allowed.
+class Work {
+ public:
+  Work() = default;  // empty: Test() is true, Wait() fails with FailedPrecondition
+  explicit Work(std::shared_ptr<internal::WorkState> state);
+
+  // Waits until the collective completes and returns its status; at most the communicator's
+  // timeout. If the deadline passes first, the group is failed (so that no rank keeps using
+  // this rank's buffers) and DeadlineExceeded is returned, naming the collective, the group,
+  // its sequence number and the ranks that had not arrived.
+  absl::Status Wait() const;
+  absl::Status Wait(absl::Duration timeout) const;
+  // True once the collective has completed (successfully or not); never blocks.
+  bool Test() const;
+  bool valid() const { return state_ != nullptr; }
+  // "all_gather(count=10, f32) at sequence 3 of group 'world'".
+  std::string description() const;
+
+  const std::shared_ptr<internal::WorkState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<internal::WorkState> state_;
+};
+
+// Waits for every handle (each with its own default deadline) and returns the first error.
+absl::Status WaitAll(std::span<const Work> works);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's name: "world", "world/shard0", "world/split1" ...
+  virtual const std::string& name() const = 0;
+  // The transport: "local" or "mpi".
+  virtual std::string_view backend() const = 0;
+  virtual const CommOptions& options() const = 0;
+  // "local group 'world' rank 1 of 4".
+  std::string description() const;
+
+  // --- asynchronous collectives; the buffers must stay valid until the Work completes ---
+  // recv[q * count_per_rank ...] = send of rank q, for every rank q.
+  Work AllGatherAsync(const void* send, void* recv, int64_t count_per_rank, DType dtype);
+  // recv = op over ranks q of send_q[rank * count_per_rank ...][0 .. count_per_rank).
+  Work ReduceScatterAsync(const void* send, void* recv, int64_t count_per_rank, DType dtype,
+                          ReduceOp op);
+  Work AllReduceAsync(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op);
+  Work BroadcastAsync(void* buf, int64_t count, DType dtype, int root);
+  Work BarrierAsync();
+
+  // Size-checked forms: recv.count must be size() * send.count (all_gather), send.count must
+  // be size() * recv.count (reduce_scatter), equal counts for all_reduce, equal dtypes.
+  Work AllGatherAsync(ConstBufferView send, BufferView recv);
+  Work ReduceScatterAsync(ConstBufferView send, BufferView recv, ReduceOp op);
+  Work AllReduceAsync(ConstBufferView send, BufferView recv, ReduceOp op);
+
+  // --- synchronous forms: the asynchronous call, then Wait() ---
+  absl::Status AllGather(const void* send, void* recv, int64_t count_per_rank, DType dtype);
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t count_per_rank, DType dtype,
+                             ReduceOp op);
+  absl::Status AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op);
+  absl::Status Broadcast(void* buf, int64_t count, DType dtype, int root);
+  absl::Status Barrier();
+  absl::Status AllGather(ConstBufferView send, BufferView recv);
+  absl::Status ReduceScatter(ConstBufferView send, BufferView recv, ReduceOp op);
+  absl::Status AllReduce(ConstBufferView send, BufferView recv, ReduceOp op);
+
+  // Collective, like MPI_Comm_split: ranks that pass the same color >= 0 form a new group,
+  // ranked by (key, rank in this group). A negative color gives no group (nullptr). The new
+  // group is named "<this name>/<label><color>" (label "split" when empty) and inherits the
+  // options. Ordered with the other collectives of this group.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
+                                                              std::string_view label = {}) = 0;
+
+  // Fails the group on every rank: calls in flight and later calls return `reason`.
+  virtual void Abort(const absl::Status& reason) = 0;
+  // OK, or the error that failed the group.
+  virtual absl::Status health() const = 0;
+
+ protected:
+  Communicator() = default;
+  // The one path of every collective: `call` has been filled and `invalid` holds the result
+  // of checking its arguments on this rank (OK or InvalidArgument). Implementations run the
+  // call through the group's rendezvous even when `invalid` is an error, so that every rank
+  // reports it.
+  virtual Work Submit(const CollectiveCall& call, absl::Status invalid) = 0;
+
+ private:
+  Work Enqueue(const CollectiveCall& call, absl::Status extra_check = absl::OkStatus());
+};
+
+}  // namespace fsdp

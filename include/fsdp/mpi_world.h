@@ -1,0 +1,32 @@
+// The mpi communicator: Open MPI, one rank per process, across processes and hosts.
+//
+// libfsdp makes every MPI call on one thread of its own (the MPI engine), which initializes
+// MPI (MPI_Init_thread, asking for MPI_THREAD_MULTIPLE) on first use and polls the
+// non-blocking collectives so that they progress while the caller computes. Code that wants
+// to call MPI itself does so through RunOnMpiThread.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "fsdp/communicator.h"
+
+namespace fsdp {
+
+// True when libfsdp was built with Open MPI.
+bool MpiBuilt();
+
+// Collective over MPI_COMM_WORLD: a new communicator on a duplicate of it, named "world".
+// May be called several times (each gets its own MPI communicators). Unimplemented when
+// built without MPI.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options = {});
+
+// Runs fn on the MPI engine thread and waits for it: the way to make raw MPI calls (for
+// example to compare with MPI's own collectives) without racing libfsdp's.
+absl::Status RunOnMpiThread(const std::function<void()>& fn);
+
+// Destroy every mpi communicator first. Stops the engine and calls MPI_Finalize if libfsdp
+// initialized MPI. Called at exit otherwise. Idempotent.
+void ShutdownMpi();
+
+}  // namespace fsdp
