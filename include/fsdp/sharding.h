@@ -70,6 +70,23 @@ struct ParamInfo {
 
 enum class OptimizerKind : uint8_t { kAdamW, kSgd };
 
+// Mixed precision. The optimizer always updates fp32 master shards; parameters are gathered
+// (and handed to the model) in param_dtype, gradients are reduced in reduce_dtype (bf16 and
+// f16 reductions accumulate in f32 inside the communicator and round once).
+struct MixedPrecision {
+  DType param_dtype = DType::kF32;
+  DType reduce_dtype = DType::kF32;
+  // Dynamic loss scaling (turn it on for f16 training): the model multiplies the
+  // loss gradient by loss_scale(); Step() unscales, and when any rank's gradients hold an
+  // inf or NaN the step is skipped on every rank and the scale backs off; after
+  // growth_interval good steps in a row it grows.
+  bool dynamic_loss_scale = false;
+  float initial_loss_scale = 65536.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;
+};
+
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // HYBRID strategies: ranks per shard group (the mesh is world/shard x shard). Must divide
@@ -87,6 +104,7 @@ struct ShardingOptions {
   // use at once, per direction, so prefetching raises the peak of gathered parameters by at
   // most this many units.
   int max_prefetch_units = 1;
+  MixedPrecision mixed_precision;
 };
 
 // A parameter of a unit as seen through a view: data + offset is its first element.
@@ -101,10 +119,12 @@ struct TensorSlot {
 // end) and, in backward, the gradient buffer of the same layout to accumulate into.
 struct UnitView {
   int unit = -1;
-  const float* params = nullptr;
-  float* grads = nullptr;  // nullptr in forward
-  int64_t numel = 0;       // unpadded
+  const float* params = nullptr;  // f32 parameters; nullptr when param_dtype is not f32
+  float* grads = nullptr;         // f32 gradients; nullptr in forward
+  int64_t numel = 0;              // unpadded
   const std::vector<TensorSlot>* tensors = nullptr;
+  const void* data = nullptr;  // the parameters in `dtype` (== params when f32)
+  DType dtype = DType::kF32;
   const float* param(int i) const { return params + (*tensors)[i].offset; }
   float* grad(int i) const { return grads + (*tensors)[i].offset; }
 };
@@ -126,10 +146,12 @@ struct MemoryReport {
 std::string FormatMemoryReport(const MemoryReport& m);
 
 struct StepStats {
-  double grad_norm = 0;       // global L2 norm before clipping
+  double grad_norm = 0;       // global L2 norm before clipping (unscaled)
   float clip_coefficient = 1;  // what the gradients were multiplied by
   float lr = 0;
   int64_t step = 0;            // optimizer steps taken, including this one
+  bool skipped = false;        // inf/NaN gradients on some rank: no update (loss scaling)
+  float loss_scale = 1.0f;     // the scale the next backward pass uses
 };
 
 class ShardingRuntime {
@@ -192,6 +214,9 @@ class ShardingRuntime {
   Communicator& shard_group() const;
   Communicator& replicate_group() const;
   int64_t steps() const;
+  // What the model multiplies the loss gradient by (1 without dynamic loss scaling).
+  float loss_scale() const;
+  int64_t skipped_steps() const;
   // Restoring a checkpoint: the optimizer steps taken (the index Step(LrSchedule) uses next).
   void set_steps(int64_t steps);
   Backend* backend() const;  // where every shard lives

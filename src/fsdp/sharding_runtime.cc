@@ -80,9 +80,11 @@ struct Unit {
   std::vector<TensorSlot> slots;
   std::vector<std::pair<int64_t, int64_t>> frozen;  // flat ranges without gradient
   Buffer param_shard, grad_shard;
-  Buffer gathered;   // padded unit parameters while gathered (shard size > 1 only)
-  Buffer full_grad;  // padded unit gradient, from PreBackward until reduced
-  Buffer reduced;    // reduce-scatter output (shard size > 1 only)
+  Buffer gathered;    // padded unit parameters in param_dtype while gathered
+  Buffer cast_shard;  // the shard cast to a low param_dtype, while its all-gather runs
+  Buffer full_grad;   // padded unit gradient (f32), from PreBackward until reduced
+  Buffer lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
+  Buffer reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)
   std::unique_ptr<Optimizer> optimizer;
   UnitState state = UnitState::kIdle;
   Work gather_work;         // all-gather in flight into `gathered`
@@ -119,6 +121,10 @@ struct ShardingRuntime::Impl {
   bool forward_recorded = false, backward_recorded = false;
   bool in_backward = false;
   int prefetched_units = 0;
+  // Dynamic loss scaling.
+  float loss_scale = 1.0f;
+  int good_steps = 0;
+  int64_t skipped_steps = 0;
   int64_t steps = 0;
   Gauge gathered, grad_buffers;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
@@ -178,19 +184,54 @@ struct ShardingRuntime::Impl {
         "unit, then FinishBackward"));
   }
 
-  absl::StatusOr<Buffer> Alloc(int64_t numel) {
-    return Buffer::Create(backend, static_cast<size_t>(numel) * sizeof(float));
+  absl::StatusOr<Buffer> Alloc(int64_t numel, DType dtype = DType::kF32) {
+    return Buffer::Create(backend, static_cast<size_t>(numel) * DTypeSize(dtype));
+  }
+  DType param_dtype() const { return options.mixed_precision.param_dtype; }
+  DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
+
+  // f32 -> bf16/f16 and back through the backend's kernels.
+  void CastDown(DType to, const float* in, void* out, int64_t n) const {
+    const Ops& ops = backend->ops();
+    (to == DType::kBF16 ? ops.cast_f32_to_bf16 : ops.cast_f32_to_f16)(
+        static_cast<uint16_t*>(out), in, n);
+  }
+  void CastUp(DType from, const void* in, float* out, int64_t n) const {
+    const Ops& ops = backend->ops();
+    (from == DType::kBF16 ? ops.cast_bf16_to_f32 : ops.cast_f16_to_f32)(
+        out, static_cast<const uint16_t*>(in), n);
   }
 
   // Starts the all-gather of a unit's parameters unless they are gathered or on their way.
+  // In f32 with a shard group of one, the shard is the unit: nothing to gather.
   absl::Status IssueGather(Unit& unit) {
-    if (S() == 1 || unit.gathered.data() != nullptr) return absl::OkStatus();
-    const int64_t padded = unit.layout.padded_numel;
-    FSDP_ASSIGN_OR_RETURN(unit.gathered, Alloc(padded));
-    gathered.Add(padded * 4);
-    unit.gather_work = mesh->shard_group().AllGatherAsync(
-        unit.param_shard.data(), unit.gathered.data(), unit.layout.shard_numel, DType::kF32);
+    const DType pd = param_dtype();
+    if (unit.gathered.data() != nullptr || (S() == 1 && pd == DType::kF32)) {
+      return absl::OkStatus();
+    }
+    const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
+    FSDP_ASSIGN_OR_RETURN(unit.gathered, Alloc(padded, pd));
+    gathered.Add(static_cast<int64_t>(unit.gathered.bytes()));
+    const void* send = unit.param_shard.data();
+    if (pd != DType::kF32) {  // cast the fp32 master shard, then gather the low precision copy
+      if (S() == 1) {
+        CastDown(pd, unit.param_shard.as<const float>(), unit.gathered.data(), sn);
+        return absl::OkStatus();
+      }
+      FSDP_ASSIGN_OR_RETURN(unit.cast_shard, Alloc(sn, pd));
+      gathered.Add(static_cast<int64_t>(unit.cast_shard.bytes()));
+      CastDown(pd, unit.param_shard.as<const float>(), unit.cast_shard.data(), sn);
+      send = unit.cast_shard.data();
+    }
+    unit.gather_work =
+        mesh->shard_group().AllGatherAsync(send, unit.gathered.data(), sn, pd);
     return absl::OkStatus();
+  }
+
+  void FreeCastShard(Unit& unit) {
+    if (unit.cast_shard.data() == nullptr) return;
+    gathered.Sub(static_cast<int64_t>(unit.cast_shard.bytes()));
+    unit.cast_shard.Reset();
   }
 
   // Makes unit `u` gathered for use now, and prefetches the units that follow it in `order`
@@ -228,6 +269,7 @@ struct ShardingRuntime::Impl {
     if (!unit.gather_work.valid()) return absl::OkStatus();
     absl::Status s = unit.gather_work.Wait();
     unit.gather_work = Work();
+    FreeCastShard(unit);
     return s;
   }
 
@@ -237,6 +279,7 @@ struct ShardingRuntime::Impl {
       unit.gather_work.Wait().IgnoreError();
       unit.gather_work = Work();
     }
+    FreeCastShard(unit);
     if (unit.prefetched) {
       unit.prefetched = false;
       --prefetched_units;
@@ -251,14 +294,21 @@ struct ShardingRuntime::Impl {
     b.Reset();
   }
 
-  const float* GatheredParams(const Unit& unit) const {
-    return S() == 1 ? unit.param_shard.as<const float>() : unit.gathered.as<const float>();
+  const void* GatheredParams(const Unit& unit) const {
+    return unit.gathered.data() != nullptr ? unit.gathered.data() : unit.param_shard.data();
   }
 
   UnitView View(int u, bool with_grads) const {
     const Unit& unit = units[u];
-    return UnitView{u, GatheredParams(unit), with_grads ? unit.full_grad.as<float>() : nullptr,
-                    unit.layout.numel, &unit.slots};
+    UnitView v;
+    v.unit = u;
+    v.data = GatheredParams(unit);
+    v.dtype = param_dtype();
+    v.params = v.dtype == DType::kF32 ? static_cast<const float*>(v.data) : nullptr;
+    v.grads = with_grads ? unit.full_grad.as<float>() : nullptr;
+    v.numel = unit.layout.numel;
+    v.tensors = &unit.slots;
+    return v;
   }
 
   // Issues the unit's gradient reduction: reduce-scatter in the shard group, or (NO_SHARD)
@@ -267,16 +317,23 @@ struct ShardingRuntime::Impl {
     for (auto [b, e] : unit.frozen) {
       FSDP_RETURN_IF_ERROR(backend->Memset(unit.full_grad.as<float>() + b, 0, (e - b) * 4));
     }
+    const DType rd = reduce_dtype();
+    const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
+    void* send = unit.full_grad.data();
+    if (rd != DType::kF32) {
+      FSDP_ASSIGN_OR_RETURN(unit.lowp_grad, Alloc(padded, rd));
+      grad_buffers.Add(static_cast<int64_t>(unit.lowp_grad.bytes()));
+      CastDown(rd, unit.full_grad.as<const float>(), unit.lowp_grad.data(), padded);
+      send = unit.lowp_grad.data();
+    }
     if (S() > 1) {
-      FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(unit.layout.shard_numel));
+      FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(sn, rd));
       grad_buffers.Add(static_cast<int64_t>(unit.reduced.bytes()));
-      unit.reduce_work = mesh->shard_group().ReduceScatterAsync(
-          unit.full_grad.data(), unit.reduced.data(), unit.layout.shard_numel, DType::kF32,
-          ReduceOp::kAvg);
+      unit.reduce_work =
+          mesh->shard_group().ReduceScatterAsync(send, unit.reduced.data(), sn, rd, ReduceOp::kAvg);
     } else if (R() > 1) {
-      unit.reduce_work = mesh->replicate_group().AllReduceAsync(
-          unit.full_grad.data(), unit.full_grad.data(), unit.layout.padded_numel, DType::kF32,
-          ReduceOp::kAvg);
+      unit.reduce_work =
+          mesh->replicate_group().AllReduceAsync(send, send, padded, rd, ReduceOp::kAvg);
     }
     unit.unsynced = false;
     return absl::OkStatus();
@@ -325,7 +382,17 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
         "max_prefetch_units must be >= 0 (0 disables prefetching), got ",
         options.max_prefetch_units));
   }
+  const MixedPrecision& mp = options.mixed_precision;
+  if (mp.dynamic_loss_scale &&
+      !(mp.initial_loss_scale > 0 && std::isfinite(mp.initial_loss_scale) &&
+        mp.growth_factor >= 1 && mp.backoff_factor > 0 && mp.backoff_factor < 1 &&
+        mp.growth_interval >= 1)) {
+    return absl::InvalidArgumentError(
+        "dynamic loss scaling needs initial_loss_scale > 0, growth_factor >= 1, "
+        "0 < backoff_factor < 1 and growth_interval >= 1");
+  }
   auto impl = std::make_unique<Impl>();
+  impl->loss_scale = mp.dynamic_loss_scale ? mp.initial_loss_scale : 1.0f;
   impl->backend = backend;
   impl->world = &world;
   impl->options = options;
@@ -405,7 +472,9 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
   const uint64_t options_fp =
       static_cast<uint64_t>(o.strategy) | uint64_t(o.hybrid_shard_size) << 8 |
       uint64_t(o.forward_prefetch) << 40 | uint64_t(o.backward_prefetch) << 41 |
-      uint64_t(o.max_prefetch_units & 0xffff) << 42 | uint64_t(o.optimizer) << 58;
+      uint64_t(o.max_prefetch_units & 0xffff) << 42 | uint64_t(o.optimizer) << 58 |
+      uint64_t(o.mixed_precision.param_dtype) << 60 |
+      uint64_t(o.mixed_precision.reduce_dtype) << 62;
   FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names, options_fp));
 
   const int shard_rank = m.mesh->shard_index();
@@ -524,7 +593,7 @@ absl::Status ShardingRuntime::FinishBackward() {
     for (Unit& unit : m.units) {
       if (unit.reduced.data() == nullptr) continue;
       unit.reduce_work = m.mesh->replicate_group().AllReduceAsync(
-          unit.reduced.data(), unit.reduced.data(), unit.layout.shard_numel, DType::kF32,
+          unit.reduced.data(), unit.reduced.data(), unit.layout.shard_numel, m.reduce_dtype(),
           ReduceOp::kAvg);
     }
     for (Unit& unit : m.units) {
@@ -541,12 +610,19 @@ absl::Status ShardingRuntime::FinishBackward() {
     unit.state = UnitState::kIdle;
     m.FreeGathered(unit);  // a prefetch that no hook claimed
     if (unit.unsynced) continue;  // no_sync: keep accumulating the full gradient
-    Buffer& src = m.S() > 1 ? unit.reduced : unit.full_grad;
+    const int64_t sn = unit.layout.shard_numel;
+    const DType rd = m.reduce_dtype();
+    Buffer& src = m.S() > 1 ? unit.reduced : rd == DType::kF32 ? unit.full_grad : unit.lowp_grad;
     if (src.data() != nullptr) {
-      ops.residual_forward(unit.grad_shard.as<float>(), unit.grad_shard.as<float>(),
-                           src.as<const float>(), unit.layout.shard_numel);
+      const float* add = src.as<const float>();
+      if (rd != DType::kF32) {  // widen into the f32 gradient buffer, no longer needed
+        m.CastUp(rd, src.data(), unit.full_grad.as<float>(), sn);
+        add = unit.full_grad.as<const float>();
+      }
+      ops.residual_forward(unit.grad_shard.as<float>(), unit.grad_shard.as<float>(), add, sn);
     }
     m.FreeGradBuffer(unit.reduced);
+    m.FreeGradBuffer(unit.lowp_grad);
     m.FreeGradBuffer(unit.full_grad);
   }
   ++m.passes_since_step;
@@ -592,6 +668,34 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
         "Step() without a backward pass since the last step: there is no gradient"));
   }
   const Ops& ops = m.backend->ops();
+  StepStats stats;
+  stats.lr = lr;
+  if (m.options.mixed_precision.dynamic_loss_scale) {
+    // One collective decides: an inf or NaN on any rank skips the step on every rank.
+    float bad = 0.0f;
+    for (const Unit& unit : m.units) {
+      if (!ops.all_finite(unit.grad_shard.as<const float>(), unit.layout.shard_numel)) bad = 1.0f;
+    }
+    float any_bad = 0.0f;
+    absl::Status s = m.world->AllReduce(&bad, &any_bad, 1, DType::kF32, ReduceOp::kMax);
+    if (!s.ok()) return m.Fail(s);
+    if (any_bad != 0.0f) {
+      for (Unit& unit : m.units) {
+        FSDP_RETURN_IF_ERROR(
+            m.backend->Memset(unit.grad_shard.data(), 0, unit.layout.shard_numel * 4));
+      }
+      m.passes_since_step = 0;
+      m.good_steps = 0;
+      m.loss_scale *= m.options.mixed_precision.backoff_factor;
+      ++m.skipped_steps;
+      stats.skipped = true;
+      stats.grad_norm = INFINITY;
+      stats.clip_coefficient = 0;
+      stats.step = m.steps;
+      stats.loss_scale = m.loss_scale;
+      return stats;
+    }
+  }
   // Global norm: each element of the padded flat buffers lives on exactly one rank of the
   // shard group (replicas hold equal copies), so summing over the shard group counts each once.
   double local = 0;
@@ -599,11 +703,10 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
     local += ops.sum_squares(unit.grad_shard.as<const float>(), unit.layout.shard_numel);
   }
   FSDP_ASSIGN_OR_RETURN(double total_sq, internal::SumAcrossRanks(m.mesh->shard_group(), local));
-  const double k = static_cast<double>(m.passes_since_step);
-  StepStats stats;
+  // Gradients hold the sum over k backward passes of loss_scale times the mean gradient.
+  const double k = static_cast<double>(m.passes_since_step) * m.loss_scale;
   stats.grad_norm = std::sqrt(total_sq) / k;
   stats.clip_coefficient = ClipCoefficient(stats.grad_norm, m.options.max_grad_norm);
-  stats.lr = lr;
   const float scale = static_cast<float>(stats.clip_coefficient / k);
   for (Unit& unit : m.units) {
     float* g = unit.grad_shard.as<float>();
@@ -615,6 +718,12 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   }
   m.passes_since_step = 0;
   stats.step = ++m.steps;
+  if (m.options.mixed_precision.dynamic_loss_scale &&
+      ++m.good_steps >= m.options.mixed_precision.growth_interval) {
+    m.loss_scale *= m.options.mixed_precision.growth_factor;
+    m.good_steps = 0;
+  }
+  stats.loss_scale = m.loss_scale;
   return stats;
 }
 
@@ -643,6 +752,8 @@ Communicator& ShardingRuntime::world() const { return *impl_->world; }
 Communicator& ShardingRuntime::shard_group() const { return impl_->mesh->shard_group(); }
 Communicator& ShardingRuntime::replicate_group() const { return impl_->mesh->replicate_group(); }
 int64_t ShardingRuntime::steps() const { return impl_->steps; }
+float ShardingRuntime::loss_scale() const { return impl_->loss_scale; }
+int64_t ShardingRuntime::skipped_steps() const { return impl_->skipped_steps; }
 void ShardingRuntime::set_steps(int64_t steps) { impl_->steps = steps; }
 Backend* ShardingRuntime::backend() const { return impl_->backend; }
 

@@ -287,6 +287,67 @@ TEST(ShardingHooksTest, FrameworkDrivenUnitsReduceAveragedGradients) {
   }
 }
 
+// Mixed precision at the hooks: parameters gathered in bf16 (the fp32 master shard rounded),
+// gradients reduced in bf16, fp32 master updated; f16 dynamic loss scaling skips a step with
+// an inf on one rank on every rank and backs off.
+TEST(ShardingMixedPrecisionTest, Bf16GatherAndReduceAndLossScaling) {
+  constexpr int kRanks = 2;
+  for (int variant = 0; variant < 2; ++variant) {  // 0: FULL_SHARD, 1: NO_SHARD (S = 1)
+    std::vector<std::vector<float>> got(kRanks);
+    std::vector<std::vector<StepStats>> stats(kRanks);
+    absl::Status s = LocalWorld::Run(kRanks, ShortTimeout(), [&](Communicator& comm) {
+      FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+      ShardingOptions so;
+      so.strategy = variant == 0 ? ShardingStrategy::kFullShard : ShardingStrategy::kNoShard;
+      so.optimizer = OptimizerKind::kSgd;
+      so.mixed_precision.param_dtype = DType::kBF16;
+      so.mixed_precision.reduce_dtype = DType::kBF16;
+      so.mixed_precision.dynamic_loss_scale = true;
+      so.mixed_precision.initial_loss_scale = 4.0f;
+      so.mixed_precision.growth_interval = 1;
+      FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(backend.get(), comm, so));
+      FSDP_ASSIGN_OR_RETURN(int u, rt->RegisterUnit("a", {{"w", {5}}}));
+      FSDP_RETURN_IF_ERROR(rt->Finalize([](int, const ParamInfo&, int64_t b, int64_t e,
+                                           float* out) {
+        for (int64_t j = b; j < e; ++j) out[j - b] = 1.0f + 0.1f * j;
+      }));
+      for (int step = 0; step < 2; ++step) {
+        FSDP_ASSIGN_OR_RETURN(UnitView v, rt->PreForward(u));
+        EXPECT_EQ(v.dtype, DType::kBF16);
+        EXPECT_EQ(v.params, nullptr);
+        const float scale = rt->loss_scale();
+        for (int j = 0; j < 5; ++j) {
+          const uint16_t bits = static_cast<const uint16_t*>(v.data)[j];
+          EXPECT_EQ(bits, FloatToBf16(step == 0 ? 1.0f + 0.1f * j : 1.0f + 0.1f * j - 1.5f));
+        }
+        FSDP_RETURN_IF_ERROR(rt->PostForward(u));
+        FSDP_ASSIGN_OR_RETURN(UnitView g, rt->PreBackward(u));
+        // The model scales its loss gradient; rank r's gradient is r + 1 (mean 1.5). In the
+        // second step rank 1 overflows.
+        for (int j = 0; j < 5; ++j) g.grads[j] += scale * (comm.rank() + 1.0f);
+        if (step == 1 && comm.rank() == 1) g.grads[2] = INFINITY;
+        FSDP_RETURN_IF_ERROR(rt->PostBackward(u));
+        FSDP_RETURN_IF_ERROR(rt->FinishBackward());
+        FSDP_ASSIGN_OR_RETURN(StepStats st, rt->Step(1.0f));
+        stats[comm.rank()].push_back(st);
+      }
+      got[comm.rank()].resize(5);
+      return rt->GatherUnit(u, got[comm.rank()].data());
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < kRanks; ++r) {
+      for (int j = 0; j < 5; ++j) EXPECT_EQ(got[r][j], (1.0f + 0.1f * j) - 1.5f) << j;
+      ASSERT_EQ(stats[r].size(), 2u);
+      EXPECT_FALSE(stats[r][0].skipped);
+      EXPECT_EQ(stats[r][0].loss_scale, 8.0f);  // grew after one good step
+      EXPECT_NEAR(stats[r][0].grad_norm, 1.5 * std::sqrt(5.0), 1e-5);
+      EXPECT_TRUE(stats[r][1].skipped) << "rank " << r;
+      EXPECT_EQ(stats[r][1].loss_scale, 4.0f);  // backed off
+      EXPECT_EQ(stats[r][1].step, 1);
+    }
+  }
+}
+
 // ---- bad input: a clear error on every rank, never a hang ------------------------------------
 
 TEST(ShardingErrorsTest, RanksRegisteringDifferentShapesFailEverywhere) {
