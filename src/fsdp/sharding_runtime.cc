@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "fsdp/mesh.h"
 #include "fsdp/sharding.h"
+#include "fsdp/trace.h"
 #include "src/fsdp/flat_layout.h"
 #include "src/fsdp/rank_agreement.h"
 
@@ -267,7 +268,13 @@ struct ShardingRuntime::Impl {
 
   absl::Status WaitGather(Unit& unit) {
     if (!unit.gather_work.valid()) return absl::OkStatus();
-    absl::Status s = unit.gather_work.Wait();
+    absl::Status s;
+    if (unit.gather_work.Test()) {
+      s = unit.gather_work.Wait();
+    } else {  // the compute thread is blocked: exposed communication on the timeline
+      TraceSpan span("all_gather", kWaitStream, {{"unit", unit.name}});
+      s = unit.gather_work.Wait();
+    }
     unit.gather_work = Work();
     FreeCastShard(unit);
     return s;
@@ -391,6 +398,7 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
         "dynamic loss scaling needs initial_loss_scale > 0, growth_factor >= 1, "
         "0 < backoff_factor < 1 and growth_interval >= 1");
   }
+  SetTraceRank(world.rank());
   auto impl = std::make_unique<Impl>();
   impl->loss_scale = mp.dynamic_loss_scale ? mp.initial_loss_scale : 1.0f;
   impl->backend = backend;
@@ -580,6 +588,7 @@ absl::Status ShardingRuntime::FinishBackward() {
                              {UnitState::kBackwardDone})));
   }
   // 1. wait for the shard-group reductions; 2. HYBRID: all-reduce the shards across replicas.
+  TraceSpan wait_span("gradient reduction", kWaitStream);
   absl::Status s;
   for (Unit& unit : m.units) {
     if (unit.reduce_work.valid()) {
@@ -604,6 +613,7 @@ absl::Status ShardingRuntime::FinishBackward() {
     }
     if (!s.ok()) return m.Fail(s);
   }
+  wait_span.End();
   // 3. accumulate into the gradient shards and free the unsharded buffers.
   const Ops& ops = m.backend->ops();
   for (Unit& unit : m.units) {
@@ -668,6 +678,7 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
         "Step() without a backward pass since the last step: there is no gradient"));
   }
   const Ops& ops = m.backend->ops();
+  TraceSpan span("optimizer step", kComputeStream);
   StepStats stats;
   stats.lr = lr;
   if (m.options.mixed_precision.dynamic_loss_scale) {

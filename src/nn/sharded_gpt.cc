@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "fsdp/trace.h"
 
 namespace fsdp::nn {
 namespace {
@@ -182,7 +183,10 @@ absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
     } else if (first_block_[u] == i) {
       FSDP_ASSIGN_OR_RETURN(view, rt.PreForward(u));
     }
-    FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, view.params + module_offset_[1 + i]));
+    {
+      TraceSpan span("forward", kComputeStream, {{"block", i}});
+      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, view.params + module_offset_[1 + i]));
+    }
     if (u != root && last_block_[u] == i) FSDP_RETURN_IF_ERROR(rt.PostForward(u));
   }
   FSDP_ASSIGN_OR_RETURN(float loss, model_->ForwardHead(
@@ -207,7 +211,10 @@ absl::Status ShardedGpt::RunBackward() {
       FSDP_ASSIGN_OR_RETURN(view, rt.PreBackward(u));
     }
     const int64_t off = module_offset_[1 + i];
-    FSDP_RETURN_IF_ERROR(model_->BackwardBlock(i, view.params + off, view.grads + off));
+    {
+      TraceSpan span("backward", kComputeStream, {{"block", i}});
+      FSDP_RETURN_IF_ERROR(model_->BackwardBlock(i, view.params + off, view.grads + off));
+    }
     if (u != root && first_block_[u] == i) FSDP_RETURN_IF_ERROR(rt.PostBackward(u));
   }
   FSDP_RETURN_IF_ERROR(model_->BackwardEmbed(root_view.grads + module_offset_[0]));
