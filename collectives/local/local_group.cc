@@ -124,7 +124,16 @@ void LocalGroup::Decide(Slot& s) {
   }
 }
 
-absl::Status LocalGroup::Run(int rank, int64_t seq, const LocalPost& post, LocalSplitResult* split) {
+absl::Status LocalGroup::Run(int rank, int64_t seq, const LocalPost& post, LocalSplitResult* split,
+                             int64_t* peer_wait_ns) {
+  const auto arrival = peer_wait_ns ? std::chrono::steady_clock::now()
+                                    : std::chrono::steady_clock::time_point();
+  auto note_wait = [&] {
+    if (peer_wait_ns) {
+      *peer_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - arrival).count();
+    }
+  };
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.ok()) return FailedStatus(post, seq);
   Slot& s = slots_[seq & 1];
@@ -140,6 +149,7 @@ absl::Status LocalGroup::Run(int rank, int64_t seq, const LocalPost& post, Local
   s.present[rank] = 1;
   arrived_seq_[rank] = seq;
   if (++s.arrived == size_) {
+    note_wait();
     Decide(s);
     cv_.notify_all();
   } else {
@@ -156,6 +166,7 @@ absl::Status LocalGroup::Run(int rank, int64_t seq, const LocalPost& post, Local
         cv_.notify_all();
       }
     }
+    note_wait();
     // All arrived wins over a failure that came later: peers are already reading our buffers.
     if (s.arrived < size_) return failure_seq_ == seq ? Detach(failure_) : FailedStatus(post, seq);
   }

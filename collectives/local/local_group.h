@@ -40,8 +40,10 @@ class LocalGroup {
 
   // Runs `post` as `rank` at sequence `seq` (each rank's calls come in sequence order, one at
   // a time): rendezvous, checks, data movement, completion barrier. For a split, `split`
-  // receives the rank's new group.
-  absl::Status Run(int rank, int64_t seq, const LocalPost& post, LocalSplitResult* split);
+  // receives the rank's new group. `peer_wait_ns`, when given, receives how long the rank
+  // waited at the rendezvous for the others (for the timeline tracer).
+  absl::Status Run(int rank, int64_t seq, const LocalPost& post, LocalSplitResult* split,
+                   int64_t* peer_wait_ns = nullptr);
 
   // Diagnostics: a rank has issued call number `seq` (called on the issuing thread).
   void NoteIssued(int rank, int64_t seq) {

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "collectives/comm_trace.h"
 #include "collectives/local/local_group.h"
 #include "collectives/work_state.h"
+#include "fsdp/trace.h"
 
 namespace fsdp {
 namespace internal {
@@ -19,8 +21,13 @@ namespace {
 
 class LocalCommunicator final : public Communicator {
  public:
-  LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank)
-      : group_(std::move(group)), rank_(rank), thread_([this] { ProgressLoop(); }) {}
+  // trace_rank: the world rank that the progress thread records its spans on (a split group
+  // inherits its parent's).
+  LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank, int trace_rank)
+      : group_(std::move(group)),
+        rank_(rank),
+        trace_rank_(trace_rank),
+        thread_([this] { ProgressLoop(); }) {}
 
   // Runs what is queued (each call is bounded by the deadline), then stops the thread.
   ~LocalCommunicator() override {
@@ -50,7 +57,7 @@ class LocalCommunicator final : public Communicator {
     auto result = std::static_pointer_cast<LocalSplitResult>(work.state()->payload);
     if (result == nullptr || result->group == nullptr) return std::unique_ptr<Communicator>();
     return std::unique_ptr<Communicator>(
-        new LocalCommunicator(result->group, result->rank));
+        new LocalCommunicator(result->group, result->rank, trace_rank_));
   }
 
   void Abort(const absl::Status& reason) override {
@@ -95,6 +102,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   void ProgressLoop() {
+    SetTraceRank(trace_rank_);
     for (;;) {
       Task task;
       {
@@ -105,7 +113,16 @@ class LocalCommunicator final : public Communicator {
         queue_.pop_front();
       }
       LocalSplitResult split;
-      absl::Status status = group_->Run(rank_, task.seq, task.post, &split);
+      Tracer& tracer = Tracer::Global();
+      const bool trace = tracer.enabled();
+      const int64_t begin_ns = trace ? tracer.NowNs() : 0;
+      int64_t peer_wait_ns = -1;
+      absl::Status status =
+          group_->Run(rank_, task.seq, task.post, &split, trace ? &peer_wait_ns : nullptr);
+      if (trace) {
+        RecordCollectiveSpan(task.post.call, group_->name(), group_->size(), task.seq, begin_ns,
+                             tracer.NowNs(), peer_wait_ns, status);
+      }
       if (status.ok() && task.post.call.kind == CollectiveKind::kSplit) {
         task.work->payload = std::make_shared<LocalSplitResult>(std::move(split));
       }
@@ -115,6 +132,7 @@ class LocalCommunicator final : public Communicator {
 
   const std::shared_ptr<LocalGroup> group_;
   const int rank_;
+  const int trace_rank_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
@@ -157,7 +175,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> LocalWorld::TakeRank(int rank) {
         absl::StrFormat("LocalWorld::TakeRank: rank %d was already taken", rank));
   }
   taken_[rank] = true;
-  return std::unique_ptr<Communicator>(new internal::LocalCommunicator(group_, rank));
+  return std::unique_ptr<Communicator>(new internal::LocalCommunicator(group_, rank, rank));
 }
 
 absl::Status LocalWorld::Run(int size, const CommOptions& options,
@@ -171,7 +189,10 @@ absl::Status LocalWorld::Run(int size, const CommOptions& options,
   std::vector<std::thread> threads;
   threads.reserve(size);
   for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] { results[r] = body(*comms[r]); });
+    threads.emplace_back([&, r] {
+      SetTraceRank(r);
+      results[r] = body(*comms[r]);
+    });
   }
   for (std::thread& t : threads) t.join();
   for (const absl::Status& s : results) FSDP_RETURN_IF_ERROR(s);

@@ -10,7 +10,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "collectives/comm_trace.h"
 #include "collectives/reduce.h"
+#include "fsdp/trace.h"
 
 namespace fsdp::internal {
 namespace {
@@ -32,6 +34,19 @@ CollectiveCall CallOf(const FpRecord& r) {
   return {.kind = static_cast<CollectiveKind>(r.kind), .count = r.count,
           .dtype = static_cast<DType>(r.dtype), .op = static_cast<ReduceOp>(r.op),
           .root = static_cast<int>(r.root)};
+}
+
+// Records `op` on the timeline as it ends: from the start of its fingerprint exchange (which
+// waits for every rank to arrive) to now.
+void TraceOp(const MpiOp& op, const std::string& group, int size, const absl::Status& status) {
+  Tracer& tracer = Tracer::Global();
+  if (!tracer.enabled()) return;
+  const Clock::time_point now = Clock::now();
+  const Clock::time_point arrived = op.data_start > op.issued ? op.data_start : now;
+  const int64_t waited =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(arrived - op.issued).count();
+  RecordCollectiveSpan(op.call, group, size, op.seq, tracer.ToTraceNs(op.issued),
+                       tracer.ToTraceNs(now), waited, status);
 }
 
 // Tests the requests MPI still holds for a failed call; true once none is left.
@@ -126,9 +141,11 @@ void MpiGroup::Verify(MpiOp& op) {
     invalid.push_back(q == rank_ ? std::string(op.invalid.message()) : std::string(op.all[q].reason));
   }
   if (!invalid.empty()) {  // every rank learns of it; the schedule is intact, the group lives
-    op.work->Complete(absl::InvalidArgumentError(absl::StrFormat(
+    absl::Status status = absl::InvalidArgumentError(absl::StrFormat(
         "invalid arguments at sequence %d of group '%s': %s", op.seq, name_,
-        absl::StrJoin(invalid, "; "))));
+        absl::StrJoin(invalid, "; ")));
+    TraceOp(op, name_, size_, status);
+    op.work->Complete(std::move(status));
     op.stage = MpiOp::Stage::kDone;
     return;
   }
@@ -230,6 +247,7 @@ void MpiGroup::StartData(MpiOp& op, MpiEngine& engine) {
       }
       if (rc == MPI_SUCCESS) {
         op.work->payload = payload;
+        TraceOp(op, name_, size_, absl::OkStatus());
         op.work->Complete(absl::OkStatus());
         op.stage = MpiOp::Stage::kDone;
       }
@@ -269,6 +287,7 @@ void MpiGroup::FinishData(MpiOp& op) {
   }
   op.wide = {};
   op.scratch = {};
+  TraceOp(op, name_, size_, absl::OkStatus());
   op.work->Complete(absl::OkStatus());
   op.stage = MpiOp::Stage::kDone;
 }
@@ -437,7 +456,9 @@ void MpiGroup::Fail(absl::Status reason, int64_t seq, bool tell_peers) {
   }
   for (auto& op : ops_) {
     if (op->stage == MpiOp::Stage::kDone) continue;
-    op->work->Complete(op->seq == failure_seq_ ? Detach(failure_) : NotRun(*op));
+    absl::Status status = op->seq == failure_seq_ ? Detach(failure_) : NotRun(*op);
+    TraceOp(*op, name_, size_, status);
+    op->work->Complete(std::move(status));
     op->stage = MpiOp::Stage::kDone;
     // MPI may still hold the fingerprint or the data request: keep them until they finish
     // (nonblocking collectives cannot be cancelled).
@@ -512,6 +533,11 @@ absl::Status MpiEngine::Start() {
               "needs MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE if you also call MPI yourself)",
               provided));
         }
+      }
+      if (status.ok()) {  // the engine's spans belong to this process's world rank
+        int world_rank = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        SetTraceRank(world_rank);
       }
       start_status_ = status;
       started->set_value(status);
