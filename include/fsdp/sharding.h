@@ -219,6 +219,14 @@ class ShardingRuntime {
   int64_t skipped_steps() const;
   // Restoring a checkpoint: the optimizer steps taken (the index Step(LrSchedule) uses next).
   void set_steps(int64_t steps);
+  // The dynamic loss scaler's state, for checkpoints.
+  struct LossScaleState {
+    float scale = 1.0f;
+    int good_steps = 0;  // good steps in a row since the scale last changed
+    int64_t skipped_steps = 0;
+  };
+  LossScaleState loss_scale_state() const;
+  void set_loss_scale_state(const LossScaleState& state);
   Backend* backend() const;  // where every shard lives
 
   MemoryReport memory() const;

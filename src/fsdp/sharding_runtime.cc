@@ -766,6 +766,14 @@ int64_t ShardingRuntime::steps() const { return impl_->steps; }
 float ShardingRuntime::loss_scale() const { return impl_->loss_scale; }
 int64_t ShardingRuntime::skipped_steps() const { return impl_->skipped_steps; }
 void ShardingRuntime::set_steps(int64_t steps) { impl_->steps = steps; }
+ShardingRuntime::LossScaleState ShardingRuntime::loss_scale_state() const {
+  return {impl_->loss_scale, impl_->good_steps, impl_->skipped_steps};
+}
+void ShardingRuntime::set_loss_scale_state(const LossScaleState& state) {
+  impl_->loss_scale = state.scale;
+  impl_->good_steps = state.good_steps;
+  impl_->skipped_steps = state.skipped_steps;
+}
 Backend* ShardingRuntime::backend() const { return impl_->backend; }
 
 absl::Status ShardingRuntime::GatherUnit(int u, float* out) {
