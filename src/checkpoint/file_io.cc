@@ -1,0 +1,189 @@
+// POSIX implementations of file_io.h.
+#include "src/checkpoint/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "src/checkpoint/crc32c.h"
+
+namespace fsdp::checkpoint {
+namespace {
+
+absl::Status Errno(std::string_view what, const std::string& path, int err) {
+  std::string msg = absl::StrCat(path, ": ", std::string(what), " failed: ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  if (err == EEXIST || err == ENOTEMPTY) return absl::AlreadyExistsError(msg);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+std::string Trimmed(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<OutFile> OutFile::Create(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("create", path, errno);
+  return OutFile(path, fd);
+}
+
+OutFile::~OutFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status OutFile::WriteAt(uint64_t offset, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Errno("write", path_, errno);
+    }
+    p += w;
+    offset += static_cast<uint64_t>(w);
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OutFile::SyncAndClose() {
+  if (::fsync(fd_) != 0) return Errno("fsync", path_, errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) return Errno("close", path_, errno);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InFile> InFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Errno("stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
+  }
+  return InFile(path, fd, static_cast<uint64_t>(st.st_size));
+}
+
+InFile::~InFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status InFile::ReadAt(uint64_t offset, void* data, size_t n) const {
+  char* p = static_cast<char*>(data);
+  const uint64_t want_end = offset + n;
+  while (n > 0) {
+    const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Errno("read", path_, errno);
+    }
+    if (r == 0) {
+      return absl::DataLossError(absl::StrCat(path_, ": truncated: the file ends at byte ", offset,
+                                              ", expected at least ", want_end));
+    }
+    p += r;
+    offset += static_cast<uint64_t>(r);
+    n -= static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> InFile::Crc32cOf(uint64_t offset, uint64_t n) const {
+  std::vector<char> buf(std::min<uint64_t>(n, uint64_t{4} << 20));
+  uint32_t crc = 0;
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, buf.size()));
+    FSDP_RETURN_IF_ERROR(ReadAt(offset, buf.data(), chunk));
+    crc = Crc32cExtend(crc, buf.data(), chunk);
+    offset += chunk;
+    n -= chunk;
+  }
+  return crc;
+}
+
+absl::Status WriteFileDurably(const std::string& path, std::string_view data) {
+  FSDP_ASSIGN_OR_RETURN(OutFile f, OutFile::Create(path));
+  FSDP_RETURN_IF_ERROR(f.WriteAt(0, data.data(), data.size()));
+  return f.SyncAndClose();
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes) {
+  FSDP_ASSIGN_OR_RETURN(InFile f, InFile::Open(path));
+  if (f.size() > max_bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", f.size(), " bytes, more than the ",
+                                            max_bytes, " this file may hold"));
+  }
+  std::string out(f.size(), '\0');
+  FSDP_RETURN_IF_ERROR(f.ReadAt(0, out.data(), out.size()));
+  return out;
+}
+
+absl::Status SyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("open directory", path, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Errno("fsync directory", path, err);
+  return absl::OkStatus();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+absl::Status MakeDirectory(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return Errno("create directory", path, ec.value());
+  return absl::OkStatus();
+}
+
+absl::Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return Errno("remove", path, ec.value());
+  return absl::OkStatus();
+}
+
+absl::Status RenameDurably(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return Errno(absl::StrCat("rename to ", to), from, errno);
+  }
+  return SyncDirectory(ParentOf(to));
+}
+
+std::string ParentOf(const std::string& path) {
+  const std::string p = Trimmed(path);
+  const size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
+std::string BaseName(const std::string& path) {
+  const std::string p = Trimmed(path);
+  const size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+}  // namespace fsdp::checkpoint

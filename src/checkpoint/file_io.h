@@ -1,0 +1,69 @@
+// POSIX file helpers for checkpoints: durable writes (fsync of files and directories),
+// positioned reads that report truncation by file name, checksums of file ranges, and the
+// directory operations of the commit protocol.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "fsdp/status.h"
+
+namespace fsdp::checkpoint {
+
+// A new file (it must not exist), written sequentially or at offsets. Close() fsyncs.
+class OutFile {
+ public:
+  static absl::StatusOr<OutFile> Create(const std::string& path);
+  OutFile(OutFile&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_) { o.fd_ = -1; }
+  OutFile& operator=(OutFile&&) = delete;
+  ~OutFile();
+
+  absl::Status WriteAt(uint64_t offset, const void* data, size_t n);
+  absl::Status SyncAndClose();
+  const std::string& path() const { return path_; }
+
+ private:
+  OutFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_ = -1;
+};
+
+class InFile {
+ public:
+  static absl::StatusOr<InFile> Open(const std::string& path);
+  InFile(InFile&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_), size_(o.size_) {
+    o.fd_ = -1;
+  }
+  InFile& operator=(InFile&&) = delete;
+  ~InFile();
+
+  uint64_t size() const { return size_; }
+  // Exactly n bytes at offset, or DataLoss naming the file when it ends first.
+  absl::Status ReadAt(uint64_t offset, void* data, size_t n) const;
+  // CRC32C of bytes [offset, offset + n), read in chunks.
+  absl::StatusOr<uint32_t> Crc32cOf(uint64_t offset, uint64_t n) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  InFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// Creates `path`, writes `data`, fsyncs and closes it.
+absl::Status WriteFileDurably(const std::string& path, std::string_view data);
+// The whole file, failing when it is larger than max_bytes.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes);
+absl::Status SyncDirectory(const std::string& path);
+bool PathExists(const std::string& path);
+absl::Status MakeDirectory(const std::string& path);  // parents too
+absl::Status RemoveTree(const std::string& path);
+// rename(2), then fsync of the parent directory.
+absl::Status RenameDurably(const std::string& from, const std::string& to);
+// The directory holding `path` ("." for a bare name), and the last component.
+std::string ParentOf(const std::string& path);
+std::string BaseName(const std::string& path);
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,200 @@
+// ExportSafetensors / ImportSafetensors over a sharding runtime. Export gathers one unit at a
+// time (only the shard group of replicate index 0 gathers; rank 0 writes at each tensor's
+// offset, converting to the file's dtype). Import has every rank read the header and then
+// only the bytes of the tensor pieces in its own shards.
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fsdp/checkpoint.h"
+#include "src/checkpoint/file_io.h"
+#include "src/checkpoint/rank_sync.h"
+#include "src/checkpoint/safetensors_format.h"
+#include "src/checkpoint/shard_plan.h"
+
+namespace fsdp {
+namespace checkpoint {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+// `n` floats as `dtype` bytes.
+std::string Encode(const float* x, int64_t n, DType dtype) {
+  std::string out(static_cast<size_t>(n) * DTypeSize(dtype), '\0');
+  if (dtype == DType::kF32) {
+    std::memcpy(out.data(), x, out.size());
+    return out;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(x[i]) : FloatToF16(x[i]);
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+  return out;
+}
+
+void Decode(const char* bytes, int64_t n, DType dtype, float* out) {
+  if (dtype == DType::kF32) {
+    std::memcpy(out, bytes, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, 2);
+    out[i] = dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+  }
+}
+
+// Rank 0 of an export: the file being written.
+struct ExportFile {
+  std::string tmp;
+  std::optional<OutFile> file;
+  uint64_t data_start = 0;
+};
+
+absl::StatusOr<SafetensorsHeader> ReadHeader(const InFile& f) {
+  char prefix[8] = {};
+  if (f.size() >= 8) FSDP_RETURN_IF_ERROR(f.ReadAt(0, prefix, 8));
+  FSDP_ASSIGN_OR_RETURN(uint64_t n, ParseSafetensorsLength(std::string_view(prefix, 8), f.size()));
+  std::string header(n, '\0');
+  FSDP_RETURN_IF_ERROR(f.ReadAt(8, header.data(), n));
+  return ParseSafetensorsHeader(header, f.size());
+}
+
+// Reads this rank's shard of every unit from the file (the staging buffers, padding zero).
+absl::StatusOr<std::vector<std::vector<float>>> StageImport(
+    ShardingRuntime& rt, const std::string& path, const SafetensorsImportOptions& options) {
+  FSDP_ASSIGN_OR_RETURN(InFile f, InFile::Open(path));
+  absl::StatusOr<SafetensorsHeader> header = ReadHeader(f);
+  if (!header.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", std::string(header.status().message())));
+  }
+  std::unordered_map<std::string, const SafetensorsTensor*> by_name;
+  for (const SafetensorsTensor& t : header->tensors) by_name[t.name] = &t;
+  size_t matched = 0;
+  const int k = rt.shard_group().rank();
+  std::vector<std::vector<float>> staged(rt.num_units());
+  std::string bytes;
+  for (int u = 0; u < rt.num_units(); ++u) {
+    const std::vector<TensorSlot>& slots = rt.unit_tensors(u);
+    for (const TensorSlot& t : slots) {
+      auto it = by_name.find(t.name);
+      if (it == by_name.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(path, ": tensor '", t.name, "' of this model is not in the file"));
+      }
+      if (it->second->shape != t.shape) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(path, ": tensor '", t.name, "' has shape ", ShapeString(it->second->shape),
+                         " in the file but ", ShapeString(t.shape), " in this model"));
+      }
+      ++matched;
+    }
+    const int64_t sn = rt.unit_shard_numel(u);
+    staged[u].assign(sn, 0.0f);
+    for (const SlotPiece& p : ShardSlotPieces(slots, sn, k)) {
+      const SafetensorsTensor& t = *by_name.at(slots[p.slot].name);
+      const size_t es = DTypeSize(t.dtype);
+      const int64_t n = p.tensor_end - p.tensor_begin;
+      bytes.resize(static_cast<size_t>(n) * es);
+      FSDP_RETURN_IF_ERROR(
+          f.ReadAt(header->data_start + t.begin + p.tensor_begin * es, bytes.data(), bytes.size()));
+      Decode(bytes.data(), n, t.dtype, staged[u].data() + p.shard_offset);
+    }
+  }
+  if (matched != header->tensors.size() && !options.ignore_extra_tensors) {
+    for (const SafetensorsTensor& t : header->tensors) {
+      bool found = false;
+      for (int u = 0; u < rt.num_units() && !found; ++u) {
+        for (const TensorSlot& s : rt.unit_tensors(u)) found |= s.name == t.name;
+      }
+      if (!found) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path, ": the file holds tensor '", t.name,
+            "' that this model does not have (SafetensorsImportOptions::ignore_extra_tensors)"));
+      }
+    }
+  }
+  return staged;
+}
+
+}  // namespace
+}  // namespace checkpoint
+
+absl::Status ExportSafetensors(ShardingRuntime& rt, const std::string& path,
+                               const SafetensorsExportOptions& options) {
+  using namespace checkpoint;  // NOLINT: this file's own helpers
+  Communicator& world = rt.world();
+  const bool root = world.rank() == 0;
+  std::vector<SafetensorsTensor> tensors;
+  for (int u = 0; u < rt.num_units(); ++u) {
+    for (const TensorSlot& t : rt.unit_tensors(u)) {
+      tensors.push_back({t.name, options.dtype, t.shape, t.numel, 0, 0});
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> meta(options.metadata.begin(),
+                                                        options.metadata.end());
+  if (!options.metadata.count("format")) meta.emplace_back("format", "pt");
+  const std::string header = BuildSafetensorsHeader(tensors, meta);
+
+  absl::Status local;
+  ExportFile out;
+  if (root) {
+    out.tmp = absl::StrCat(path, ".tmp-", ::getpid());
+    RemoveTree(out.tmp).IgnoreError();
+    auto f = OutFile::Create(out.tmp);
+    local = f.status();
+    if (f.ok()) {
+      out.file.emplace(std::move(*f));
+      local = out.file->WriteAt(0, header.data(), header.size());
+    }
+    out.data_start = header.size();
+  }
+  // Gather unit by unit in the shard group of replicate index 0; rank 0 writes.
+  if (rt.replicate_group().rank() == 0) {
+    size_t next = 0;
+    for (int u = 0; u < rt.num_units(); ++u) {
+      std::vector<float> whole(rt.unit_numel(u));
+      absl::Status g = rt.GatherUnit(u, whole.data());
+      if (!g.ok()) {
+        if (local.ok()) local = g;
+        break;  // the group has failed: later gathers would fail too
+      }
+      for (const TensorSlot& t : rt.unit_tensors(u)) {
+        const SafetensorsTensor& st = tensors[next++];
+        if (!root || !local.ok()) continue;
+        const std::string bytes = Encode(whole.data() + t.offset, t.numel, options.dtype);
+        local = out.file->WriteAt(out.data_start + st.begin, bytes.data(), bytes.size());
+      }
+    }
+  }
+  if (root && local.ok()) local = out.file->SyncAndClose();
+  absl::Status agreed = AgreeOnStatus(world, local);
+  if (root && agreed.ok()) local = RenameDurably(out.tmp, path);
+  if (root && (!agreed.ok() || !local.ok())) {
+    out.file.reset();
+    RemoveTree(out.tmp).IgnoreError();
+  }
+  FSDP_RETURN_IF_ERROR(agreed);
+  return AgreeOnStatus(world, local);
+}
+
+absl::Status ImportSafetensors(ShardingRuntime& rt, const std::string& path,
+                               const SafetensorsImportOptions& options) {
+  using namespace checkpoint;  // NOLINT
+  auto staged = StageImport(rt, path, options);
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), staged.status()));
+  absl::Status local;
+  for (int u = 0; u < rt.num_units() && local.ok(); ++u) {
+    local = rt.backend()->CopyFromHost(rt.mutable_param_shard(u), (*staged)[u].data(),
+                                       (*staged)[u].size() * sizeof(float));
+  }
+  return AgreeOnStatus(rt.world(), local);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,301 @@
+// LoadCheckpoint (with resharding) and LatestCheckpoint. Each rank checks the COMMIT marker
+// and metadata.json, matches the checkpoint's tensors with the runtime's, works out which
+// byte ranges of which shard files cover its new shards, verifies those files' checksums,
+// reads the ranges into host staging buffers, and only after every rank has succeeded copies
+// them into the live shards.
+#include <algorithm>
+#include <bit>
+#include <filesystem>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/checkpoint.h"
+#include "src/checkpoint/crc32c.h"
+#include "src/checkpoint/file_io.h"
+#include "src/checkpoint/metadata.h"
+#include "src/checkpoint/rank_sync.h"
+#include "src/checkpoint/shard_file.h"
+#include "src/checkpoint/shard_plan.h"
+
+namespace fsdp {
+namespace checkpoint {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
+
+constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
+
+struct Read {
+  uint64_t offset = 0;
+  size_t bytes = 0;
+  void* dest = nullptr;
+};
+
+// Everything a rank loads, staged on the host before anything live is touched.
+struct Staged {
+  CheckpointMetadata meta;
+  std::vector<std::vector<float>> params;               // per unit, a whole new shard
+  std::vector<std::vector<std::vector<float>>> states;  // per unit, per runtime state
+  std::string rank_state;
+  bool rank_state_restored = false;
+};
+
+absl::StatusOr<CheckpointMetadata> ReadMetadata(const std::string& dir) {
+  const std::string commit_path = absl::StrCat(dir, "/", kCommitFile);
+  if (!PathExists(dir)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no such checkpoint directory"));
+  }
+  if (!PathExists(commit_path)) {
+    return absl::DataLossError(
+        absl::StrCat(commit_path,
+                     ": missing: the checkpoint is incomplete (a save that did not finish) "
+                     "or not a libfsdp checkpoint"));
+  }
+  FSDP_ASSIGN_OR_RETURN(std::string commit_text, ReadWholeFile(commit_path, 4096));
+  absl::StatusOr<CommitRecord> commit = DecodeCommit(commit_text);
+  if (!commit.ok()) {
+    return absl::DataLossError(absl::StrCat(dir, "/", std::string(commit.status().message())));
+  }
+  const std::string meta_path = absl::StrCat(dir, "/", kMetadataFile);
+  FSDP_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(meta_path, kMaxMetadataBytes));
+  if (text.size() != commit->metadata_bytes || Crc32c(text) != commit->metadata_crc32c) {
+    return absl::DataLossError(absl::StrCat(
+        meta_path, ": checksum mismatch: ", text.size(), " bytes with CRC32C ",
+        CrcHex(Crc32c(text)), ", but the COMMIT marker records ", commit->metadata_bytes,
+        " bytes with ", CrcHex(commit->metadata_crc32c), " (corrupted or replaced)"));
+  }
+  absl::StatusOr<CheckpointMetadata> meta = ParseMetadata(text);
+  if (!meta.ok()) {
+    return absl::DataLossError(absl::StrCat(dir, "/", std::string(meta.status().message())));
+  }
+  return meta;
+}
+
+// The checkpoint must hold exactly the runtime's tensors, with the same shapes. Returns, per
+// unit and slot, the index of the tensor in the metadata.
+absl::StatusOr<std::vector<std::vector<int>>> MatchTensors(ShardingRuntime& rt,
+                                                           const CheckpointMetadata& m,
+                                                           const std::string& dir) {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < m.tensors.size(); ++i) index[m.tensors[i].name] = static_cast<int>(i);
+  std::vector<std::vector<int>> out(rt.num_units());
+  std::vector<bool> used(m.tensors.size(), false);
+  const std::string other = absl::StrCat(dir, " holds another model: ");
+  for (int u = 0; u < rt.num_units(); ++u) {
+    for (const TensorSlot& t : rt.unit_tensors(u)) {
+      auto it = index.find(t.name);
+      if (it == index.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(other, "tensor '", t.name, "' of this model is not in it"));
+      }
+      const TensorRecord& rec = m.tensors[it->second];
+      if (rec.shape != t.shape) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(other, "tensor '", t.name, "' has shape ", ShapeString(rec.shape),
+                         " in the checkpoint but ", ShapeString(t.shape), " in this model"));
+      }
+      used[it->second] = true;
+      out[u].push_back(it->second);
+    }
+  }
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (!used[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          other, "it holds tensor '", m.tensors[i].name, "' that this model does not have"));
+    }
+  }
+  return out;
+}
+
+// Adds the reads that fill tensor elements [b, e) from `pieces` into dest (element b first).
+void PlanReads(const std::vector<PieceRef>& pieces, int64_t b, int64_t e, float* dest,
+               std::map<int, std::vector<Read>>& reads) {
+  auto it = std::upper_bound(pieces.begin(), pieces.end(), b,
+                             [](int64_t x, const PieceRef& p) { return x < p.begin; });
+  if (it != pieces.begin()) --it;
+  for (; it != pieces.end() && it->begin < e; ++it) {
+    const int64_t lo = std::max(b, it->begin), hi = std::min(e, it->end);
+    if (lo >= hi) continue;
+    reads[it->file].push_back({it->offset + static_cast<uint64_t>(lo - it->begin) * 4,
+                               static_cast<size_t>(hi - lo) * 4, dest + (lo - b)});
+  }
+}
+
+// Opens a shard file and verifies it completely against its header and the metadata.
+absl::StatusOr<InFile> OpenVerified(const std::string& dir, const CheckpointMetadata& m, int f,
+                                    ShardHeader* header) {
+  const ShardFileRecord& rec = m.files[f];
+  const std::string path = absl::StrCat(dir, "/", rec.name);
+  FSDP_ASSIGN_OR_RETURN(InFile file, InFile::Open(path));
+  std::string head(std::min<uint64_t>(file.size(), kShardHeaderBytes), '\0');
+  FSDP_RETURN_IF_ERROR(file.ReadAt(0, head.data(), head.size()));
+  FSDP_ASSIGN_OR_RETURN(*header, DecodeShardHeader(head, path));
+  if (header->rank != static_cast<uint32_t>(f) ||
+      header->world_size != static_cast<uint32_t>(m.world_size)) {
+    return absl::DataLossError(absl::StrCat(path, ": the header says rank ", header->rank, " of ",
+                                            header->world_size, ", not a file of this checkpoint"));
+  }
+  if (file.size() != header->file_bytes() || file.size() != rec.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", file.size(), " bytes, but the header says ",
+                                            header->file_bytes(), " and metadata.json ", rec.bytes,
+                                            file.size() < rec.bytes ? " (truncated)" : ""));
+  }
+  FSDP_ASSIGN_OR_RETURN(uint32_t crc,
+                        file.Crc32cOf(kShardHeaderBytes, file.size() - kShardHeaderBytes));
+  if (crc != header->payload_crc32c || crc != rec.crc32c) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch: the data has CRC32C ",
+                                            CrcHex(crc), ", the file header records ",
+                                            CrcHex(header->payload_crc32c), " and metadata.json ",
+                                            CrcHex(rec.crc32c), " (corrupted)"));
+  }
+  return file;
+}
+
+absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
+                             const LoadOptions& options) {
+  Staged st;
+  FSDP_ASSIGN_OR_RETURN(st.meta, ReadMetadata(dir));
+  const CheckpointMetadata& m = st.meta;
+  FSDP_ASSIGN_OR_RETURN(std::vector<std::vector<int>> match, MatchTensors(rt, m, dir));
+  // Runtime state j comes from checkpoint state state_src[j].
+  std::vector<size_t> state_src;
+  if (options.load_optimizer_state) {
+    FSDP_ASSIGN_OR_RETURN(std::vector<std::string> names, RuntimeStateNames(rt));
+    std::vector<std::string> a = names, b = m.state_names;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, ": the checkpoint's optimizer (", m.optimizer, ") has state {",
+                       absl::StrJoin(m.state_names, ", "), "} but this runtime's has {",
+                       absl::StrJoin(names, ", "),
+                       "}; use the same optimizer, or LoadOptions::load_optimizer_state = false"));
+    }
+    for (const std::string& n : names) {
+      state_src.push_back(std::find(m.state_names.begin(), m.state_names.end(), n) -
+                          m.state_names.begin());
+    }
+  }
+  // Every file listed must be there with its size, even those this rank does not read.
+  for (const ShardFileRecord& f : m.files) {
+    const std::string path = absl::StrCat(dir, "/", f.name);
+    absl::StatusOr<InFile> file = InFile::Open(path);
+    if (!file.ok()) {
+      return absl::DataLossError(absl::StrCat(path, ": shard file missing or unreadable (",
+                                              std::string(file.status().message()), ")"));
+    }
+    if (file->size() != f.bytes) {
+      return absl::DataLossError(absl::StrCat(path, ": ", file->size(),
+                                              " bytes, metadata.json says ", f.bytes,
+                                              file->size() < f.bytes ? " (truncated)" : ""));
+    }
+  }
+  // Plan every read into the staging buffers.
+  const int k = rt.shard_group().rank();
+  std::map<int, std::vector<Read>> reads;
+  st.params.resize(rt.num_units());
+  st.states.resize(rt.num_units());
+  for (int u = 0; u < rt.num_units(); ++u) {
+    const int64_t sn = rt.unit_shard_numel(u);
+    st.params[u].assign(sn, 0.0f);
+    st.states[u].assign(state_src.size(), std::vector<float>(sn, 0.0f));
+    for (const SlotPiece& p : ShardSlotPieces(rt.unit_tensors(u), sn, k)) {
+      const TensorRecord& rec = m.tensors[match[u][p.slot]];
+      PlanReads(rec.param, p.tensor_begin, p.tensor_end, st.params[u].data() + p.shard_offset,
+                reads);
+      for (size_t j = 0; j < state_src.size(); ++j) {
+        PlanReads(rec.state[state_src[j]], p.tensor_begin, p.tensor_end,
+                  st.states[u][j].data() + p.shard_offset, reads);
+      }
+    }
+  }
+  const int rank = rt.world().rank();
+  st.rank_state_restored = m.world_size == rt.world().size();
+  if (st.rank_state_restored) reads[rank];  // read (and verify) our own file for the rank state
+  for (auto& [f, list] : reads) {
+    ShardHeader header;
+    FSDP_ASSIGN_OR_RETURN(InFile file, OpenVerified(dir, m, f, &header));
+    for (const Read& r : list) FSDP_RETURN_IF_ERROR(file.ReadAt(r.offset, r.dest, r.bytes));
+    if (f == rank && st.rank_state_restored) {
+      st.rank_state.resize(header.rank_state_bytes);
+      FSDP_RETURN_IF_ERROR(file.ReadAt(kShardHeaderBytes + header.tensor_bytes,
+                                       st.rank_state.data(), st.rank_state.size()));
+    }
+  }
+  return st;
+}
+
+// Copies the staged shards into the runtime; host-to-device copies only.
+absl::Status Apply(ShardingRuntime& rt, const Staged& st, const LoadOptions& options) {
+  Backend* backend = rt.backend();
+  for (int u = 0; u < rt.num_units(); ++u) {
+    const size_t bytes = st.params[u].size() * sizeof(float);
+    FSDP_RETURN_IF_ERROR(
+        backend->CopyFromHost(rt.mutable_param_shard(u), st.params[u].data(), bytes));
+    if (!options.load_optimizer_state) continue;
+    std::vector<OptimizerState> states = rt.optimizer(u).state();
+    for (size_t j = 0; j < states.size(); ++j) {
+      FSDP_RETURN_IF_ERROR(backend->CopyFromHost(states[j].data, st.states[u][j].data(), bytes));
+    }
+    rt.optimizer(u).set_step(st.meta.optimizer_step);
+  }
+  if (options.load_optimizer_state) {
+    rt.set_steps(st.meta.step);
+    rt.set_loss_scale_state({st.meta.loss_scale, static_cast<int>(st.meta.loss_scale_good_steps),
+                             st.meta.skipped_steps});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace checkpoint
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& rt, const std::string& dir,
+                                                const LoadOptions& options) {
+  using namespace checkpoint;  // NOLINT: this file's own helpers
+  absl::StatusOr<Staged> staged = Stage(rt, dir, options);
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), staged.status()));
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), Apply(rt, *staged, options)));
+  LoadedCheckpoint out;
+  const CheckpointMetadata& m = staged->meta;
+  if (m.data_loader)
+    out.state.data = nn::DataLoaderState{m.data_loader->first, m.data_loader->second};
+  out.state.values.insert(m.values.begin(), m.values.end());
+  out.state.rank_state = std::move(staged->rank_state);
+  out.rank_state_restored = staged->rank_state_restored;
+  out.step = rt.steps();
+  out.saved_world_size = m.world_size;
+  out.saved_strategy = m.strategy;
+  return out;
+}
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent) {
+  using namespace checkpoint;  // NOLINT
+  std::error_code ec;
+  std::filesystem::directory_iterator it(parent, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(parent, ": cannot list: ", ec.message()));
+  std::string best;
+  int64_t best_step = -1;
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".tmp-") != std::string::npos || !e.is_directory(ec)) continue;
+    auto text = ReadWholeFile(absl::StrCat(e.path().string(), "/", kCommitFile), 4096);
+    if (!text.ok()) continue;
+    auto commit = DecodeCommit(*text);
+    if (!commit.ok()) continue;
+    const std::string path = e.path().string();
+    if (commit->step > best_step || (commit->step == best_step && path > best)) {
+      best_step = commit->step;
+      best = path;
+    }
+  }
+  if (best.empty()) {
+    return absl::NotFoundError(absl::StrCat(parent, ": no complete checkpoint (none with a valid ",
+                                            kCommitFile, " marker)"));
+  }
+  return best;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,260 @@
+// SaveCheckpoint: every rank writes its shard file into a temporary directory, rank 0 adds
+// metadata.json and the COMMIT marker, then renames the directory into place. Each phase
+// ends with all ranks agreeing on success, so a failure anywhere stops the save everywhere.
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "fsdp/checkpoint.h"
+#include "src/checkpoint/crc32c.h"
+#include "src/checkpoint/file_io.h"
+#include "src/checkpoint/metadata.h"
+#include "src/checkpoint/rank_sync.h"
+#include "src/checkpoint/shard_file.h"
+#include "src/checkpoint/shard_plan.h"
+
+namespace fsdp {
+namespace checkpoint {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
+
+// Only replicate index 0 writes tensor data: the other replicas hold equal copies.
+bool WritesTensors(ShardingRuntime& rt) { return rt.replicate_group().rank() == 0; }
+
+struct FileInfo {
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+// This rank's shard file: per unit, its shard's parameters then each optimizer state (data
+// elements only, no padding), then the rank state.
+absl::StatusOr<FileInfo> WriteShardFile(ShardingRuntime& rt, const std::string& path,
+                                        const std::string& rank_state) {
+  FSDP_ASSIGN_OR_RETURN(OutFile f, OutFile::Create(path));
+  Backend* backend = rt.backend();
+  const int k = rt.shard_group().rank();
+  uint64_t at = kShardHeaderBytes;
+  uint32_t crc = 0;
+  std::vector<float> buf;
+  auto put = [&](const void* device, int64_t n) -> absl::Status {
+    buf.resize(n);
+    FSDP_RETURN_IF_ERROR(backend->CopyToHost(buf.data(), device, n * sizeof(float)));
+    FSDP_RETURN_IF_ERROR(f.WriteAt(at, buf.data(), n * sizeof(float)));
+    crc = Crc32cExtend(crc, buf.data(), n * sizeof(float));
+    at += n * sizeof(float);
+    return absl::OkStatus();
+  };
+  if (WritesTensors(rt)) {
+    for (int u = 0; u < rt.num_units(); ++u) {
+      const int64_t n = ShardDataNumel(rt.unit_numel(u), rt.unit_shard_numel(u), k);
+      if (n == 0) continue;
+      FSDP_RETURN_IF_ERROR(put(rt.param_shard(u), n));
+      for (const OptimizerState& s : rt.optimizer(u).state()) FSDP_RETURN_IF_ERROR(put(s.data, n));
+    }
+  }
+  ShardHeader h;
+  h.rank = static_cast<uint32_t>(rt.world().rank());
+  h.world_size = static_cast<uint32_t>(rt.world().size());
+  h.tensor_bytes = at - kShardHeaderBytes;
+  h.rank_state_bytes = rank_state.size();
+  FSDP_RETURN_IF_ERROR(f.WriteAt(at, rank_state.data(), rank_state.size()));
+  h.payload_crc32c = Crc32cExtend(crc, rank_state.data(), rank_state.size());
+  const std::string header = EncodeShardHeader(h);
+  FSDP_RETURN_IF_ERROR(f.WriteAt(0, header.data(), header.size()));
+  FSDP_RETURN_IF_ERROR(f.SyncAndClose());
+  return FileInfo{h.file_bytes(), h.payload_crc32c};
+}
+
+// The metadata rank 0 writes: the piece layout of every writer's file follows from the
+// units and the shard size alone, so only sizes and checksums had to be gathered.
+absl::StatusOr<CheckpointMetadata> BuildMetadata(ShardingRuntime& rt, const TrainingState& state,
+                                                 const std::vector<uint64_t>& infos) {
+  CheckpointMetadata m;
+  m.world_size = rt.world().size();
+  m.replicate_size = rt.replicate_group().size();
+  m.shard_size = rt.shard_group().size();
+  m.strategy = std::string(StrategyName(rt.strategy()));
+  m.optimizer = dynamic_cast<AdamW*>(&rt.optimizer(0)) != nullptr ? "adamw" : "sgd";
+  m.step = rt.steps();
+  m.optimizer_step = rt.optimizer(0).step();
+  const ShardingRuntime::LossScaleState ls = rt.loss_scale_state();
+  m.loss_scale = ls.scale;
+  m.loss_scale_good_steps = ls.good_steps;
+  m.skipped_steps = ls.skipped_steps;
+  FSDP_ASSIGN_OR_RETURN(m.state_names, RuntimeStateNames(rt));
+  for (int u = 1; u < rt.num_units(); ++u) {
+    if (rt.optimizer(u).step() != m.optimizer_step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the optimizers of units 0 and ", u, " are at different steps (",
+                       m.optimizer_step, " and ", rt.optimizer(u).step(), ")"));
+    }
+  }
+  if (state.data) m.data_loader = std::make_pair(state.data->seed, state.data->step);
+  m.values.assign(state.values.begin(), state.values.end());
+  for (int r = 0; r < m.world_size; ++r) {
+    m.files.push_back(
+        {ShardFileName(r, m.world_size), infos[2 * r], static_cast<uint32_t>(infos[2 * r + 1])});
+  }
+  const int S = m.shard_size;
+  const size_t copies = 1 + m.state_names.size();
+  std::vector<uint64_t> base(S, kShardHeaderBytes);  // next unit's block in writer k's file
+  for (int u = 0; u < rt.num_units(); ++u) {
+    const std::vector<TensorSlot>& slots = rt.unit_tensors(u);
+    const size_t first = m.tensors.size();
+    for (const TensorSlot& t : slots) {
+      m.tensors.push_back(
+          {t.name, t.shape, t.numel, {}, std::vector<std::vector<PieceRef>>(m.state_names.size())});
+    }
+    const int64_t sn = rt.unit_shard_numel(u);
+    for (int k = 0; k < S; ++k) {
+      const uint64_t n = ShardDataNumel(rt.unit_numel(u), sn, k);
+      for (const SlotPiece& p : ShardSlotPieces(slots, sn, k)) {
+        TensorRecord& t = m.tensors[first + p.slot];
+        const uint64_t off = base[k] + p.shard_offset * sizeof(float);
+        t.param.push_back({k, p.tensor_begin, p.tensor_end, off});
+        for (size_t j = 0; j < m.state_names.size(); ++j) {
+          t.state[j].push_back({k, p.tensor_begin, p.tensor_end, off + (j + 1) * n * 4});
+        }
+      }
+      base[k] += copies * n * sizeof(float);
+    }
+  }
+  return m;
+}
+
+// Rank 0, before anything is written: the target must be free (or replaceable), temporary
+// directories of crashed saves are removed, and a new one is made.
+absl::StatusOr<std::string> PrepareTemporary(const std::string& target, bool overwrite) {
+  const std::string parent = ParentOf(target), base = BaseName(target);
+  if (base.empty() || base == "." || base == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", target, "' is not a checkpoint directory name"));
+  }
+  if (PathExists(target) && !overwrite) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(target,
+                     " already exists; save each checkpoint to a new directory (e.g. step-000100) "
+                     "or set SaveOptions::overwrite"));
+  }
+  if (PathExists(target) && !PathExists(absl::StrCat(target, "/", kCommitFile))) {
+    return absl::AlreadyExistsError(absl::StrCat(target, " exists and is not a checkpoint (no ",
+                                                 kCommitFile,
+                                                 " marker): overwrite replaces checkpoints only"));
+  }
+  FSDP_RETURN_IF_ERROR(MakeDirectory(parent));
+  std::error_code ec;
+  const std::string stale = base + ".tmp-";
+  for (const auto& e : std::filesystem::directory_iterator(parent, ec)) {
+    if (e.path().filename().string().rfind(stale, 0) == 0) {
+      FSDP_RETURN_IF_ERROR(RemoveTree(e.path().string()));
+    }
+  }
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const std::string tmp = absl::StrFormat("%s.tmp-%d-%x", target, ::getpid(), now & 0xffffff);
+  FSDP_RETURN_IF_ERROR(MakeDirectory(tmp));
+  return tmp;
+}
+
+// Rank 0: the temporary directory becomes `target`.
+absl::Status Publish(const std::string& tmp, const std::string& target) {
+  if (!PathExists(target)) return RenameDurably(tmp, target);
+  // Not a ".tmp-" name: if we crash between the renames, this is the one complete copy.
+  const std::string old =
+      absl::StrCat(target, ".old-", BaseName(tmp).substr(BaseName(target).size() + 5));
+  FSDP_RETURN_IF_ERROR(RenameDurably(target, old));
+  absl::Status s = RenameDurably(tmp, target);
+  if (!s.ok()) {
+    RenameDurably(old, target).IgnoreError();  // put the previous checkpoint back
+    return s;
+  }
+  return RemoveTree(old);
+}
+
+}  // namespace
+}  // namespace checkpoint
+
+absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const TrainingState& state,
+                            const SaveOptions& options) {
+  using namespace checkpoint;  // NOLINT: this file's own helpers
+  Communicator& world = rt.world();
+  const bool root = world.rank() == 0;
+  std::string target = dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+
+  absl::Status local;
+  std::string tmp;
+  if (root) {
+    auto t = PrepareTemporary(target, options.overwrite);
+    local = t.status();
+    if (t.ok()) tmp = *t;
+  }
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(world, local));
+  FSDP_ASSIGN_OR_RETURN(tmp, BroadcastString(world, tmp, 0, 8192));
+
+  // A fault injected by a test stops the save as a crash would: nothing is cleaned up.
+  bool crashed = false;
+  auto hook = [&](std::string_view point) {
+    if (!options.fault_injection || !local.ok()) return;
+    absl::Status s = options.fault_injection(point);
+    if (!s.ok()) {
+      crashed = true;
+      local = absl::Status(s.code(), absl::StrCat("save interrupted at ", std::string(point), ": ",
+                                                  std::string(s.message())));
+    }
+  };
+  // Ends a phase: on failure anywhere, rank 0 removes the temporary directory (unless a
+  // simulated crash is in progress) and every rank returns the same error.
+  auto end_phase = [&]() -> absl::Status {
+    absl::Status agreed = AgreeOnStatus(world, local);
+    if (agreed.ok()) return agreed;
+    const float mine = crashed ? 1.0f : 0.0f;
+    float any = 0;
+    absl::Status s = world.AllReduce(&mine, &any, 1, DType::kF32, ReduceOp::kMax);
+    if (root && s.ok() && any == 0.0f) RemoveTree(tmp).IgnoreError();
+    return agreed;
+  };
+
+  FileInfo info;
+  {
+    auto written = WriteShardFile(
+        rt, absl::StrCat(tmp, "/", ShardFileName(world.rank(), world.size())), state.rank_state);
+    local = written.status();
+    if (written.ok()) info = *written;
+  }
+  hook("shard_written");
+  FSDP_RETURN_IF_ERROR(end_phase());
+  FSDP_ASSIGN_OR_RETURN(std::vector<uint64_t> infos, AllGatherU64(world, {info.bytes, info.crc}));
+
+  int64_t step = rt.steps();
+  if (root) {
+    auto meta = BuildMetadata(rt, state, infos);
+    local = meta.status();
+    if (local.ok()) {
+      const std::string text = SerializeMetadata(*meta);
+      local = WriteFileDurably(absl::StrCat(tmp, "/", kMetadataFile), text);
+      hook("metadata_written");
+      if (local.ok()) {
+        local = WriteFileDurably(absl::StrCat(tmp, "/", kCommitFile),
+                                 EncodeCommit({step, text.size(), Crc32c(text)}));
+      }
+      if (local.ok()) local = SyncDirectory(tmp);
+      hook("commit_written");
+    }
+  } else {
+    hook("metadata_written");
+    hook("commit_written");
+  }
+  FSDP_RETURN_IF_ERROR(end_phase());
+
+  if (root) local = Publish(tmp, target);
+  return end_phase();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,133 @@
+// Sharded checkpoints with one rank per process, under `mpirun -np 2` and `-np 3` (ctest
+// registers both): save and load on the same world size with exact resume, a corrupted shard
+// as an error on every rank, and safetensors export/import. Rank 0 makes a temporary
+// directory and broadcasts its path. Loading on other world sizes is in the thread tests.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/mpi_world.h"
+#include "src/checkpoint/rank_sync.h"
+#include "src/checkpoint/shard_file.h"
+#include "tests/checkpoint/ckpt_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+Communicator* g_world = nullptr;
+std::string g_dir;  // shared by all ranks, made by rank 0
+
+bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t u = 0; u < a.size(); ++u) {
+    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * 4)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void ExpectExactResume(const CkptRun& run, const std::string& name) {
+  const std::string dir = g_dir + "/" + name;
+  auto full = RunRank(*g_world, run, 12, "", "");
+  ASSERT_TRUE(full.ok()) << full.status();
+  auto first = RunRank(*g_world, run, 6, "", dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  CkptRun resumed = run;
+  resumed.init_seed = 777;
+  auto second = RunRank(*g_world, resumed, 6, dir, "");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->loaded.rank_state_restored);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(second->losses[i], full->losses[6 + i]) << "step " << i;
+  EXPECT_TRUE(BitEqual(second->params, full->params));
+}
+
+TEST(CheckpointMpiTest, FullShardExactResume) { ExpectExactResume(CkptRun{}, "full_shard"); }
+
+TEST(CheckpointMpiTest, NoShardExactResume) {
+  CkptRun run;
+  run.strategy = ShardingStrategy::kNoShard;
+  ExpectExactResume(run, "no_shard");
+}
+
+TEST(CheckpointMpiTest, HybridOneRankPerShardGroupExactResume) {
+  CkptRun run;
+  run.strategy = ShardingStrategy::kHybridShard;
+  run.hybrid_shard = 1;
+  ExpectExactResume(run, "hybrid");
+}
+
+TEST(CheckpointMpiTest, CorruptedShardFailsOnEveryRankAndLoadsNothing) {
+  const std::string dir = g_dir + "/corrupt";
+  ASSERT_TRUE(RunRank(*g_world, CkptRun{}, 2, "", dir).ok());
+  const int last = g_world->size() - 1;
+  const std::string victim =
+      absl::StrCat(dir, "/", checkpoint::ShardFileName(last, g_world->size()));
+  if (g_world->rank() == 0) {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    const char c = static_cast<char>(f.get() ^ 0x10);
+    f.seekp(100);
+    f.put(c);
+  }
+  ASSERT_TRUE(g_world->Barrier().ok());
+  auto backend = *CpuBackend::Create({.num_threads = 1});
+  auto model = MakeModel(*g_world, backend.get(), CkptRun{});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto before = (*model)->GatherModelUnits();
+  absl::Status s = LoadCheckpoint((*model)->runtime(), dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("rank ", last, ": ")), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("checksum mismatch"), absl::string_view::npos) << s;
+  auto after = (*model)->GatherModelUnits();
+  EXPECT_TRUE(BitEqual(*before, *after));
+}
+
+TEST(CheckpointMpiTest, SafetensorsRoundTrip) {
+  const std::string path = g_dir + "/model.safetensors";
+  // Export a model, import into one initialised with another seed.
+  auto backend = *CpuBackend::Create({.num_threads = 1});
+  CkptRun run;
+  auto a = MakeModel(*g_world, backend.get(), run);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(ExportSafetensors((*a)->runtime(), path).ok());
+  run.init_seed = 31;
+  auto b = MakeModel(*g_world, backend.get(), run);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(ImportSafetensors((*b)->runtime(), path).ok());
+  EXPECT_TRUE(BitEqual(*(*a)->GatherModelUnits(), *(*b)->GatherModelUnits()));
+}
+
+}  // namespace
+}  // namespace fsdp::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto world = fsdp::CreateMpiWorld();
+  if (!world.ok()) {
+    std::fprintf(stderr, "checkpoint_mpi_test: %s\n", world.status().ToString().c_str());
+    return 1;
+  }
+  std::string dir;
+  if ((*world)->rank() == 0) {
+    char tmpl[] = "/tmp/fsdp_ckpt_mpi_XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) dir = tmpl;
+  }
+  auto shared = fsdp::checkpoint::BroadcastString(**world, dir, 0, 4096);
+  if (!shared.ok() || shared->empty()) {
+    std::fprintf(stderr, "checkpoint_mpi_test: no shared temporary directory\n");
+    return 1;
+  }
+  fsdp::testing::g_world = world->get();
+  fsdp::testing::g_dir = *shared;
+  const int rc = RUN_ALL_TESTS();
+  (*world)->Barrier().IgnoreError();
+  if ((*world)->rank() == 0) std::filesystem::remove_all(*shared);
+  world->reset();
+  fsdp::ShutdownMpi();
+  return rc;
+}

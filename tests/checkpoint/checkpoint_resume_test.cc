@@ -1,0 +1,205 @@
+// Sharded checkpoints with ranks as threads: exact resume for every strategy (bit for bit at
+// the same world size), resharding to other world sizes, meshes, strategies and wrap
+// policies (parity tolerance), the optimizer and rank state, and LatestCheckpoint.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "tests/checkpoint/ckpt_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+constexpr double kTol = 1e-5;  // the parity tests' tolerance
+
+std::string FreshDir(const std::string& name) {
+  const std::string d = absl::StrCat(::testing::TempDir(), "/fsdp_ckpt_", getpid(), "_", name);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+struct ResumeCase {
+  const char* name;
+  ShardingStrategy strategy;
+  int world;
+  int hybrid_shard = 0;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+};
+
+class ExactResumeTest : public ::testing::TestWithParam<ResumeCase> {};
+
+// 10 steps, save, a fresh model (another init seed) loads, 10 more: the same losses and
+// parameters as 20 uninterrupted steps, bit for bit.
+TEST_P(ExactResumeTest, TenPlusTenEqualsTwentyBitForBit) {
+  const ResumeCase c = GetParam();
+  CkptRun run;
+  run.strategy = c.strategy;
+  run.hybrid_shard = c.hybrid_shard;
+  run.optimizer = c.optimizer;
+  const std::string dir = FreshDir(c.name);
+  auto full = RunThreads(c.world, run, 20, "", "");
+  ASSERT_TRUE(full.ok()) << full.status();
+  auto first = RunThreads(c.world, run, 10, "", dir + "/step-10");
+  ASSERT_TRUE(first.ok()) << first.status();
+  CkptRun resumed = run;
+  resumed.init_seed = 4242;  // everything must come from the checkpoint
+  auto second = RunThreads(c.world, resumed, 10, dir + "/step-10", "");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->loaded.step, 10);
+  EXPECT_TRUE(second->loaded.rank_state_restored);
+  EXPECT_EQ(second->loaded.state.values.at("note"), "ckpt test");
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(first->losses[i], full->losses[i]) << "step " << i;
+    EXPECT_EQ(second->losses[i], full->losses[10 + i]) << "step " << 10 + i;
+  }
+  ASSERT_EQ(second->params.size(), full->params.size());
+  for (size_t u = 0; u < full->params.size(); ++u) {
+    EXPECT_TRUE(BitEqual(second->params[u], full->params[u])) << "unit " << u;
+  }
+  if (c.optimizer == OptimizerKind::kAdamW) {  // SGD at this learning rate barely moves
+    EXPECT_LT(full->losses.back(), full->losses.front() - 0.3) << "training did not progress";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ExactResumeTest,
+    ::testing::Values(ResumeCase{"FULL_SHARD_N2", ShardingStrategy::kFullShard, 2},
+                      ResumeCase{"FULL_SHARD_N3", ShardingStrategy::kFullShard, 3},
+                      ResumeCase{"SHARD_GRAD_OP_N2", ShardingStrategy::kShardGradOp, 2},
+                      ResumeCase{"NO_SHARD_N2", ShardingStrategy::kNoShard, 2},
+                      ResumeCase{"HYBRID_SHARD_N4_S2", ShardingStrategy::kHybridShard, 4, 2},
+                      ResumeCase{"HYBRID_SHARD_GRAD_OP_N4_S2", ShardingStrategy::kHybridShardGradOp,
+                                 4, 2},
+                      ResumeCase{"FULL_SHARD_N2_SGD_momentum", ShardingStrategy::kFullShard, 2, 0,
+                                 OptimizerKind::kSgd}),
+    [](const ::testing::TestParamInfo<ResumeCase>& i) { return std::string(i.param.name); });
+
+// A layout: world size, strategy, mesh and wrap policy. The global batch is 12 rows on
+// every layout, so the losses are comparable across world sizes.
+struct Layout {
+  const char* name;
+  int world;
+  ShardingStrategy strategy;
+  int hybrid_shard = 0;
+  bool one_unit = false;  // every block in the root unit instead of one unit per block
+};
+
+CkptRun RunFor(const Layout& l) {
+  CkptRun r;
+  r.strategy = l.strategy;
+  r.hybrid_shard = l.hybrid_shard;
+  r.batch_size = 12 / l.world;
+  if (l.one_unit) r.wrap.kind = nn::WrapPolicy::Kind::kExplicit;
+  return r;
+}
+
+const Layout kFull2{"FULL_SHARD_N2", 2, ShardingStrategy::kFullShard};
+const Layout kFull3{"FULL_SHARD_N3", 3, ShardingStrategy::kFullShard};
+const Layout kHybrid4{"HYBRID_SHARD_N4_S2", 4, ShardingStrategy::kHybridShard, 2};
+const Layout kNoShard1{"NO_SHARD_N1", 1, ShardingStrategy::kNoShard};
+const Layout kGradOp3OneUnit{"SHARD_GRAD_OP_N3_one_unit", 3, ShardingStrategy::kShardGradOp, 0,
+                             true};
+
+struct ReshardCase {
+  Layout save, load;
+};
+
+class ReshardTest : public ::testing::TestWithParam<ReshardCase> {};
+
+// Saved on one layout after 10 steps, loaded on another, 10 more: the losses and parameters
+// of 20 uninterrupted steps on the saving layout, to the parity tolerance.
+TEST_P(ReshardTest, ResumesOnAnotherLayout) {
+  const ReshardCase c = GetParam();
+  const std::string dir = FreshDir(absl::StrCat(c.save.name, "_to_", c.load.name));
+  auto full = RunThreads(c.save.world, RunFor(c.save), 20, "", "");
+  ASSERT_TRUE(full.ok()) << full.status();
+  auto first = RunThreads(c.save.world, RunFor(c.save), 10, "", dir + "/ckpt");
+  ASSERT_TRUE(first.ok()) << first.status();
+  CkptRun load = RunFor(c.load);
+  load.init_seed = 99;
+  auto second = RunThreads(c.load.world, load, 10, dir + "/ckpt", "");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->loaded.saved_world_size, c.save.world);
+  EXPECT_EQ(second->loaded.rank_state_restored, c.save.world == c.load.world);
+  for (int i = 0; i < 10; ++i) {
+    const float want = full->losses[10 + i];
+    EXPECT_NEAR(second->losses[i], want, kTol * want) << "step " << 10 + i;
+  }
+  ASSERT_EQ(second->params.size(), full->params.size());
+  for (size_t u = 0; u < full->params.size(); ++u) {
+    EXPECT_LT(NormRelDiff(second->params[u], full->params[u]), kTol) << "unit " << u;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ReshardTest,
+    ::testing::Values(ReshardCase{kFull2, kFull3}, ReshardCase{kFull2, kHybrid4},
+                      ReshardCase{kFull2, kNoShard1}, ReshardCase{kFull3, kFull2},
+                      ReshardCase{kHybrid4, kFull2}, ReshardCase{kNoShard1, kFull2},
+                      ReshardCase{kFull2, kGradOp3OneUnit}, ReshardCase{kGradOp3OneUnit, kHybrid4}),
+    [](const ::testing::TestParamInfo<ReshardCase>& i) {
+      return absl::StrCat(i.param.save.name, "_to_", i.param.load.name);
+    });
+
+TEST(CheckpointApiTest, LatestCheckpointPicksTheHighestCompleteStep) {
+  const std::string dir = FreshDir("latest");
+  CkptRun run;
+  ASSERT_TRUE(RunThreads(2, run, 2, "", dir + "/b-early").ok());
+  ASSERT_TRUE(RunThreads(2, run, 3, "", dir + "/a-late").ok());
+  std::filesystem::create_directories(dir + "/zz-not-a-checkpoint");
+  auto latest = LatestCheckpoint(dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, dir + "/a-late");
+  EXPECT_EQ(LatestCheckpoint(dir + "/zz-not-a-checkpoint").status().code(),
+            absl::StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CheckpointApiTest, ExistingDirectoryNeedsOverwriteAndOptimizerMustMatch) {
+  const std::string dir = FreshDir("api");
+  CkptRun run;
+  ASSERT_TRUE(RunThreads(2, run, 2, "", dir + "/c").ok());
+  auto again = RunThreads(2, run, 2, "", dir + "/c");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  // overwrite replaces it; a non-checkpoint directory is never replaced.
+  absl::Status s = LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), run));
+    SaveOptions o;
+    o.overwrite = true;
+    FSDP_RETURN_IF_ERROR(SaveCheckpoint(model->runtime(), dir + "/c", {}, o));
+    FSDP_ASSIGN_OR_RETURN(LoadedCheckpoint l, LoadCheckpoint(model->runtime(), dir + "/c"));
+    if (l.step != 0) return absl::InternalError("overwrite kept the old checkpoint");
+    std::filesystem::create_directories(dir + "/plain");
+    absl::Status refused = SaveCheckpoint(model->runtime(), dir + "/plain", {}, o);
+    if (refused.code() != absl::StatusCode::kAlreadyExists) {
+      return absl::InternalError(absl::StrCat("plain directory: ", refused.ToString()));
+    }
+    // An SGD runtime cannot take AdamW state, but can take the parameters alone.
+    CkptRun sgd = run;
+    sgd.optimizer = OptimizerKind::kSgd;
+    FSDP_ASSIGN_OR_RETURN(auto other, MakeModel(comm, backend.get(), sgd));
+    absl::Status mismatch = LoadCheckpoint(other->runtime(), dir + "/c").status();
+    if (mismatch.code() != absl::StatusCode::kFailedPrecondition ||
+        mismatch.message().find("exp_avg") == absl::string_view::npos) {
+      return absl::InternalError(absl::StrCat("optimizer mismatch: ", mismatch.ToString()));
+    }
+    LoadOptions params_only;
+    params_only.load_optimizer_state = false;
+    return LoadCheckpoint(other->runtime(), dir + "/c", params_only).status();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fsdp::testing

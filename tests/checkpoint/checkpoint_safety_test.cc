@@ -1,0 +1,245 @@
+// What must never go wrong with sharded checkpoints, ranks as threads: a flipped byte, a
+// truncated or missing shard, metadata of another model, a missing COMMIT marker are each an
+// error naming the file, nothing is loaded on any rank, and the older checkpoint next to it
+// still loads; a save that crashes at any point leaves no visible checkpoint and the previous
+// one intact.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/checkpoint/ckpt_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t u = 0; u < a.size(); ++u) {
+    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * 4) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void FlipByte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+// On 2 ranks: a model is trained 1 step, loading `dir` is attempted, and the parameters and
+// step afterwards must be exactly those before on every rank. Returns rank 0's status (all
+// ranks must return the same).
+absl::Status AttemptLoad(const std::string& dir) {
+  std::vector<absl::Status> got(2);
+  absl::Status run = LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), CkptRun{}));
+    nn::Batch b = RankBatch(TrainSpec{}, comm.rank(), 2, 0, 0);
+    FSDP_RETURN_IF_ERROR(model->ForwardBackward(b.inputs.data(), b.targets.data()).status());
+    FSDP_RETURN_IF_ERROR(model->Step(1e-3f).status());
+    FSDP_ASSIGN_OR_RETURN(auto before, model->GatherModelUnits());
+    got[comm.rank()] = LoadCheckpoint(model->runtime(), dir).status();
+    FSDP_ASSIGN_OR_RETURN(auto after, model->GatherModelUnits());
+    const bool same = BitEqual(before, after) && model->runtime().steps() == 1;
+    if (!got[comm.rank()].ok() && !same)
+      return absl::InternalError("a failed load changed the model");
+    return absl::OkStatus();
+  });
+  if (!run.ok()) return absl::InternalError(absl::StrCat("harness: ", run.ToString()));
+  if (got[0] != got[1]) {
+    return absl::InternalError(
+        absl::StrCat("ranks disagree: ", got[0].ToString(), " vs ", got[1].ToString()));
+  }
+  return got[0];
+}
+
+class CorruptionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    parent_ = absl::StrCat(::testing::TempDir(), "/fsdp_ckpt_corrupt_", getpid());
+    fs::remove_all(parent_);
+    fs::create_directories(parent_);
+    auto older = RunThreads(2, CkptRun{}, 3, "", parent_ + "/step-3");
+    ASSERT_TRUE(older.ok()) << older.status();
+    older_params_ = older->params;
+    ASSERT_TRUE(RunThreads(2, CkptRun{}, 6, "", parent_ + "/step-6").ok());
+    CkptRun narrow;
+    narrow.config = "nano-narrow";
+    ASSERT_TRUE(RunThreads(2, narrow, 1, "", parent_ + "/narrow").ok());
+  }
+  static void TearDownTestSuite() { fs::remove_all(parent_); }
+
+  // A copy of the newer checkpoint to damage.
+  std::string Copy(const std::string& name) {
+    const std::string d = parent_ + "/" + name;
+    fs::copy(parent_ + "/step-6", d, fs::copy_options::recursive);
+    return d;
+  }
+
+  // After every failure, the older checkpoint in the same parent loads and is intact.
+  void ExpectOlderLoads() {
+    auto r = RunThreads(2, CkptRun{}, 0, parent_ + "/step-3", "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(BitEqual(r->params, older_params_));
+  }
+
+  static std::string parent_;
+  static std::vector<std::vector<float>> older_params_;
+};
+std::string CorruptionTest::parent_;
+std::vector<std::vector<float>> CorruptionTest::older_params_;
+
+TEST_F(CorruptionTest, IntactCheckpointLoads) { EXPECT_TRUE(AttemptLoad(Copy("intact")).ok()); }
+
+TEST_F(CorruptionTest, FlippedByteInAShardIsAChecksumError) {
+  // Only rank 1 reads shard 1: rank 0 must still load nothing.
+  const std::string d = Copy("flipped");
+  FlipByte(d + "/shard-00001-of-00002.bin", 1000);
+  absl::Status s = AttemptLoad(d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard-00001-of-00002.bin: checksum mismatch"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, FlippedByteInAShardHeader) {
+  const std::string d = Copy("flipped_header");
+  FlipByte(d + "/shard-00000-of-00002.bin", 20);
+  absl::Status s = AttemptLoad(d);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("shard-00000-of-00002.bin: shard header checksum"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, TruncatedShard) {
+  const std::string d = Copy("truncated");
+  const std::string f = d + "/shard-00000-of-00002.bin";
+  fs::resize_file(f, fs::file_size(f) - 100);
+  absl::Status s = AttemptLoad(d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard-00000-of-00002.bin"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("truncated"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, MissingShard) {
+  const std::string d = Copy("missing");
+  fs::remove(d + "/shard-00001-of-00002.bin");
+  absl::Status s = AttemptLoad(d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard-00001-of-00002.bin: shard file missing"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, MissingCommitMarkerMeansIncomplete) {
+  const std::string d = Copy("no_commit");
+  fs::remove(d + "/COMMIT");
+  absl::Status s = AttemptLoad(d);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("COMMIT: missing: the checkpoint is incomplete"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, MetadataFromAnotherModelFailsItsChecksum) {
+  const std::string d = Copy("other_metadata");
+  fs::copy_file(parent_ + "/narrow/metadata.json", d + "/metadata.json",
+                fs::copy_options::overwrite_existing);
+  absl::Status s = AttemptLoad(d);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("metadata.json: checksum mismatch"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, MetadataAndCommitFromAnotherModelNameTheTensor) {
+  const std::string d = Copy("other_model");
+  for (const char* f : {"metadata.json", "COMMIT"}) {
+    fs::copy_file(parent_ + "/narrow/" + f, d + "/" + f, fs::copy_options::overwrite_existing);
+  }
+  absl::Status s = AttemptLoad(d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("holds another model: tensor 'transformer.wte.weight' has shape "
+                        "[256, 32] in the checkpoint but [256, 64] in this model"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, FlippedByteInMetadata) {
+  const std::string d = Copy("flipped_metadata");
+  FlipByte(d + "/metadata.json", 30);
+  absl::Status s = AttemptLoad(d);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("metadata.json: checksum mismatch"));
+  ExpectOlderLoads();
+}
+
+TEST_F(CorruptionTest, NoSuchDirectory) {
+  EXPECT_EQ(AttemptLoad(parent_ + "/nope").code(), absl::StatusCode::kNotFound);
+}
+
+// A save that "crashes" (the fault hook stops it) at each point, on every rank or on rank 1
+// only: no checkpoint becomes visible, the previous one stays intact, the next save works.
+class CrashTest : public ::testing::TestWithParam<std::pair<const char*, bool>> {};
+
+TEST_P(CrashTest, CrashDuringSaveLeavesNoHalfCheckpoint) {
+  const auto [point, only_rank1] = GetParam();
+  const std::string parent = absl::StrCat(::testing::TempDir(), "/fsdp_ckpt_crash_", getpid(), "_",
+                                          point, only_rank1 ? "_r1" : "");
+  fs::remove_all(parent);
+  auto prev = RunThreads(2, CkptRun{}, 2, "", parent + "/step-2");
+  ASSERT_TRUE(prev.ok()) << prev.status();
+  absl::Status s = LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), CkptRun{}));
+    SaveOptions o;
+    o.fault_injection = [&, point = std::string(point), only = only_rank1](std::string_view at) {
+      if (at == point && (!only || comm.rank() == 1)) return absl::AbortedError("simulated crash");
+      return absl::OkStatus();
+    };
+    absl::Status crashed = SaveCheckpoint(model->runtime(), parent + "/step-4", {}, o);
+    if (crashed.ok()) return absl::InternalError("the save did not fail");
+    if (crashed.message().find("save interrupted at") == absl::string_view::npos) return crashed;
+    // The same for a save that replaces the previous checkpoint.
+    o.overwrite = true;
+    crashed = SaveCheckpoint(model->runtime(), parent + "/step-2", {}, o);
+    if (crashed.ok()) return absl::InternalError("the overwriting save did not fail");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(fs::exists(parent + "/step-4"));
+  auto latest = LatestCheckpoint(parent);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, parent + "/step-2");
+  auto reload = RunThreads(2, CkptRun{}, 0, parent + "/step-2", "");
+  ASSERT_TRUE(reload.ok()) << reload.status();
+  EXPECT_TRUE(BitEqual(reload->params, prev->params));
+  // The next save of the same name succeeds and cleans up what the crash left.
+  ASSERT_TRUE(RunThreads(2, CkptRun{}, 4, "", parent + "/step-4").ok());
+  for (const auto& e : fs::directory_iterator(parent)) {
+    EXPECT_EQ(e.path().filename().string().find("step-4.tmp-"), std::string::npos) << e.path();
+  }
+  EXPECT_EQ(*LatestCheckpoint(parent), parent + "/step-4");
+  fs::remove_all(parent);
+}
+
+INSTANTIATE_TEST_SUITE_P(Points, CrashTest,
+                         ::testing::Values(std::make_pair("shard_written", false),
+                                           std::make_pair("shard_written", true),
+                                           std::make_pair("metadata_written", false),
+                                           std::make_pair("metadata_written", true),
+                                           std::make_pair("commit_written", false)),
+                         [](const ::testing::TestParamInfo<std::pair<const char*, bool>>& i) {
+                           return absl::StrCat(i.param.first,
+                                               i.param.second ? "_rank1_only" : "_all_ranks");
+                         });
+
+}  // namespace
+}  // namespace fsdp::testing

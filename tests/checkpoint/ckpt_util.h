@@ -1,0 +1,126 @@
+// Shared by the checkpoint tests (threads and mpirun): one rank's training run of the nano
+// GPT that can start from a checkpoint and end with one, with a data loader, a warmup-cosine
+// schedule and a per-rank state, so resumption has everything to restore.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fsdp/checkpoint.h"
+#include "fsdp/communicator.h"
+#include "fsdp/local_world.h"
+#include "fsdp/nn/data.h"
+#include "fsdp/nn/sharded_gpt.h"
+#include "tests/fsdp/parity_util.h"
+
+namespace fsdp::testing {
+
+struct CkptRun {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  int hybrid_shard = 0;
+  int batch_size = 2;  // per rank: keep world * batch_size fixed to compare world sizes
+  int seq_len = 32;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  nn::WrapPolicy wrap;
+  std::string config = "nano";  // or "nano-narrow"
+  uint64_t init_seed = 1337;
+};
+
+struct CkptResult {
+  std::vector<float> losses;               // mean over ranks, per step run here
+  std::vector<std::vector<float>> params;  // model units after the run
+  LoadedCheckpoint loaded;                 // what the load returned, when there was one
+};
+
+inline const WarmupCosine& TestSchedule() {
+  static const WarmupCosine s(3, 20, 2e-3f, 2e-4f);
+  return s;
+}
+
+inline std::string RankState(int rank, int64_t step) {
+  return absl::StrCat("rng-of-rank-", rank, "-at-step-", step);
+}
+
+inline absl::StatusOr<std::unique_ptr<nn::ShardedGpt>> MakeModel(Communicator& comm,
+                                                                 Backend* backend,
+                                                                 const CkptRun& run) {
+  // "nano-narrow": another model with the same tensor names (C = 32).
+  const bool narrow = run.config == "nano-narrow";
+  FSDP_ASSIGN_OR_RETURN(nn::GptConfig config,
+                        nn::GptConfig::FromName(narrow ? "nano" : run.config));
+  if (narrow) config.channels = 32;
+  nn::ShardedGptOptions o;
+  o.sharding.strategy = run.strategy;
+  o.sharding.hybrid_shard_size = run.hybrid_shard;
+  o.sharding.optimizer = run.optimizer;
+  o.sharding.sgd.momentum = 0.9f;
+  o.sharding.max_grad_norm = 0.5f;
+  o.batch_size = run.batch_size;
+  o.seq_len = run.seq_len;
+  o.wrap = run.wrap;
+  o.seed = run.init_seed;
+  return nn::ShardedGpt::Create(config, backend, comm, o);
+}
+
+// Trains `steps` steps on this rank, after loading `load_dir` when given, and saves to
+// `save_dir` at the end when given. The data loader position and the schedule position come
+// from the checkpoint; the rank state is checked against what the saver wrote.
+inline absl::StatusOr<CkptResult> RunRank(Communicator& comm, const CkptRun& run, int steps,
+                                          const std::string& load_dir,
+                                          const std::string& save_dir) {
+  FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+  backend->BindCurrentThread();
+  FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), run));
+  nn::DataLoaderOptions lo;
+  lo.batch_size = run.batch_size;
+  lo.seq_len = run.seq_len;
+  lo.rank = comm.rank();
+  lo.world_size = comm.size();
+  lo.seed = 7;
+  FSDP_ASSIGN_OR_RETURN(nn::DataLoader loader, nn::DataLoader::Create(&TestCorpus(), lo));
+  CkptResult result;
+  if (!load_dir.empty()) {
+    FSDP_ASSIGN_OR_RETURN(result.loaded, LoadCheckpoint(model->runtime(), load_dir));
+    if (!result.loaded.state.data) return absl::InternalError("no data loader state loaded");
+    FSDP_RETURN_IF_ERROR(loader.Restore(*result.loaded.state.data));
+    if (result.loaded.rank_state_restored &&
+        result.loaded.state.rank_state != RankState(comm.rank(), model->runtime().steps())) {
+      return absl::InternalError(
+          absl::StrCat("rank state not restored: '", result.loaded.state.rank_state, "'"));
+    }
+  }
+  for (int s = 0; s < steps; ++s) {
+    nn::Batch b = loader.Next();
+    FSDP_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(b.inputs.data(), b.targets.data()));
+    FSDP_ASSIGN_OR_RETURN(float mean, model->MeanOverRanks(loss));
+    result.losses.push_back(mean);
+    FSDP_RETURN_IF_ERROR(model->runtime().Step(TestSchedule()).status());
+  }
+  if (!save_dir.empty()) {
+    TrainingState st;
+    st.data = loader.state();
+    st.values["note"] = "ckpt test";
+    st.rank_state = RankState(comm.rank(), model->runtime().steps());
+    FSDP_RETURN_IF_ERROR(SaveCheckpoint(model->runtime(), save_dir, st));
+  }
+  FSDP_ASSIGN_OR_RETURN(result.params, model->GatherModelUnits());
+  return result;
+}
+
+// RunRank on `world` ranks as threads; rank 0's result (losses and params are equal on all).
+inline absl::StatusOr<CkptResult> RunThreads(int world, const CkptRun& run, int steps,
+                                             const std::string& load_dir,
+                                             const std::string& save_dir) {
+  std::vector<CkptResult> results(world);
+  CommOptions co;
+  co.timeout = absl::Seconds(60);
+  FSDP_RETURN_IF_ERROR(LocalWorld::Run(world, co, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(results[comm.rank()], RunRank(comm, run, steps, load_dir, save_dir));
+    return absl::OkStatus();
+  }));
+  return results[0];
+}
+
+}  // namespace fsdp::testing

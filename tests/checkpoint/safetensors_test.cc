@@ -1,0 +1,198 @@
+// Full-model safetensors, ranks as threads: export on 2 ranks, import on 3 (and other
+// layouts) gives identical parameters (f32 bitwise, bf16 to bf16 rounding); the file has the
+// MODEL_SPEC.md names and shapes and follows the public format; mismatches are errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "src/checkpoint/safetensors_format.h"
+#include "tests/checkpoint/ckpt_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Trains 3 steps on `world` ranks and exports; returns the model's units.
+absl::StatusOr<std::vector<std::vector<float>>> TrainAndExport(int world, const CkptRun& run,
+                                                               const std::string& path,
+                                                               DType dtype) {
+  std::vector<std::vector<float>> params;
+  FSDP_RETURN_IF_ERROR(LocalWorld::Run(world, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), run));
+    for (int s = 0; s < 3; ++s) {
+      nn::Batch b = RankBatch(TrainSpec{}, comm.rank(), world, s, 0);
+      FSDP_RETURN_IF_ERROR(model->ForwardBackward(b.inputs.data(), b.targets.data()).status());
+      FSDP_RETURN_IF_ERROR(model->Step(1e-2f).status());
+    }
+    SafetensorsExportOptions o;
+    o.dtype = dtype;
+    o.metadata["producer"] = "libfsdp test";
+    FSDP_RETURN_IF_ERROR(ExportSafetensors(model->runtime(), path, o));
+    FSDP_ASSIGN_OR_RETURN(auto p, model->GatherModelUnits());
+    if (comm.rank() == 0) params = std::move(p);
+    return absl::OkStatus();
+  }));
+  return params;
+}
+
+// A fresh model (another seed) on `world` ranks imports `path`; returns its units.
+absl::StatusOr<std::vector<std::vector<float>>> Import(int world, const CkptRun& run,
+                                                       const std::string& path,
+                                                       SafetensorsImportOptions options = {}) {
+  std::vector<std::vector<float>> params;
+  FSDP_RETURN_IF_ERROR(LocalWorld::Run(world, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    CkptRun fresh = run;
+    fresh.init_seed = 5;
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), fresh));
+    FSDP_RETURN_IF_ERROR(ImportSafetensors(model->runtime(), path, options));
+    FSDP_ASSIGN_OR_RETURN(auto p, model->GatherModelUnits());
+    if (comm.rank() == 0) params = std::move(p);
+    return absl::OkStatus();
+  }));
+  return params;
+}
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/fsdp_st_", getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(SafetensorsTest, F32ExportOnTwoImportOnThreeIsBitwiseIdentical) {
+  const std::string path = dir_ + "/model.safetensors";
+  auto exported = TrainAndExport(2, CkptRun{}, path, DType::kF32);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  CkptRun three;
+  three.strategy = ShardingStrategy::kShardGradOp;
+  auto imported = Import(3, three, path);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  ASSERT_EQ(imported->size(), exported->size());
+  for (size_t u = 0; u < exported->size(); ++u) {
+    ASSERT_EQ((*imported)[u].size(), (*exported)[u].size());
+    EXPECT_EQ(std::memcmp((*imported)[u].data(), (*exported)[u].data(), (*exported)[u].size() * 4),
+              0)
+        << "unit " << u;
+  }
+  // Other layouts: HYBRID 2x2, NO_SHARD on one rank, one unit for the whole model.
+  CkptRun hybrid;
+  hybrid.strategy = ShardingStrategy::kHybridShard;
+  hybrid.hybrid_shard = 2;
+  CkptRun single;
+  single.strategy = ShardingStrategy::kNoShard;
+  single.wrap.kind = nn::WrapPolicy::Kind::kExplicit;
+  for (auto [world, run] : {std::make_pair(4, hybrid), std::make_pair(1, single)}) {
+    auto again = Import(world, run, path);
+    ASSERT_TRUE(again.ok()) << again.status();
+    for (size_t u = 0; u < exported->size(); ++u) {
+      EXPECT_EQ(std::memcmp((*again)[u].data(), (*exported)[u].data(), (*exported)[u].size() * 4),
+                0)
+          << "world " << world << " unit " << u;
+    }
+  }
+}
+
+TEST_F(SafetensorsTest, FileFollowsThePublicFormatWithModelSpecNames) {
+  const std::string path = dir_ + "/model.safetensors";
+  ASSERT_TRUE(TrainAndExport(3, CkptRun{}, path, DType::kF32).ok());
+  const std::string file = ReadAll(path);
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(file[8], '{');
+  auto header = checkpoint::ParseSafetensorsFile(file);
+  ASSERT_TRUE(header.ok()) << header.status();
+  auto config = nn::GptConfig::FromName("nano");
+  const std::vector<nn::ParamSpec> specs = nn::GptParamSpecs(*config);
+  ASSERT_EQ(header->tensors.size(), specs.size());  // lm_head is tied: not stored again
+  for (const nn::ParamSpec& spec : specs) {
+    const checkpoint::SafetensorsTensor* t = header->Find(spec.name);
+    ASSERT_NE(t, nullptr) << spec.name;
+    EXPECT_EQ(t->shape, spec.shape) << spec.name;
+    EXPECT_EQ(t->dtype, DType::kF32);
+  }
+  EXPECT_EQ(header->Find("lm_head.weight"), nullptr);
+  EXPECT_EQ(header->data_start + 4 * config->num_parameters(), file.size());
+  bool producer = false, format = false;
+  for (const auto& [k, v] : header->metadata) {
+    producer |= k == "producer" && v == "libfsdp test";
+    format |= k == "format" && v == "pt";
+  }
+  EXPECT_TRUE(producer && format);
+  // No temporary file is left next to it.
+  for (const auto& e : fs::directory_iterator(dir_)) EXPECT_EQ(e.path(), path);
+}
+
+TEST_F(SafetensorsTest, Bf16RoundTripIsWithinBf16Rounding) {
+  const std::string path = dir_ + "/model-bf16.safetensors";
+  auto exported = TrainAndExport(2, CkptRun{}, path, DType::kBF16);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto config = nn::GptConfig::FromName("nano");
+  EXPECT_LT(fs::file_size(path), 2 * config->num_parameters() + 8192);
+  auto imported = Import(3, CkptRun{}, path);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  for (size_t u = 0; u < exported->size(); ++u) {
+    for (size_t i = 0; i < (*exported)[u].size(); ++i) {
+      const float want = Bf16ToFloat(FloatToBf16((*exported)[u][i]));
+      ASSERT_EQ((*imported)[u][i], want) << "unit " << u << " element " << i;
+    }
+  }
+}
+
+TEST_F(SafetensorsTest, MismatchesAreErrors) {
+  const std::string path = dir_ + "/model.safetensors";
+  ASSERT_TRUE(TrainAndExport(2, CkptRun{}, path, DType::kF32).ok());
+  CkptRun narrow;
+  narrow.config = "nano-narrow";
+  absl::Status s = Import(2, narrow, path).status();
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("tensor 'transformer.wte.weight' has shape [256, 64] in the file but "
+                        "[256, 32] in this model"));
+  // Truncated file: a clear error naming it.
+  const std::string cut = dir_ + "/cut.safetensors";
+  fs::copy_file(path, cut);
+  fs::resize_file(cut, fs::file_size(cut) - 16);
+  s = Import(2, CkptRun{}, cut).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("cut.safetensors: safetensors: the tensors cover"));
+  // A file with an extra tensor: an error unless asked to ignore it.
+  std::vector<checkpoint::SafetensorsTensor> tensors;
+  auto header = checkpoint::ParseSafetensorsFile(ReadAll(path));
+  ASSERT_TRUE(header.ok());
+  tensors = header->tensors;
+  tensors.push_back({"lm_head.weight", DType::kF32, {1}, 1, 0, 0});
+  std::string extra = checkpoint::BuildSafetensorsHeader(tensors, {});
+  const std::string data = ReadAll(path).substr(header->data_start);
+  extra += data + std::string(4, '\0');
+  std::ofstream(dir_ + "/extra.safetensors", std::ios::binary) << extra;
+  s = Import(2, CkptRun{}, dir_ + "/extra.safetensors").status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("holds tensor 'lm_head.weight'"));
+  SafetensorsImportOptions ignore;
+  ignore.ignore_extra_tensors = true;
+  EXPECT_TRUE(Import(2, CkptRun{}, dir_ + "/extra.safetensors", ignore).ok());
+}
+
+}  // namespace
+}  // namespace fsdp::testing
