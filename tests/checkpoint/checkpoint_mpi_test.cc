@@ -1,7 +1,9 @@
 // Sharded checkpoints with one rank per process, under `mpirun -np 2` and `-np 3` (ctest
-// registers both): save and load on the same world size with exact resume, a corrupted shard
-// as an error on every rank, and safetensors export/import. Rank 0 makes a temporary
-// directory and broadcasts its path. Loading on other world sizes is in the thread tests.
+// registers both): save and load on the same world size with exact resume for every strategy
+// (HYBRID with one rank per shard group, the only mesh that 2 and 3 processes allow), a
+// corrupted shard as an error on every rank, and safetensors export/import. Rank 0 makes a
+// temporary directory and broadcasts its path. Loading on other world sizes is in the thread
+// tests.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -47,6 +49,19 @@ void ExpectExactResume(const CkptRun& run, const std::string& name) {
 }
 
 TEST(CheckpointMpiTest, FullShardExactResume) { ExpectExactResume(CkptRun{}, "full_shard"); }
+
+TEST(CheckpointMpiTest, ShardGradOpExactResume) {
+  CkptRun run;
+  run.strategy = ShardingStrategy::kShardGradOp;
+  ExpectExactResume(run, "shard_grad_op");
+}
+
+TEST(CheckpointMpiTest, HybridShardGradOpOneRankPerShardGroupExactResume) {
+  CkptRun run;
+  run.strategy = ShardingStrategy::kHybridShardGradOp;
+  run.hybrid_shard = 1;
+  ExpectExactResume(run, "hybrid_grad_op");
+}
 
 TEST(CheckpointMpiTest, NoShardExactResume) {
   CkptRun run;
