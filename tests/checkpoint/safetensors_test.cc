@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -42,7 +43,20 @@ absl::StatusOr<std::vector<std::vector<float>>> TrainAndExport(int world, const 
     SafetensorsExportOptions o;
     o.dtype = dtype;
     o.metadata["producer"] = "libfsdp test";
-    FSDP_RETURN_IF_ERROR(ExportSafetensors(model->runtime(), path, o));
+    // One gathered unit at a time: the export's device memory peaks at the largest unit.
+    ShardingRuntime& rt = model->runtime();
+    int64_t largest = 0;
+    for (int u = 0; u < rt.num_units(); ++u) {
+      largest = std::max(largest, rt.unit_shard_numel(u) * rt.shard_group().size() * 4);
+    }
+    backend->ResetPeak();
+    const int64_t before = backend->memory_stats().bytes_in_use;
+    FSDP_RETURN_IF_ERROR(ExportSafetensors(rt, path, o));
+    if (backend->memory_stats().peak_bytes - before > largest) {
+      return absl::InternalError(
+          absl::StrCat("export peaked at ", backend->memory_stats().peak_bytes - before,
+                       " bytes, more than the largest unit (", largest, ")"));
+    }
     FSDP_ASSIGN_OR_RETURN(auto p, model->GatherModelUnits());
     if (comm.rank() == 0) params = std::move(p);
     return absl::OkStatus();
