@@ -29,6 +29,7 @@ const Ops& CpuOps() {
       k::embedding_forward, k::embedding_backward, k::residual_forward, k::residual_backward,
       k::cast_f32_to_bf16, k::cast_bf16_to_f32, k::cast_f32_to_f16, k::cast_f16_to_f32,
       k::adamw_update, k::sgd_update, k::sum_squares, k::scale_inplace, k::all_finite,
+      k::matmul_forward_lowp, k::matmul_backward_lowp,
   };
   return ops;
 }

@@ -40,6 +40,9 @@ struct Ops {
   decltype(&kernels::cpu::sum_squares) sum_squares;
   decltype(&kernels::cpu::scale_inplace) scale_inplace;
   decltype(&kernels::cpu::all_finite) all_finite;
+  // Appended: the low-precision Linear (bf16/f16 weights, f32 activations and gradients).
+  decltype(&kernels::cpu::matmul_forward_lowp) matmul_forward_lowp;
+  decltype(&kernels::cpu::matmul_backward_lowp) matmul_backward_lowp;
 };
 
 struct MemoryStats {

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "fsdp/dtype.h"
+
 namespace fsdp::kernels::cpu {
 
 // ---- Linear layer (oneDNN) -----------------------------------------------------------------
@@ -21,6 +23,22 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // dinp[M,K] += dout[M,N] . weight[N,K];  dweight[N,K] += dout^T . inp;  dbias[N] += sum_m dout
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t M, int64_t K, int64_t N);
+// Low-precision Linear (mixed precision compute): `weight` and `bias` hold elements of `dtype`
+// (bf16 or f16 as raw 16-bit values; kF32 simply calls the f32 kernels), activations and
+// gradients stay f32. The f32 operands (inp, dout) are rounded to `dtype` in thread-local
+// scratch, multiplied with f32 accumulation (oneDNN bf16/f16 matmul), and the result is f32;
+// the bias is read as f32 and dbias is the f32 column sum of the unrounded dout. Where oneDNN
+// has no such matmul on this CPU (or FSDP_FORCE_LOWP_FALLBACK=1 is set) the same rounded
+// operands are upcast and run through the f32 GEMM: the same result to f32 rounding, slower.
+// Semantics otherwise as matmul_forward / matmul_backward (forward overwrites, backward +=).
+void matmul_forward_lowp(float* out, const float* inp, const void* weight, const void* bias,
+                         int64_t M, int64_t K, int64_t N, DType dtype);
+void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const void* weight, int64_t M, int64_t K, int64_t N,
+                          DType dtype);
+// Whether the low-precision matmuls of `dtype` run natively in oneDNN on this CPU (true for
+// kF32), as opposed to the upcasting fallback. Reads FSDP_FORCE_LOWP_FALLBACK each call.
+bool matmul_lowp_native(DType dtype);
 // Plain GEMM used by benchmarks and the MFU peak: c[M,N] = a[M,K] . b[K,N] (row-major, f32).
 void sgemm(float* c, const float* a, const float* b, int64_t M, int64_t K, int64_t N);
 

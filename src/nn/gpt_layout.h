@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace fsdp::nn::internal {
@@ -41,6 +42,22 @@ std::array<F*, N> Carve(F* flat, const std::array<TensorDef, N>& defs) {
   int64_t offset = 0;
   for (size_t i = 0; i < N; ++i) {
     out[i] = flat == nullptr ? nullptr : flat + offset;
+    offset += defs[i].numel();
+  }
+  return out;
+}
+
+// The same for parameters in the compute dtype: elements of `elem_bytes` bytes, at the same
+// element offsets as in f32.
+template <size_t N>
+std::array<const void*, N> CarveTyped(const void* flat, size_t elem_bytes,
+                                      const std::array<TensorDef, N>& defs) {
+  std::array<const void*, N> out{};
+  int64_t offset = 0;
+  for (size_t i = 0; i < N; ++i) {
+    out[i] = flat == nullptr ? nullptr
+                             : static_cast<const char*>(flat) +
+                                   offset * static_cast<int64_t>(elem_bytes);
     offset += defs[i].numel();
   }
   return out;

@@ -4,13 +4,27 @@
 // Parameters are grouped into units, the sharding units of the runtime: unit 0 is the root
 // (transformer.wte.weight, transformer.wpe.weight, transformer.ln_f.weight,
 // transformer.ln_f.bias) and unit 1 + i is transformer block i. A unit's parameters are stored
-// as one flat f32 buffer, the concatenation of its tensors in the order of unit_params(u).
-// The model never owns parameters: every stage takes pointers to the flat buffers it needs,
-// so a sharding runtime can point them into gathered buffers (and gradients into its own).
+// as one flat buffer, the concatenation of its tensors in the order of unit_params(u), in the
+// model's compute dtype (GptOptions; f32 by default). Gradients are always f32, in the same
+// layout. The model never owns parameters: every stage takes pointers to the flat buffers it
+// needs, so a sharding runtime can point them into gathered buffers (and gradients into its
+// own).
+//
+// Mixed precision (compute_dtype bf16 or f16): every Linear (c_attn, c_proj, c_fc, the mlp's
+// c_proj and the tied lm_head) multiplies in that dtype with f32 accumulation
+// (matmul_*_lowp); everything else (embeddings, LayerNorm, attention, GELU, softmax) runs in
+// f32 on f32 activations, on upcast copies of the parameters it reads.
+//
+// Activation checkpointing (GptOptions::checkpoint_layers): a checkpointed block keeps only its
+// input after ForwardBlock; its other activations live in one scratch set shared by all
+// checkpointed blocks, so the caller recomputes them with ForwardBlock(i) right before
+// BackwardBlock(i). Recomputation runs the same kernels in the same order: results are
+// bitwise identical to a model without checkpointing.
 //
 // One training step with all units resident (what Gpt::Forward/Backward do):
 //   ForwardEmbed(root) ; ForwardBlock(i, block_i) for i = 0..L-1 ; loss = ForwardHead(root)
-//   BackwardHead(root, droot) ; BackwardBlock(i, ...) for i = L-1..0 ; BackwardEmbed(droot)
+//   BackwardHead(root, droot) ; [ForwardBlock(i) if checkpointed ;] BackwardBlock(i, ...)
+//   for i = L-1..0 ; BackwardEmbed(droot)
 #pragma once
 
 #include <cstdint>
@@ -20,6 +34,7 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/dtype.h"
 #include "fsdp/optim.h"
 #include "fsdp/status.h"
 
@@ -68,16 +83,26 @@ void InitParamSlice(const GptConfig& config, const ParamSpec& spec, uint64_t see
 // Initialises a whole unit's flat buffer in host memory (GptUnitNumel floats).
 void InitUnit(const GptConfig& config, int unit, uint64_t seed, float* flat);
 
+struct GptOptions {
+  // The dtype of the parameter buffers handed to the stages, and of the Linear layers'
+  // multiplications: kF32, kBF16 or kF16 (2-byte elements at the same element offsets).
+  DType compute_dtype = DType::kF32;
+  // Activation checkpointing: empty (none), or one flag per layer (true: checkpointed).
+  std::vector<bool> checkpoint_layers = {};
+};
+
 // Stage order is checked: a backward stage before its forward, or blocks out of order, is a
 // FailedPrecondition error. Token ids are checked against [0, V) (a copy to the host).
 // ForwardBlock(i) may run again between BackwardHead and BackwardBlock(i) (recomputation for
-// activation checkpointing): each block's input is kept.
+// activation checkpointing): each block's input is kept. BackwardBlock(i) of a checkpointed
+// block is a FailedPrecondition error unless the shared scratch holds block i's activations,
+// i.e. unless ForwardBlock(i) was the last checkpointed ForwardBlock to run.
 class Gpt {
  public:
   // Activations are allocated on `backend` for batches of B sequences of length T
   // (1 <= T <= block_size); every call runs on exactly that shape.
   static absl::StatusOr<std::unique_ptr<Gpt>> Create(const GptConfig& config, Backend* backend,
-                                                     int B, int T);
+                                                     int B, int T, GptOptions options = {});
   ~Gpt();
 
   const GptConfig& config() const { return config_; }
@@ -87,26 +112,41 @@ class Gpt {
   const std::vector<ParamSpec>& params() const { return specs_; }
   std::vector<const ParamSpec*> unit_params(int unit) const;
   int64_t unit_numel(int unit) const;
-  int64_t activation_bytes() const;  // bytes of activation buffers held for B x T
+  // Bytes of the buffers the model holds for B x T: activations, gradient scratch and (bf16,
+  // f16) the f32 upcasts of the parameters the f32 kernels read.
+  int64_t activation_bytes() const;
+  const GptOptions& options() const { return options_; }
+  DType compute_dtype() const { return options_.compute_dtype; }
+  bool layer_checkpointed(int i) const;
 
   // ---- staged API (pointers are device pointers of the backend) -----------------------------
+  // Parameter pointers (root, block) point to a unit's flat buffer in the compute dtype (so an
+  // f32 model takes float pointers as before); gradient pointers to f32 buffers.
   // idx and targets are [B, T] token ids in [0, V); the model keeps the pointers (not a copy)
   // until the matching backward stage, so they must stay valid until then.
-  absl::Status ForwardEmbed(const float* root, const int32_t* idx);
-  absl::Status ForwardBlock(int layer, const float* block);
+  absl::Status ForwardEmbed(const void* root, const int32_t* idx);
+  absl::Status ForwardBlock(int layer, const void* block);
   // Returns the mean cross-entropy over the B*T positions; targets may be nullptr (no loss,
   // logits only, as in sampling) and then 0 is returned.
-  absl::StatusOr<float> ForwardHead(const float* root, const int32_t* targets);
+  absl::StatusOr<float> ForwardHead(const void* root, const int32_t* targets);
   // Backward accumulates (+=) into the gradient buffers (same flat layout as the parameters);
-  // a nullptr gradient buffer skips that unit's parameter gradients.
-  absl::Status BackwardHead(const float* root, float* droot);
-  absl::Status BackwardBlock(int layer, const float* block, float* dblock);
+  // a nullptr gradient buffer skips that unit's parameter gradients. Every gradient is of
+  // loss_scale * loss (d loss / d loss[n] = loss_scale / (B*T)): loss scaling for f16, whose
+  // small gradients would otherwise underflow; the caller unscales. loss_scale must be > 0.
+  absl::Status BackwardHead(const void* root, float* droot, float loss_scale = 1.0f);
+  absl::Status BackwardBlock(int layer, const void* block, float* dblock);
   absl::Status BackwardEmbed(float* droot);
 
   // ---- whole-model convenience over resident units (units[u] = unit u's flat buffer) --------
+  // Backward recomputes each checkpointed block (ForwardBlock) right before its backward.
+  absl::StatusOr<float> Forward(const std::vector<const void*>& units, const int32_t* idx,
+                                const int32_t* targets);
   absl::StatusOr<float> Forward(const std::vector<const float*>& units, const int32_t* idx,
                                 const int32_t* targets);
-  absl::Status Backward(const std::vector<const float*>& units, const std::vector<float*>& grads);
+  absl::Status Backward(const std::vector<const void*>& units, const std::vector<float*>& grads,
+                        float loss_scale = 1.0f);
+  absl::Status Backward(const std::vector<const float*>& units, const std::vector<float*>& grads,
+                        float loss_scale = 1.0f);
 
   // Logits of the last ForwardHead, [B, T, V] on the backend. BackwardHead reuses this buffer
   // for the logits' gradient, so they are valid until then.
@@ -114,10 +154,21 @@ class Gpt {
 
  private:
   struct Activations;
-  Gpt(GptConfig config, Backend* backend, int B, int T);
+  struct BlockActs;
+  Gpt(GptConfig config, Backend* backend, int B, int T, GptOptions options);
   absl::Status CheckTokens(const int32_t* tokens, const char* what) const;
   absl::Status Zero(float* p, int64_t n) const;
+  BlockActs& Acts(int layer) const;  // the block's own activations, or the shared set
+  // f32 values of n parameters: `p` itself in f32, else upcast into the scratch at `slot`.
+  const float* ParamF32(const void* p, int64_t n, int64_t slot) const;
+  // The Linear layer in the compute dtype (matmul_*_lowp unless f32).
+  void LinearForward(float* out, const float* inp, const void* weight, const void* bias,
+                     int64_t M, int64_t K, int64_t N) const;
+  void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const void* weight, int64_t M, int64_t K,
+                      int64_t N) const;
   GptConfig config_;
+  GptOptions options_;
   Backend* backend_;
   int B_, T_;
   std::vector<ParamSpec> specs_;
