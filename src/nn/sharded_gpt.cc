@@ -73,6 +73,11 @@ absl::StatusOr<std::vector<int>> GroupBlocks(const GptConfig& config, const Wrap
   return group;
 }
 
+// Element `offset` of a view's parameters, in the view's dtype.
+const void* ParamsAt(const UnitView& v, int64_t offset) {
+  return static_cast<const char*>(v.data) + offset * static_cast<int64_t>(DTypeSize(v.dtype));
+}
+
 }  // namespace
 
 ShardedGpt::~ShardedGpt() = default;
@@ -85,8 +90,24 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
   std::unique_ptr<ShardedGpt> g(new ShardedGpt());
   g->config_ = config;
   g->backend_ = backend;
+  GptOptions model_options;
+  model_options.compute_dtype = options.sharding.mixed_precision.param_dtype;
+  if (!options.checkpoint_blocks.empty()) {
+    if (static_cast<int>(options.checkpoint_blocks.size()) != config.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint_blocks has ", options.checkpoint_blocks.size(),
+          " flags; give one per block (", config.num_layers, ") or leave it empty"));
+    }
+    model_options.checkpoint_layers = options.checkpoint_blocks;
+  } else if (options.checkpoint_every > 0) {
+    for (int i = 0; i < config.num_layers; ++i) {
+      model_options.checkpoint_layers.push_back(i % options.checkpoint_every == 0);
+    }
+  } else if (options.checkpoint_every < 0) {
+    return absl::InvalidArgumentError("checkpoint_every must be >= 0 (0 = off)");
+  }
   FSDP_ASSIGN_OR_RETURN(g->model_, Gpt::Create(config, backend, options.batch_size,
-                                               options.seq_len));
+                                               options.seq_len, model_options));
   FSDP_ASSIGN_OR_RETURN(g->runtime_, ShardingRuntime::Create(backend, world, options.sharding));
   FSDP_ASSIGN_OR_RETURN(std::vector<int> group, GroupBlocks(config, options.wrap));
 
@@ -173,7 +194,7 @@ absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
   ShardingRuntime& rt = *runtime_;
   const int root = module_unit_[0];
   FSDP_ASSIGN_OR_RETURN(UnitView root_view, rt.PreForward(root));
-  const float* root_params = root_view.params + module_offset_[0];
+  const void* root_params = ParamsAt(root_view, module_offset_[0]);
   FSDP_RETURN_IF_ERROR(model_->ForwardEmbed(root_params, inputs_.as<const int32_t>()));
   UnitView view = root_view;
   for (int i = 0; i < config_.num_layers; ++i) {
@@ -185,7 +206,7 @@ absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
     }
     {
       TraceSpan span("forward", kComputeStream, {{"block", i}});
-      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, view.params + module_offset_[1 + i]));
+      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, ParamsAt(view, module_offset_[1 + i])));
     }
     if (u != root && last_block_[u] == i) FSDP_RETURN_IF_ERROR(rt.PostForward(u));
   }
@@ -200,8 +221,9 @@ absl::Status ShardedGpt::RunBackward() {
   ShardingRuntime& rt = *runtime_;
   const int root = module_unit_[0];
   FSDP_ASSIGN_OR_RETURN(UnitView root_view, rt.PreBackward(root));
-  FSDP_RETURN_IF_ERROR(model_->BackwardHead(root_view.params + module_offset_[0],
-                                            root_view.grads + module_offset_[0]));
+  FSDP_RETURN_IF_ERROR(model_->BackwardHead(ParamsAt(root_view, module_offset_[0]),
+                                            root_view.grads + module_offset_[0],
+                                            rt.loss_scale()));
   UnitView view = root_view;
   for (int i = config_.num_layers - 1; i >= 0; --i) {
     const int u = module_unit_[1 + i];
@@ -211,9 +233,13 @@ absl::Status ShardedGpt::RunBackward() {
       FSDP_ASSIGN_OR_RETURN(view, rt.PreBackward(u));
     }
     const int64_t off = module_offset_[1 + i];
+    if (model_->layer_checkpointed(i)) {  // recompute the activations it did not keep
+      TraceSpan span("recompute", kComputeStream, {{"block", i}});
+      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, ParamsAt(view, off)));
+    }
     {
       TraceSpan span("backward", kComputeStream, {{"block", i}});
-      FSDP_RETURN_IF_ERROR(model_->BackwardBlock(i, view.params + off, view.grads + off));
+      FSDP_RETURN_IF_ERROR(model_->BackwardBlock(i, ParamsAt(view, off), view.grads + off));
     }
     if (u != root && first_block_[u] == i) FSDP_RETURN_IF_ERROR(rt.PostBackward(u));
   }

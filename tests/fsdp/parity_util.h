@@ -26,12 +26,14 @@ struct TrainSpec {
   float max_grad_norm = 0.5f;
   std::vector<std::string> frozen;
   nn::WrapPolicy wrap;
+  int checkpoint_every = 0;
 };
 
 struct TrainResult {
   std::vector<float> losses;                // mean over ranks, per step
   std::vector<std::vector<float>> params;   // model units after the last step
   int clipped_steps = 0;                    // steps whose clip coefficient was < 1
+  int skipped_steps = 0;                    // steps skipped for inf/NaN (loss scaling)
   MemoryReport memory;
 };
 
@@ -66,6 +68,7 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
   o.seq_len = spec.seq_len;
   o.frozen = spec.frozen;
   o.wrap = spec.wrap;
+  o.checkpoint_every = spec.checkpoint_every;
   FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(config, backend.get(), comm, o));
   TrainResult result;
   for (int s = 0; s < spec.steps; ++s) {
@@ -81,6 +84,7 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
     result.losses.push_back(mean);
     FSDP_ASSIGN_OR_RETURN(StepStats st, model->Step(spec.lr));
     if (st.clip_coefficient < 1.0f) ++result.clipped_steps;
+    if (st.skipped) ++result.skipped_steps;
   }
   result.memory = model->memory();
   FSDP_ASSIGN_OR_RETURN(result.params, model->GatherModelUnits());

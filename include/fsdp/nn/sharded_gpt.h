@@ -4,6 +4,10 @@
 // A wrap policy decides the units. Modules are the root (wte, wpe, ln_f) and the blocks
 // transformer.h.{i}; a unit is a run of consecutive blocks, and the root unit holds the root
 // tensors plus every block that no other unit took.
+//
+// The model computes in the sharding options' mixed_precision.param_dtype (its Linear layers
+// in bf16/f16 with f32 accumulation), and multiplies its loss gradient by the runtime's
+// loss_scale() (dynamic loss scaling for f16).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +41,11 @@ struct ShardedGptOptions {
   uint64_t seed = 1337;
   // Names of parameters to freeze (no gradient, never updated), e.g. for LoRA-style tuning.
   std::vector<std::string> frozen;
+  // Activation checkpointing: block i keeps only its input in forward and is recomputed in
+  // backward (after its unit is gathered again) when checkpoint_blocks[i] is true, or, with
+  // checkpoint_blocks empty, when checkpoint_every > 0 and i % checkpoint_every == 0.
+  std::vector<bool> checkpoint_blocks;
+  int checkpoint_every = 0;
 };
 
 class ShardedGpt {
