@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "fsdp/backend.h"
+#include "fsdp/checkpoint.h"
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
@@ -48,6 +49,10 @@ ABSL_FLAG(int, eval_every, 250, "validation loss every this many steps (0 = only
 ABSL_FLAG(int, sample_tokens, 300, "tokens to sample after training (0 = none)");
 ABSL_FLAG(double, temperature, 0.8, "sampling temperature (0 = greedy)");
 ABSL_FLAG(std::string, prompt, "This License", "text the samples start from");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "sharded checkpoints go to DIR/step-N; training resumes from the latest one there");
+ABSL_FLAG(int, checkpoint_every, 0, "save a checkpoint every this many steps (0 = at the end)");
+ABSL_FLAG(std::string, export_safetensors, "", "write the trained model to this .safetensors file");
 
 namespace {
 
@@ -179,6 +184,29 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
   const fsdp::WarmupCosine schedule(absl::GetFlag(FLAGS_warmup), s.steps, s.max_lr,
                                     s.max_lr / 10);
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T * N * s.micro_batches;
+  // Resume from the latest checkpoint, on any number of ranks or strategy.
+  const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  int start_step = 0;
+  if (!ckpt_dir.empty()) {
+    auto latest = fsdp::LatestCheckpoint(ckpt_dir);
+    if (latest.ok()) {
+      FSDP_ASSIGN_OR_RETURN(fsdp::LoadedCheckpoint loaded,
+                            fsdp::LoadCheckpoint(model->runtime(), *latest));
+      if (loaded.state.data) FSDP_RETURN_IF_ERROR(train.Restore(*loaded.state.data));
+      start_step = static_cast<int>(loaded.step);
+      if (lead) std::printf("resumed from %s (step %d)\n", latest->c_str(), start_step);
+    } else if (!absl::IsNotFound(latest.status())) {
+      return latest.status();
+    }
+  }
+  auto save = [&](int step) -> absl::Status {
+    fsdp::TrainingState state;
+    state.data = train.state();
+    const std::string dir = ckpt_dir + "/step-" + std::to_string(step);
+    FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model->runtime(), dir, state));
+    if (lead) std::printf("saved %s\n", dir.c_str());
+    return absl::OkStatus();
+  };
   if (lead) {
     std::printf("train_gpt: %s L=%d H=%d C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
                 "%d units | batch %d x %d per step | %d steps | %d threads per rank\n",
@@ -194,7 +222,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
   };
   double loss_sum = 0;
   int loss_count = 0;
-  for (int step = 0; step < s.steps; ++step) {
+  for (int step = start_step; step < s.steps; ++step) {
     double step_loss = 0;
     for (int m = 0; m < s.micro_batches; ++m) {
       model->runtime().set_sync_gradients(m + 1 == s.micro_batches);  // no_sync until the last
@@ -207,12 +235,13 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     loss_sum += mean_loss;
     ++loss_count;
     const bool last = step + 1 == s.steps;
-    if (lead && ((step + 1) % s.log_every == 0 || step == 0 || last)) {
+    if (lead && ((step + 1) % s.log_every == 0 || step == start_step || last)) {
       const double t = elapsed();
+      const double done = step + 1 - start_step;
       std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %6.3f | %6.0f tok/s | %s | ETA %s\n",
                   step + 1, s.steps, loss_sum / loss_count, stats.lr, stats.grad_norm,
-                  (step + 1.0) * tokens_per_step / t, Seconds(t).c_str(),
-                  Seconds(t / (step + 1) * (s.steps - step - 1)).c_str());
+                  done * tokens_per_step / t, Seconds(t).c_str(),
+                  Seconds(t / done * (s.steps - step - 1)).c_str());
       loss_sum = 0;
       loss_count = 0;
     }
@@ -220,6 +249,15 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       FSDP_ASSIGN_OR_RETURN(float val_loss, Evaluate(*model, val));
       if (lead) std::printf("step %5d/%d | val loss %.4f\n", step + 1, s.steps, val_loss);
     }
+    const int every = absl::GetFlag(FLAGS_checkpoint_every);
+    if (!ckpt_dir.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
+      FSDP_RETURN_IF_ERROR(save(step + 1));
+    }
+  }
+  const std::string export_path = absl::GetFlag(FLAGS_export_safetensors);
+  if (!export_path.empty()) {
+    FSDP_RETURN_IF_ERROR(fsdp::ExportSafetensors(model->runtime(), export_path));
+    if (lead) std::printf("exported %s\n", export_path.c_str());
   }
   if (lead) {
     std::printf("trained in %s\nmemory per rank: %s\n", Seconds(elapsed()).c_str(),
