@@ -48,7 +48,7 @@ struct ThreadBuffer {
 struct ThreadSlot {
   std::shared_ptr<ThreadBuffer> buffer;
   ~ThreadSlot() {
-    if (buffer) buffer->retired.store(true, std::memory_order_relaxed);
+    if (buffer) buffer->retired.store(true, std::memory_order_release);
   }
 };
 thread_local ThreadSlot tls_slot;
@@ -124,8 +124,14 @@ void Tracer::Clear() {
       b->size = 0;
       b->chunks.clear();
     }
-    std::erase_if(registry_->buffers,
-                  [](const auto& b) { return b->retired.load(std::memory_order_relaxed); });
+    // A thread may have appended (and then exited) after its buffer was emptied above: count
+    // what a retired buffer still holds before dropping it, or held_ would never fall back.
+    std::erase_if(registry_->buffers, [&removed](const auto& b) {
+      if (!b->retired.load(std::memory_order_acquire)) return false;
+      std::lock_guard<std::mutex> block(b->mu);
+      removed += b->size;
+      return true;
+    });
   }
   // Subtract what was removed (not store 0): a Record racing with Clear stays counted.
   held_.fetch_sub(removed, std::memory_order_relaxed);
