@@ -31,7 +31,7 @@ struct Result {
 };
 
 struct Params {
-  int steps = 8, layers = 8, ranks = 2;
+  int steps = 16, layers = 8, ranks = 2;
   double comm_fraction = 0.5;
 };
 

@@ -261,6 +261,15 @@ struct ShardingRuntime::Impl {
     return WaitGather(unit);
   }
 
+  // FULL_SHARD keeps two units gathered from forward into backward, as FSDP does with the
+  // root and FSDP2 recommends for the last block: the first unit of the forward order (the
+  // root, which runs again at the head and starts backward) and the last one (whose backward
+  // comes first). Regathering them would be exposed: nothing runs to overlap with.
+  bool NeededFirstInBackward(int u) const {
+    if (forward_order.empty()) return false;
+    return u == forward_order.front() || (forward_recorded && u == forward_order.back());
+  }
+
   // The state a unit is in right before the hook that the current direction calls next.
   UnitState NextState(const Unit& unit) const {
     return in_backward ? UnitState::kForwardDone : UnitState::kIdle;
@@ -533,7 +542,7 @@ absl::Status ShardingRuntime::PostForward(int u) {
   Impl& m = *impl_;
   FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PostForward"));
   FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(*unit, "PostForward", {UnitState::kForward})));
-  if (m.reshard_after_forward()) m.FreeGathered(*unit);
+  if (m.reshard_after_forward() && !m.NeededFirstInBackward(u)) m.FreeGathered(*unit);
   unit->state = UnitState::kForwardDone;
   return absl::OkStatus();
 }
