@@ -134,7 +134,8 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
     root_numel += g->model_->unit_numel(1 + i);
     for (ParamInfo& p : infos(1 + i)) root.push_back(std::move(p));
   }
-  FSDP_ASSIGN_OR_RETURN(int root_unit, g->runtime_->RegisterUnit("root", std::move(root)));
+  // The root unit is registered first, so it is unit 0 (module_unit_ defaults to it).
+  FSDP_RETURN_IF_ERROR(g->runtime_->RegisterUnit("root", std::move(root)).status());
   g->first_block_.push_back(-1);
   g->last_block_.push_back(-1);
   for (int i = 0; i < config.num_layers;) {
@@ -159,7 +160,6 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
     g->last_block_.push_back(j - 1);
     i = j;
   }
-  (void)root_unit;
   for (const std::string& f : frozen) {
     if (!frozen_found.count(f)) {
       return absl::InvalidArgumentError(
