@@ -16,12 +16,7 @@ using testing::LowpUnits;
 using testing::UnitBuffers;
 using Grads = std::vector<std::vector<float>>;
 
-std::vector<int32_t> RandomTokens(int n, int V, uint64_t seed) {
-  std::mt19937 rng(static_cast<unsigned>(seed));
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % V);
-  return t;
-}
+using testing::RandomTokens;
 
 std::string MaskName(const std::vector<bool>& mask) {
   std::string s;

@@ -40,12 +40,7 @@ ReferenceGpt::Units ToDouble(const GptConfig& config, const UnitBuffers& u) {
   return out;
 }
 
-std::vector<int32_t> RandomTokens(int n, int V, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % V);
-  return t;
-}
+using testing::RandomTokens;
 
 struct Case {
   GptConfig config;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "fsdp/backend.h"
@@ -97,5 +98,13 @@ struct LowpUnits {
     return p;
   }
 };
+
+// n token ids in [0, V), a function of the seed.
+inline std::vector<int32_t> RandomTokens(int n, int V, uint64_t seed) {
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % V);
+  return t;
+}
 
 }  // namespace fsdp::nn::testing
