@@ -10,8 +10,11 @@ find_package(dnnl REQUIRED CONFIG)
 find_package(Eigen3 3.3 REQUIRED CONFIG)
 
 if(FSDP_WITH_MPI)
-  find_package(MPI COMPONENTS C)
-  if(NOT MPI_C_FOUND)
+  # The C++ component with its C++ bindings switched off: it needs no C compiler, so the
+  # exported package works in a project(x CXX).
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI COMPONENTS CXX)
+  if(NOT MPI_CXX_FOUND)
     message(STATUS "fsdp: Open MPI not found, the mpi communicator is not built")
     set(FSDP_WITH_MPI OFF)
   endif()

@@ -222,6 +222,8 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
   };
   double loss_sum = 0;
   int loss_count = 0;
+  double first_loss = NAN, last_loss = NAN;  // the first and last progress lines' losses
+  float val_loss = NAN;
   for (int step = start_step; step < s.steps; ++step) {
     double step_loss = 0;
     for (int m = 0; m < s.micro_batches; ++m) {
@@ -238,6 +240,8 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     if (lead && ((step + 1) % s.log_every == 0 || step == start_step || last)) {
       const double t = elapsed();
       const double done = step + 1 - start_step;
+      last_loss = loss_sum / loss_count;
+      if (std::isnan(first_loss)) first_loss = last_loss;
       std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %6.3f | %6.0f tok/s | %s | ETA %s\n",
                   step + 1, s.steps, loss_sum / loss_count, stats.lr, stats.grad_norm,
                   done * tokens_per_step / t, Seconds(t).c_str(),
@@ -246,7 +250,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       loss_count = 0;
     }
     if (last || (s.eval_every > 0 && (step + 1) % s.eval_every == 0)) {
-      FSDP_ASSIGN_OR_RETURN(float val_loss, Evaluate(*model, val));
+      FSDP_ASSIGN_OR_RETURN(val_loss, Evaluate(*model, val));
       if (lead) std::printf("step %5d/%d | val loss %.4f\n", step + 1, s.steps, val_loss);
     }
     const int every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -260,8 +264,9 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     if (lead) std::printf("exported %s\n", export_path.c_str());
   }
   if (lead) {
-    std::printf("trained in %s\nmemory per rank: %s\n", Seconds(elapsed()).c_str(),
-                fsdp::FormatMemoryReport(model->memory()).c_str());
+    std::printf("trained %d steps in %s: loss %.4f -> %.4f, val loss %.4f\nmemory per rank: %s\n",
+                s.steps - start_step, Seconds(elapsed()).c_str(), first_loss, last_loss,
+                val_loss, fsdp::FormatMemoryReport(model->memory()).c_str());
   }
   const int n = absl::GetFlag(FLAGS_sample_tokens);
   if (n > 0 && s.config.vocab_size == 256) {

@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# Installs the Debian packages libfsdp builds with. Idempotent and quick when all is present.
+# Installs the Debian 12 packages libfsdp builds, tests and fuzzes with. Idempotent: quick and
+# silent when everything is present.
+#
+# The list comes from the CMake configs the build reads, not from a machine that happened to
+# have things installed:
+#   - dnnl-config.cmake (libdnnl-dev) calls find_package(OpenCL REQUIRED) and links
+#     OpenCL::OpenCL, but libdnnl-dev only *recommends* ocl-icd-opencl-dev (libOpenCL.so and,
+#     through opencl-c-headers, CL/cl.h);
+#   - clang's -fsanitize=fuzzer runtime (the CI fuzz stage) is in libclang-rt-dev, which clang
+#     only recommends;
+#   - absl, GTest and benchmark configs need Threads (libc), Eigen3 none, MPI the mpicxx wrapper
+#     from libopenmpi-dev, OpenMP libgomp from g++.
+# We install with --no-install-recommends, so every recommended package we need is named here.
 set -euo pipefail
-pkgs=(cmake g++ make clang libdnnl-dev libeigen3-dev libopenmpi-dev openmpi-bin libabsl-dev
-      libgtest-dev libgmock-dev libbenchmark-dev)
+pkgs=(cmake g++ make git clang libclang-rt-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev
+      libopenmpi-dev openmpi-bin libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,6 +16,7 @@
 #include "src/checkpoint/rank_sync.h"
 #include "src/checkpoint/shard_file.h"
 #include "tests/checkpoint/ckpt_util.h"
+#include "tests/mpi_test_main.h"
 
 namespace fsdp::testing {
 namespace {
@@ -121,28 +122,24 @@ TEST(CheckpointMpiTest, SafetensorsRoundTrip) {
 }  // namespace fsdp::testing
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto world = fsdp::CreateMpiWorld();
-  if (!world.ok()) {
-    std::fprintf(stderr, "checkpoint_mpi_test: %s\n", world.status().ToString().c_str());
-    return 1;
-  }
-  std::string dir;
-  if ((*world)->rank() == 0) {
-    char tmpl[] = "/tmp/fsdp_ckpt_mpi_XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) dir = tmpl;
-  }
-  auto shared = fsdp::checkpoint::BroadcastString(**world, dir, 0, 4096);
-  if (!shared.ok() || shared->empty()) {
-    std::fprintf(stderr, "checkpoint_mpi_test: no shared temporary directory\n");
-    return 1;
-  }
-  fsdp::testing::g_world = world->get();
-  fsdp::testing::g_dir = *shared;
-  const int rc = RUN_ALL_TESTS();
-  (*world)->Barrier().IgnoreError();
-  if ((*world)->rank() == 0) std::filesystem::remove_all(*shared);
-  world->reset();
-  fsdp::ShutdownMpi();
-  return rc;
+  return fsdp::testing::MpiTestMain(
+      argc, argv, "checkpoint_mpi_test",
+      [](fsdp::Communicator& world) -> absl::Status {
+        std::string dir;
+        if (world.rank() == 0) {
+          char tmpl[] = "/tmp/fsdp_ckpt_mpi_XXXXXX";
+          if (mkdtemp(tmpl) != nullptr) dir = tmpl;
+        }
+        FSDP_ASSIGN_OR_RETURN(fsdp::testing::g_dir,
+                              fsdp::checkpoint::BroadcastString(world, dir, 0, 4096));
+        if (fsdp::testing::g_dir.empty()) {
+          return absl::InternalError("no shared temporary directory");
+        }
+        fsdp::testing::g_world = &world;
+        return absl::OkStatus();
+      },
+      [](fsdp::Communicator& world) {
+        world.Barrier().IgnoreError();
+        if (world.rank() == 0) std::filesystem::remove_all(fsdp::testing::g_dir);
+      });
 }

@@ -1,12 +1,12 @@
 // The mpi communicator: the conformance suite with one rank per process, run by CTest under
-// `mpirun -np 2` and `-np 3`. Rank 0 prints the usual GoogleTest output; the other ranks print
-// only their failures, prefixed with their rank.
+// `mpirun -np 2` and `-np 3` (main() from tests/mpi_test_main.h).
 #include <cstdio>
 #include <cstdlib>
 
 #include "fsdp/mpi_world.h"
 #include "gtest/gtest.h"
 #include "tests/collectives/conformance.h"
+#include "tests/mpi_test_main.h"
 
 namespace fsdp::testing {
 namespace {
@@ -31,21 +31,6 @@ class MpiTestWorld final : public TestWorld {
   std::unique_ptr<Communicator> comm_;
 };
 
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] FAILED %s.%s at %s:%d\n%s\n", rank_,
-                 info ? info->test_suite_name() : "?", info ? info->name() : "?",
-                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 
 std::vector<int> TestWorldSizes() { return {0}; }
@@ -62,25 +47,18 @@ std::unique_ptr<TestWorld> MakeTestWorld(int size, const CommOptions& options) {
 }  // namespace fsdp::testing
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto side = fsdp::CreateMpiWorld();
-  if (!side.ok()) {
-    std::fprintf(stderr, "CreateMpiWorld: %s\n", side.status().ToString().c_str());
-    return 1;
-  }
-  fsdp::testing::SideComm() = std::move(side).value();
-  const int rank = fsdp::testing::SideComm()->rank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new fsdp::testing::FailurePrinter(rank));
-  }
-  const int result = RUN_ALL_TESTS();
-  // Every process must finish the suite before MPI shuts down.
-  const absl::Status s = fsdp::testing::SideComm()->Barrier();
-  fsdp::testing::ResetSharedTestWorlds();
-  fsdp::testing::SideComm().reset();
-  fsdp::ShutdownMpi();
-  if (!s.ok()) std::fprintf(stderr, "[rank %d] final barrier: %s\n", rank, s.ToString().c_str());
-  return result != 0 || !s.ok() ? 1 : 0;
+  using fsdp::testing::SideComm;
+  return fsdp::testing::MpiTestMain(
+      argc, argv, "collectives_mpi_test",
+      [](fsdp::Communicator&) -> absl::Status {
+        FSDP_ASSIGN_OR_RETURN(SideComm(), fsdp::CreateMpiWorld());
+        return absl::OkStatus();
+      },
+      [](fsdp::Communicator&) {
+        // Every process must finish the suite before the communicators go.
+        const absl::Status s = SideComm()->Barrier();
+        if (!s.ok()) std::fprintf(stderr, "final barrier: %s\n", s.ToString().c_str());
+        fsdp::testing::ResetSharedTestWorlds();
+        SideComm().reset();
+      });
 }

@@ -5,6 +5,7 @@
 
 #include "fsdp/mpi_world.h"
 #include "tests/fsdp/parity_util.h"
+#include "tests/mpi_test_main.h"
 
 namespace fsdp::testing {
 namespace {
@@ -75,15 +76,9 @@ TEST(ShardingMpiTest, RanksRegisteringDifferentShapesFailEverywhere) {
 }  // namespace fsdp::testing
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto world = fsdp::CreateMpiWorld();
-  if (!world.ok()) {
-    std::fprintf(stderr, "sharding_mpi_test: %s\n", world.status().ToString().c_str());
-    return 1;
-  }
-  fsdp::testing::g_world = world->get();
-  const int rc = RUN_ALL_TESTS();
-  world->reset();
-  fsdp::ShutdownMpi();
-  return rc;
+  return fsdp::testing::MpiTestMain(argc, argv, "sharding_mpi_test",
+                                    [](fsdp::Communicator& world) {
+                                      fsdp::testing::g_world = &world;
+                                      return absl::OkStatus();
+                                    });
 }

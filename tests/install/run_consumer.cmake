@@ -1,13 +1,45 @@
-# cmake -P script: install fsdp into WORK_DIR/prefix, build the consumer against it, run it.
+# cmake -P script: installs fsdp into WORK_DIR/prefix, then builds README.md's first program
+# (the code blocks after "<!-- file: main.cc -->" and "<!-- file: CMakeLists.txt -->", taken
+# verbatim) as a project outside the tree against it, runs it and checks that the loss fell.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
-  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  message("${out}")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "command failed (${rc}): ${ARGV}")
   endif()
+  set(output "${out}" PARENT_SCOPE)
 endfunction()
+
+# Writes the fenced block that follows "<!-- file: NAME -->" in README.md to SRC/NAME.
+file(READ ${README} readme)
+function(extract name)
+  string(FIND "${readme}" "<!-- file: ${name} -->" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "README.md has no block marked <!-- file: ${name} -->")
+  endif()
+  string(SUBSTRING "${readme}" ${at} -1 rest)
+  string(FIND "${rest}" "```" open)
+  string(SUBSTRING "${rest}" ${open} -1 rest)
+  string(FIND "${rest}" "\n" eol)  # skip the fence line with its language
+  math(EXPR eol "${eol} + 1")
+  string(SUBSTRING "${rest}" ${eol} -1 rest)
+  string(FIND "${rest}" "\n```" close)
+  string(SUBSTRING "${rest}" 0 ${close} block)
+  file(WRITE ${WORK_DIR}/src/${name} "${block}\n")
+endfunction()
+extract(main.cc)
+extract(CMakeLists.txt)
+
 run(${CMAKE_COMMAND} --install ${FSDP_BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} -S ${CONSUMER_SRC} -B ${WORK_DIR}/build -G ${GENERATOR}
+run(${CMAKE_COMMAND} -S ${WORK_DIR}/src -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run(${WORK_DIR}/build/consumer)
+run(${WORK_DIR}/build/first_program)
+if(NOT output MATCHES "loss ([0-9.]+) -> ([0-9.]+)")
+  message(FATAL_ERROR "README's program printed no 'loss A -> B' line")
+endif()
+if(NOT CMAKE_MATCH_1 GREATER CMAKE_MATCH_2)
+  message(FATAL_ERROR "README's program trained, but the loss did not fall: ${CMAKE_MATCH_1} -> ${CMAKE_MATCH_2}")
+endif()
+message("install_consumer: README's program built against the installed package; loss ${CMAKE_MATCH_1} -> ${CMAKE_MATCH_2}")
