@@ -32,14 +32,27 @@ std::string_view CollectiveName(CollectiveKind kind) {
   return "?";
 }
 
-absl::Duration DefaultCommTimeout() {
-  if (const char* env = std::getenv("FSDP_COMM_TIMEOUT_S")) {
-    double seconds = 0;
-    if (absl::SimpleAtod(env, &seconds) && seconds > 0 && seconds < 1e9) {
-      return absl::Seconds(seconds);
-    }
+absl::StatusOr<absl::Duration> ParseCommTimeoutSeconds(std::string_view text) {
+  double seconds = 0;
+  if (!absl::SimpleAtod(absl::string_view(text.data(), text.size()), &seconds) ||
+      !(seconds > 0 && seconds < 1e9)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FSDP_COMM_TIMEOUT_S='%s' is not a valid timeout: give a number of seconds greater "
+        "than 0 and below 1e9, without a unit (e.g. 30 or 2.5); unset, it is 60",
+        std::string(text)));
   }
-  return absl::Seconds(60);
+  return absl::Seconds(seconds);
+}
+
+absl::StatusOr<absl::Duration> CommTimeoutFromEnv() {
+  const char* env = std::getenv("FSDP_COMM_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return absl::Seconds(60);
+  return ParseCommTimeoutSeconds(env);
+}
+
+absl::Duration DefaultCommTimeout() {
+  const absl::StatusOr<absl::Duration> t = CommTimeoutFromEnv();
+  return t.ok() ? *t : absl::Seconds(60);
 }
 
 std::string DescribeCall(const CollectiveCall& c) {
@@ -136,6 +149,8 @@ void WorkState::Complete(absl::Status status) {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_.load(std::memory_order_relaxed)) return;
     status_ = Detach(status);
+    completed_at_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                        std::memory_order_release);
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
@@ -184,6 +199,11 @@ absl::Status Work::Wait(absl::Duration timeout) const {
 }
 
 bool Work::Test() const { return !state_ || state_->done(); }
+
+std::optional<std::chrono::steady_clock::time_point> Work::completed_at() const {
+  if (!state_ || !state_->done()) return std::nullopt;
+  return state_->completed_at();
+}
 
 std::string Work::description() const { return state_ ? state_->description() : "(empty Work)"; }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -22,6 +23,11 @@ class WorkState {
   // Completes the work; the first call wins, later ones are ignored.
   void Complete(absl::Status status);
   bool done() const { return done_.load(std::memory_order_acquire); }
+  // When Complete() ran (steady clock); meaningful once done().
+  std::chrono::steady_clock::time_point completed_at() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(completed_at_.load(std::memory_order_acquire)));
+  }
   // Waits up to `timeout`; on expiry calls the expire hook (which must make the work complete
   // promptly, by failing the group) and then waits for completion.
   absl::Status Wait(absl::Duration timeout);
@@ -41,6 +47,7 @@ class WorkState {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};
+  std::atomic<std::chrono::steady_clock::rep> completed_at_{0};
   absl::Status status_;
 };
 

@@ -88,22 +88,37 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(CpuBackendOptions
         absl::StrCat("CpuBackend: ranks_sharing_cores must be >= 1, got ",
                      options.ranks_sharing_cores));
   }
+  if (options.memory_limit_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CpuBackend: memory_limit_bytes must be >= 0 (0 = no limit), got ",
+                     options.memory_limit_bytes));
+  }
   int threads = options.num_threads;
   if (threads == 0) threads = std::max(1, HardwareThreads() / options.ranks_sharing_cores);
-  return std::unique_ptr<CpuBackend>(new CpuBackend(threads));
+  return std::unique_ptr<CpuBackend>(new CpuBackend(threads, options.memory_limit_bytes));
 }
 
 absl::StatusOr<void*> CpuBackend::Allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
+  const auto n = static_cast<int64_t>(bytes);
+  // Reserve first, so that concurrent allocations cannot pass the limit together.
+  const int64_t now = in_use_.fetch_add(n) + n;
+  if (limit_ > 0 && now > limit_) {
+    in_use_.fetch_sub(n);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of memory: ", bytes, " bytes asked for with ", now - n, " of the ", limit_,
+        "-byte limit in use; reduce the batch size, checkpoint activations or shard over more "
+        "ranks"));
+  }
   const size_t total = (sizeof(AllocHeader) + bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* raw = std::aligned_alloc(kAlignment, total);
   if (raw == nullptr) {
+    in_use_.fetch_sub(n);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "CpuBackend: cannot allocate ", bytes, " bytes (", in_use_.load(),
+        "out of memory: the system could not give ", bytes, " bytes (", now - n,
         " bytes already in use); reduce the batch size or shard over more ranks"));
   }
   static_cast<AllocHeader*>(raw)->bytes = bytes;
-  const int64_t now = in_use_.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
   int64_t peak = peak_.load();
   while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
   }

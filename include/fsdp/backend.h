@@ -100,6 +100,9 @@ struct CpuBackendOptions {
   int num_threads = 0;
   // How many ranks share this machine's cores (ranks as threads, or processes on one host).
   int ranks_sharing_cores = 1;
+  // Device memory of this backend, in bytes (0 = only what the system gives): an allocation
+  // past it fails with ResourceExhausted, as on an accelerator with that much memory.
+  int64_t memory_limit_bytes = 0;
 };
 
 class CpuBackend final : public Backend {
@@ -123,8 +126,9 @@ class CpuBackend final : public Backend {
   void BindCurrentThread() const;
 
  private:
-  explicit CpuBackend(int num_threads) : num_threads_(num_threads) {}
+  CpuBackend(int num_threads, int64_t limit) : num_threads_(num_threads), limit_(limit) {}
   int num_threads_;
+  int64_t limit_;
   std::atomic<int64_t> in_use_{0}, peak_{0}, allocs_{0};
 };
 

@@ -25,8 +25,10 @@
 //   group size, in f32.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,8 +53,15 @@ enum class CollectiveKind : uint8_t {
 std::string_view CollectiveName(CollectiveKind kind);
 
 // The deadline used when none is given: $FSDP_COMM_TIMEOUT_S seconds (a decimal number > 0)
-// when set and valid, else 60 s.
+// when set and valid, else 60 s. It never fails: programs should call CommTimeoutFromEnv()
+// at start-up to reject an invalid value rather than have it ignored here.
 absl::Duration DefaultCommTimeout();
+// $FSDP_COMM_TIMEOUT_S: 60 s when unset or empty, else ParseCommTimeoutSeconds of its value.
+absl::StatusOr<absl::Duration> CommTimeoutFromEnv();
+// A value of FSDP_COMM_TIMEOUT_S: a decimal number of seconds, > 0 and < 1e9, without a unit
+// ("30", "2.5"). Anything else ("5s", "0", "-1", "") is InvalidArgument naming the variable
+// and the value.
+absl::StatusOr<absl::Duration> ParseCommTimeoutSeconds(std::string_view text);
 
 struct CommOptions {
   // How long a rank waits for its peers to arrive at a collective, and the default deadline
@@ -123,6 +132,9 @@ class Work {
   absl::Status Wait(absl::Duration timeout) const;
   // True once the collective has completed (successfully or not); never blocks.
   bool Test() const;
+  // When the collective completed, once Test() is true (the timeline of the sharding
+  // runtime uses it to show how long each gather and reduction was in flight).
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const;
   bool valid() const { return state_ != nullptr; }
   // "all_gather(count=10, f32) at sequence 3 of group 'world'".
   std::string description() const;

@@ -33,6 +33,7 @@ std::vector<DecayRange> SliceDecayRanges(const std::vector<DecayRange>& ranges, 
 struct OptimizerState {
   std::string_view name;
   float* data = nullptr;  // device pointer, numel() floats
+  size_t bytes = 0;       // what the allocation holding `data` takes on the backend
 };
 
 // Updates one flat buffer of numel() elements. Elements outside every DecayRange are never

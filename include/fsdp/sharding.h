@@ -87,6 +87,14 @@ struct MixedPrecision {
   int growth_interval = 2000;
 };
 
+// What Step() does when the gradients hold an inf or NaN (on any rank; every rank decides
+// the same, from the global gradient norm). With dynamic loss scaling an overflow always
+// skips the step and backs the scale off, whatever this says.
+enum class NonFinitePolicy : uint8_t {
+  kError,  // Step() fails on every rank with OutOfRange, naming the step and the units
+  kSkip,   // the step is skipped on every rank (no update, gradients dropped) and counted
+};
+
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // HYBRID strategies: ranks per shard group (the mesh is world/shard x shard). Must divide
@@ -105,6 +113,7 @@ struct ShardingOptions {
   // most this many units.
   int max_prefetch_units = 1;
   MixedPrecision mixed_precision;
+  NonFinitePolicy nonfinite = NonFinitePolicy::kError;
 };
 
 // A parameter of a unit as seen through a view: data + offset is its first element.
@@ -130,6 +139,9 @@ struct UnitView {
 };
 
 // Bytes per rank, by what they hold. "persistent" = parameter, gradient and optimizer shards.
+// Every figure is the size of allocations the runtime holds on its backend (counted as each
+// is made and freed), plus what the model reports for its activations; so with a backend of
+// its own, bytes_in_use() and peak_bytes equal the backend's memory_stats().
 struct MemoryReport {
   int64_t param_shard_bytes = 0;
   int64_t grad_shard_bytes = 0;
@@ -139,8 +151,12 @@ struct MemoryReport {
   int64_t grad_buffer_bytes = 0;          // unsharded gradient / reduction buffers alive now
   int64_t grad_buffer_peak_bytes = 0;
   int64_t activation_peak_bytes = 0;      // as reported by the model (SetActivationBytes)
+  int64_t peak_bytes = 0;  // all of the above together at their peak (not the sum of peaks)
   int64_t persistent_bytes() const {
     return param_shard_bytes + grad_shard_bytes + optimizer_bytes;
+  }
+  int64_t bytes_in_use() const {
+    return persistent_bytes() + gathered_param_bytes + grad_buffer_bytes + activation_peak_bytes;
   }
 };
 std::string FormatMemoryReport(const MemoryReport& m);
@@ -150,7 +166,8 @@ struct StepStats {
   float clip_coefficient = 1;  // what the gradients were multiplied by
   float lr = 0;
   int64_t step = 0;            // optimizer steps taken, including this one
-  bool skipped = false;        // inf/NaN gradients on some rank: no update (loss scaling)
+  bool skipped = false;        // inf/NaN gradients on some rank: no update
+  bool nonfinite = false;      // the gradients held an inf or NaN (then skipped is true)
   float loss_scale = 1.0f;     // the scale the next backward pass uses
 };
 
@@ -201,13 +218,18 @@ class ShardingRuntime {
   const std::vector<TensorSlot>& unit_tensors(int unit) const;
   int64_t unit_numel(int unit) const;        // unpadded
   int64_t unit_shard_numel(int unit) const;  // elements per rank (padded / shard size)
-  // The local shard of a unit's parameters (fp32 master) and of its gradient.
+  // The local shard of a unit's parameters (fp32 master) and of its gradient (the sum over
+  // the backward passes since the last step of the reduced gradients, times loss_scale()).
   const float* param_shard(int unit) const;
   float* mutable_param_shard(int unit);
   const float* grad_shard(int unit) const;
   Optimizer& optimizer(int unit);
   // Collective over the shard group: the whole unit's parameters (numel floats) into `out`.
   absl::Status GatherUnit(int unit, float* out);
+  // Collective over the shard group, between FinishBackward() and Step(): the unit's
+  // gradient as Step() will use it before clipping (the mean over the data-parallel ranks and
+  // over the backward passes since the last step, loss scaling undone; numel floats).
+  absl::Status GatherUnitGradient(int unit, float* out);
 
   ShardingStrategy strategy() const;
   Communicator& world() const;
@@ -216,6 +238,7 @@ class ShardingRuntime {
   int64_t steps() const;
   // What the model multiplies the loss gradient by (1 without dynamic loss scaling).
   float loss_scale() const;
+  // Steps skipped for inf/NaN gradients (loss scaling, or NonFinitePolicy::kSkip).
   int64_t skipped_steps() const;
   // Restoring a checkpoint: the optimizer steps taken (the index Step(LrSchedule) uses next).
   void set_steps(int64_t steps);

@@ -38,6 +38,9 @@ namespace fsdp {
 inline constexpr std::string_view kComputeStream = "compute";  // forward, backward, optimizer
 inline constexpr std::string_view kCommStream = "comm";        // collectives, as they run
 inline constexpr std::string_view kWaitStream = "wait";  // compute thread blocked on a collective
+// The sharding runtime's asynchronous gathers and reductions, from issue to completion, with
+// the unit they move ("unit") and whether the gather was a prefetch ("prefetch" 1).
+inline constexpr std::string_view kInflightStream = "inflight";
 
 // One key/value annotation of a span: a string or an integer.
 struct TraceArg {

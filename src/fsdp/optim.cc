@@ -77,9 +77,11 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(Backend* backend, int64_t n
   ranges = Normalize(std::move(ranges));
   FSDP_RETURN_IF_ERROR(ValidateRanges(ranges, numel));
   if (!(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1 &&
-        options.eps >= 0 && options.lr >= 0 && options.weight_decay >= 0)) {
+        options.eps >= 0 && std::isfinite(options.eps) && options.lr >= 0 &&
+        std::isfinite(options.lr) && options.weight_decay >= 0 &&
+        std::isfinite(options.weight_decay))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "AdamW: need lr, eps, weight_decay >= 0 and betas in [0, 1); got lr=", options.lr,
+        "AdamW: need finite lr, eps, weight_decay >= 0 and betas in [0, 1); got lr=", options.lr,
         " betas=(", options.beta1, ", ", options.beta2, ") eps=", options.eps,
         " weight_decay=", options.weight_decay));
   }
@@ -103,7 +105,7 @@ absl::Status AdamW::Step(float* param, const float* grad) {
 }
 
 std::vector<OptimizerState> AdamW::state() {
-  return {{"exp_avg", m_.as<float>()}, {"exp_avg_sq", v_.as<float>()}};
+  return {{"exp_avg", m_.as<float>(), m_.bytes()}, {"exp_avg_sq", v_.as<float>(), v_.bytes()}};
 }
 
 // ---- SGD -------------------------------------------------------------------------------------
@@ -114,8 +116,12 @@ absl::StatusOr<std::unique_ptr<Sgd>> Sgd::Create(Backend* backend, int64_t numel
   if (backend == nullptr) return absl::InvalidArgumentError("Sgd: backend is null");
   ranges = Normalize(std::move(ranges));
   FSDP_RETURN_IF_ERROR(ValidateRanges(ranges, numel));
-  if (!(options.lr >= 0 && options.momentum >= 0 && options.weight_decay >= 0)) {
-    return absl::InvalidArgumentError("Sgd: lr, momentum and weight_decay must be >= 0");
+  if (!(options.lr >= 0 && std::isfinite(options.lr) && options.momentum >= 0 &&
+        std::isfinite(options.momentum) && options.weight_decay >= 0 &&
+        std::isfinite(options.weight_decay) && std::isfinite(options.dampening))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sgd: lr, momentum and weight_decay must be finite and >= 0; got lr=", options.lr,
+        " momentum=", options.momentum, " weight_decay=", options.weight_decay));
   }
   if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
     return absl::InvalidArgumentError("Sgd: nesterov needs momentum > 0 and dampening 0");
@@ -143,7 +149,7 @@ absl::Status Sgd::Step(float* param, const float* grad) {
 
 std::vector<OptimizerState> Sgd::state() {
   if (momentum_.data() == nullptr) return {};
-  return {{"momentum_buffer", momentum_.as<float>()}};
+  return {{"momentum_buffer", momentum_.as<float>(), momentum_.bytes()}};
 }
 
 // ---- schedules and clipping ------------------------------------------------------------------

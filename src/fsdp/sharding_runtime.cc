@@ -10,12 +10,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/agreement.h"
 #include "fsdp/mesh.h"
 #include "fsdp/sharding.h"
 #include "fsdp/trace.h"
@@ -74,27 +76,7 @@ absl::string_view StateName(UnitState s) {
   return "?";
 }
 
-struct Unit {
-  std::string name;
-  std::vector<ParamInfo> params;
-  internal::FlatLayout layout;
-  std::vector<TensorSlot> slots;
-  std::vector<std::pair<int64_t, int64_t>> frozen;  // flat ranges without gradient
-  Buffer param_shard, grad_shard;
-  Buffer gathered;    // padded unit parameters in param_dtype while gathered
-  Buffer cast_shard;  // the shard cast to a low param_dtype, while its all-gather runs
-  Buffer full_grad;   // padded unit gradient (f32), from PreBackward until reduced
-  Buffer lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
-  Buffer reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)
-  std::unique_ptr<Optimizer> optimizer;
-  UnitState state = UnitState::kIdle;
-  Work gather_work;         // all-gather in flight into `gathered`
-  bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
-  bool unsynced = false;  // full_grad holds no_sync accumulation not yet reduced
-  Work reduce_work;
-};
-
-// Tracks bytes of one category, now and at peak.
+// Bytes of one category, now and at peak.
 struct Gauge {
   int64_t now = 0, peak = 0;
   void Add(int64_t b) {
@@ -103,6 +85,108 @@ struct Gauge {
   }
   void Sub(int64_t b) { now -= b; }
 };
+
+// The runtime's allocations by category, and all of them together (with the model's
+// activations) for the combined peak.
+struct MemoryBook {
+  Gauge params, grads, optimizer, gathered, grad_buffers, total;
+  int64_t activations = 0;
+  void Add(Gauge& g, int64_t b) {
+    g.Add(b);
+    total.Add(b);
+  }
+  void Sub(Gauge& g, int64_t b) {
+    g.Sub(b);
+    total.Sub(b);
+  }
+};
+
+// A backend allocation counted in one category of the book for as long as it lives, so the
+// report cannot drift from what is allocated.
+class Accounted {
+ public:
+  Accounted() = default;
+  Accounted(Buffer buffer, MemoryBook* book, Gauge* gauge)
+      : buffer_(std::move(buffer)), book_(book), gauge_(gauge) {
+    book_->Add(*gauge_, static_cast<int64_t>(buffer_.bytes()));
+  }
+  Accounted(Accounted&& o) noexcept { *this = std::move(o); }
+  Accounted& operator=(Accounted&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      buffer_ = std::move(o.buffer_);
+      book_ = o.book_;
+      gauge_ = o.gauge_;
+    }
+    return *this;
+  }
+  ~Accounted() { Reset(); }
+  void Reset() {
+    if (buffer_.data() != nullptr) book_->Sub(*gauge_, static_cast<int64_t>(buffer_.bytes()));
+    buffer_.Reset();
+  }
+  void* data() const { return buffer_.data(); }
+  template <typename T>
+  T* as() const { return buffer_.as<T>(); }
+  size_t bytes() const { return buffer_.bytes(); }
+
+ private:
+  Buffer buffer_;
+  MemoryBook* book_ = nullptr;
+  Gauge* gauge_ = nullptr;
+};
+
+// Where a unit's gradient reduction stands after PostBackward.
+enum class Reduction {
+  kNone,          // nothing in flight (or no_sync accumulation kept locally)
+  kShardGroup,    // reduce-scatter in the shard group (NO_SHARD: the all-reduce) in flight
+  kReplicaGroup,  // HYBRID: the reduced shard's all-reduce across replicas in flight
+};
+
+struct Unit {
+  std::string name;
+  std::vector<ParamInfo> params;
+  internal::FlatLayout layout;
+  std::vector<TensorSlot> slots;
+  std::vector<std::pair<int64_t, int64_t>> frozen;  // flat ranges without gradient
+  Accounted param_shard, grad_shard;
+  Accounted gathered;    // padded unit parameters in param_dtype while gathered
+  Accounted cast_shard;  // the shard cast to a low param_dtype, while its all-gather runs
+  Accounted full_grad;   // padded unit gradient (f32), from PreBackward until reduced
+  Accounted lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
+  Accounted reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)
+  std::unique_ptr<Optimizer> optimizer;
+  UnitState state = UnitState::kIdle;
+  Work gather_work;         // all-gather in flight into `gathered`
+  int64_t gather_issued_ns = 0;
+  bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
+  bool unsynced = false;    // full_grad holds no_sync accumulation not yet reduced
+  Reduction reduction = Reduction::kNone;
+  Work reduce_work;
+  int64_t reduce_issued_ns = 0;
+};
+
+// Records a span on the in-flight lane: from when the runtime issued `work` to when it
+// completed (the collective's own spans on the comm lane show when the transport ran it).
+void RecordInflight(const Work& work, std::string_view name, int64_t issued_ns,
+                    const std::string& unit, bool prefetched) {
+  Tracer& tracer = Tracer::Global();
+  if (!tracer.enabled() || issued_ns == 0) return;
+  const auto done = work.completed_at();
+  Span span;
+  span.name = std::string(name);
+  span.stream = std::string(kInflightStream);
+  span.rank = TraceRank();
+  span.begin_ns = issued_ns;
+  span.end_ns = done ? tracer.ToTraceNs(*done) : tracer.NowNs();
+  span.args = {{"unit", unit}, {"prefetch", prefetched ? 1 : 0}};
+  tracer.Record(std::move(span));
+}
+
+int64_t NowIfTracing() {
+  Tracer& tracer = Tracer::Global();
+  return tracer.enabled() ? tracer.NowNs() : 0;
+}
 
 }  // namespace
 
@@ -122,13 +206,16 @@ struct ShardingRuntime::Impl {
   bool forward_recorded = false, backward_recorded = false;
   bool in_backward = false;
   int prefetched_units = 0;
+  // Units whose gradient reduction is in flight, in the order issued: first in the shard
+  // group, then (HYBRID) across replicas. Both advance strictly in order, so every rank issues
+  // the replica all-reduces in the same order whatever the timing.
+  std::deque<int> shard_reductions, replica_reductions;
   // Dynamic loss scaling.
   float loss_scale = 1.0f;
   int good_steps = 0;
   int64_t skipped_steps = 0;
   int64_t steps = 0;
-  Gauge gathered, grad_buffers;
-  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  MemoryBook book;
 
   int S() const { return mesh->shard_size(); }
   int R() const { return mesh->replicate_size(); }
@@ -185,8 +272,20 @@ struct ShardingRuntime::Impl {
         "unit, then FinishBackward"));
   }
 
-  absl::StatusOr<Buffer> Alloc(int64_t numel, DType dtype = DType::kF32) {
-    return Buffer::Create(backend, static_cast<size_t>(numel) * DTypeSize(dtype));
+  // Every buffer of the runtime comes from here: counted in `category` while it lives. An
+  // allocation that fails names what it was for.
+  absl::StatusOr<Accounted> Alloc(Gauge& category, absl::string_view what, const Unit* unit,
+                                  int64_t numel, DType dtype = DType::kF32) {
+    const size_t bytes = static_cast<size_t>(numel) * DTypeSize(dtype);
+    absl::StatusOr<Buffer> b = Buffer::Create(backend, bytes);
+    if (!b.ok()) {
+      return absl::Status(b.status().code(),
+                          absl::StrCat("allocating ", what,
+                                       unit != nullptr ? absl::StrCat(" of unit '", unit->name, "'")
+                                                       : std::string(),
+                                       " (", bytes, " bytes): ", b.status().message()));
+    }
+    return Accounted(*std::move(b), &book, &category);
   }
   DType param_dtype() const { return options.mixed_precision.param_dtype; }
   DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
@@ -211,28 +310,23 @@ struct ShardingRuntime::Impl {
       return absl::OkStatus();
     }
     const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
-    FSDP_ASSIGN_OR_RETURN(unit.gathered, Alloc(padded, pd));
-    gathered.Add(static_cast<int64_t>(unit.gathered.bytes()));
+    FSDP_ASSIGN_OR_RETURN(unit.gathered,
+                          Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
     const void* send = unit.param_shard.data();
     if (pd != DType::kF32) {  // cast the fp32 master shard, then gather the low precision copy
       if (S() == 1) {
         CastDown(pd, unit.param_shard.as<const float>(), unit.gathered.data(), sn);
         return absl::OkStatus();
       }
-      FSDP_ASSIGN_OR_RETURN(unit.cast_shard, Alloc(sn, pd));
-      gathered.Add(static_cast<int64_t>(unit.cast_shard.bytes()));
+      FSDP_ASSIGN_OR_RETURN(unit.cast_shard,
+                            Alloc(book.gathered, "the low-precision shard", &unit, sn, pd));
       CastDown(pd, unit.param_shard.as<const float>(), unit.cast_shard.data(), sn);
       send = unit.cast_shard.data();
     }
+    unit.gather_issued_ns = NowIfTracing();
     unit.gather_work =
         mesh->shard_group().AllGatherAsync(send, unit.gathered.data(), sn, pd);
     return absl::OkStatus();
-  }
-
-  void FreeCastShard(Unit& unit) {
-    if (unit.cast_shard.data() == nullptr) return;
-    gathered.Sub(static_cast<int64_t>(unit.cast_shard.bytes()));
-    unit.cast_shard.Reset();
   }
 
   // Makes unit `u` gathered for use now, and prefetches the units that follow it in `order`
@@ -241,6 +335,7 @@ struct ShardingRuntime::Impl {
   absl::Status Acquire(int u, std::vector<int>& order, bool recording, bool prefetch) {
     Unit& unit = units[u];
     if (recording) order.push_back(u);
+    const bool was_prefetched = unit.prefetched;
     if (unit.prefetched) {
       unit.prefetched = false;
       --prefetched_units;
@@ -258,7 +353,7 @@ struct ShardingRuntime::Impl {
         break;  // one unit ahead per use; the next use prefetches the next one
       }
     }
-    return WaitGather(unit);
+    return WaitGather(unit, was_prefetched);
   }
 
   // FULL_SHARD keeps two units gathered from forward into backward, as FSDP does with the
@@ -275,7 +370,7 @@ struct ShardingRuntime::Impl {
     return in_backward ? UnitState::kForwardDone : UnitState::kIdle;
   }
 
-  absl::Status WaitGather(Unit& unit) {
+  absl::Status WaitGather(Unit& unit, bool prefetched) {
     if (!unit.gather_work.valid()) return absl::OkStatus();
     absl::Status s;
     if (unit.gather_work.Test()) {
@@ -284,8 +379,9 @@ struct ShardingRuntime::Impl {
       TraceSpan span("all_gather", kWaitStream, {{"unit", unit.name}});
       s = unit.gather_work.Wait();
     }
+    RecordInflight(unit.gather_work, "all_gather", unit.gather_issued_ns, unit.name, prefetched);
     unit.gather_work = Work();
-    FreeCastShard(unit);
+    unit.cast_shard.Reset();
     return s;
   }
 
@@ -295,19 +391,12 @@ struct ShardingRuntime::Impl {
       unit.gather_work.Wait().IgnoreError();
       unit.gather_work = Work();
     }
-    FreeCastShard(unit);
+    unit.cast_shard.Reset();
     if (unit.prefetched) {
       unit.prefetched = false;
       --prefetched_units;
     }
-    gathered.Sub(static_cast<int64_t>(unit.gathered.bytes()));
     unit.gathered.Reset();
-  }
-
-  void FreeGradBuffer(Buffer& b) {
-    if (b.data() == nullptr) return;
-    grad_buffers.Sub(static_cast<int64_t>(b.bytes()));
-    b.Reset();
   }
 
   const void* GatheredParams(const Unit& unit) const {
@@ -327,41 +416,150 @@ struct ShardingRuntime::Impl {
     return v;
   }
 
+  // ---- gradient reduction: issued per unit in PostBackward, finished as it completes -------
+
   // Issues the unit's gradient reduction: reduce-scatter in the shard group, or (NO_SHARD)
-  // the all-reduce across replicas directly.
+  // the all-reduce across replicas directly; a single rank has nothing to reduce.
   absl::Status IssueReduction(Unit& unit) {
     for (auto [b, e] : unit.frozen) {
       FSDP_RETURN_IF_ERROR(backend->Memset(unit.full_grad.as<float>() + b, 0, (e - b) * 4));
     }
     const DType rd = reduce_dtype();
     const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
+    unit.unsynced = false;
+    if (S() == 1 && R() == 1) return AccumulateShard(unit, unit.full_grad.as<float>());
     void* send = unit.full_grad.data();
-    if (rd != DType::kF32) {
-      FSDP_ASSIGN_OR_RETURN(unit.lowp_grad, Alloc(padded, rd));
-      grad_buffers.Add(static_cast<int64_t>(unit.lowp_grad.bytes()));
+    if (rd != DType::kF32) {  // reduce the low-precision copy; the f32 gradient is done
+      FSDP_ASSIGN_OR_RETURN(unit.lowp_grad, Alloc(book.grad_buffers,
+                                                  "the low-precision gradient", &unit, padded, rd));
       CastDown(rd, unit.full_grad.as<const float>(), unit.lowp_grad.data(), padded);
+      unit.full_grad.Reset();
       send = unit.lowp_grad.data();
     }
+    unit.reduce_issued_ns = NowIfTracing();
     if (S() > 1) {
-      FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(sn, rd));
-      grad_buffers.Add(static_cast<int64_t>(unit.reduced.bytes()));
-      unit.reduce_work =
-          mesh->shard_group().ReduceScatterAsync(send, unit.reduced.data(), sn, rd, ReduceOp::kAvg);
-    } else if (R() > 1) {
+      FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(book.grad_buffers, "the reduce-scatter output",
+                                                &unit, sn, rd));
+      unit.reduce_work = mesh->shard_group().ReduceScatterAsync(send, unit.reduced.data(), sn,
+                                                                rd, ReduceOp::kAvg);
+    } else {
       unit.reduce_work =
           mesh->replicate_group().AllReduceAsync(send, send, padded, rd, ReduceOp::kAvg);
     }
-    unit.unsynced = false;
+    unit.reduction = Reduction::kShardGroup;
+    shard_reductions.push_back(static_cast<int>(&unit - units.data()));
     return absl::OkStatus();
+  }
+
+  // grad_shard += the reduced shard `add` (f32), then frees every gradient buffer of the unit.
+  absl::Status AccumulateShard(Unit& unit, const float* add) {
+    backend->ops().residual_forward(unit.grad_shard.as<float>(), unit.grad_shard.as<float>(),
+                                    add, unit.layout.shard_numel);
+    unit.reduced.Reset();
+    unit.lowp_grad.Reset();
+    unit.full_grad.Reset();
+    unit.reduction = Reduction::kNone;
+    return absl::OkStatus();
+  }
+
+  // The reduced shard of the unit in reduce_dtype (the reduce-scatter output, or for NO_SHARD
+  // the all-reduced buffer), widened to f32 if needed, accumulated into grad_shard.
+  absl::Status FinishReduction(Unit& unit) {
+    const DType rd = reduce_dtype();
+    const int64_t sn = unit.layout.shard_numel;
+    const Accounted& src = S() > 1 ? unit.reduced : rd == DType::kF32 ? unit.full_grad
+                                                                       : unit.lowp_grad;
+    if (rd == DType::kF32) return AccumulateShard(unit, src.as<const float>());
+    FSDP_ASSIGN_OR_RETURN(Accounted wide,
+                          Alloc(book.grad_buffers, "the widened gradient shard", &unit, sn));
+    CastUp(rd, src.data(), wide.as<float>(), sn);
+    return AccumulateShard(unit, wide.as<const float>());
+  }
+
+  // Waits for (or, with block false, only checks) the reduction of unit `u` in its current
+  // group, records it on the timeline, and moves it on: to the replica all-reduce (HYBRID) or
+  // into the gradient shard. Frees the unsharded gradient as soon as the shard group is done.
+  absl::StatusOr<bool> AdvanceReduction(Unit& unit, bool block) {
+    if (!block && !unit.reduce_work.Test()) return false;
+    absl::Status s;
+    if (unit.reduce_work.Test()) {
+      s = unit.reduce_work.Wait();
+    } else {
+      TraceSpan span(unit.reduction == Reduction::kShardGroup ? "reduce" : "replica all_reduce",
+                     kWaitStream, {{"unit", unit.name}});
+      s = unit.reduce_work.Wait();
+    }
+    const bool shard_step = unit.reduction == Reduction::kShardGroup;
+    RecordInflight(unit.reduce_work,
+                   shard_step ? (S() > 1 ? "reduce_scatter" : "all_reduce") : "replica all_reduce",
+                   unit.reduce_issued_ns, unit.name, false);
+    unit.reduce_work = Work();
+    FSDP_RETURN_IF_ERROR(s);
+    if (shard_step && S() > 1) {  // the unsharded gradient is no longer read
+      unit.full_grad.Reset();
+      unit.lowp_grad.Reset();
+      if (R() > 1) {
+        unit.reduce_issued_ns = NowIfTracing();
+        unit.reduce_work = mesh->replicate_group().AllReduceAsync(
+            unit.reduced.data(), unit.reduced.data(), unit.layout.shard_numel, reduce_dtype(),
+            ReduceOp::kAvg);
+        unit.reduction = Reduction::kReplicaGroup;
+        replica_reductions.push_back(static_cast<int>(&unit - units.data()));
+        return true;
+      }
+    }
+    FSDP_RETURN_IF_ERROR(FinishReduction(unit));
+    return true;
+  }
+
+  // Moves the queues forward in order. Without `drain`, only what has completed, except that
+  // at most max(1, max_prefetch_units) reductions stay in flight in the shard group (the
+  // oldest is waited for). With the unit in backward and the root unit (open for the whole
+  // backward pass) that bounds the unsharded gradients held at once by 2 + that many units.
+  // With `drain`, all.
+  absl::Status ProgressReductions(bool drain) {
+    const size_t in_flight =
+        drain ? 0 : static_cast<size_t>(std::max(1, options.max_prefetch_units));
+    while (!shard_reductions.empty()) {
+      const bool block = shard_reductions.size() > in_flight;
+      FSDP_ASSIGN_OR_RETURN(bool moved, AdvanceReduction(units[shard_reductions.front()], block));
+      if (!moved) break;
+      shard_reductions.pop_front();
+    }
+    while (!replica_reductions.empty()) {
+      FSDP_ASSIGN_OR_RETURN(bool moved, AdvanceReduction(units[replica_reductions.front()], drain));
+      if (!moved) break;
+      replica_reductions.pop_front();
+    }
+    return absl::OkStatus();
+  }
+
+  // The whole of `shard` (the unit's f32 shard on each rank of the shard group) into host
+  // `out` (numel floats), through a temporary gathered buffer when the group has several ranks.
+  absl::Status GatherToHost(const Unit& unit, const Accounted& shard, absl::string_view what,
+                            float* out) {
+    const int64_t numel = unit.layout.numel;
+    if (S() == 1) return backend->CopyToHost(out, shard.data(), numel * 4);
+    FSDP_ASSIGN_OR_RETURN(Accounted tmp, Alloc(book.gathered, what, &unit,
+                                               unit.layout.padded_numel));
+    FSDP_RETURN_IF_ERROR(mesh->shard_group().AllGather(shard.data(), tmp.data(),
+                                                       unit.layout.shard_numel, DType::kF32));
+    return backend->CopyToHost(out, tmp.data(), numel * 4);
+  }
+
+  // Lets every collective still in flight finish (or fail) before its buffers go.
+  void QuiesceCollectives() {
+    for (Unit& u : units) {
+      if (u.reduce_work.valid()) u.reduce_work.Wait().IgnoreError();
+      if (u.gather_work.valid()) u.gather_work.Wait().IgnoreError();
+    }
   }
 };
 
 ShardingRuntime::ShardingRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ShardingRuntime::~ShardingRuntime() {
   // Collectives still in flight read our buffers: let them finish (or fail) first.
-  for (Unit& u : impl_->units) {
-    if (u.reduce_work.valid()) u.reduce_work.Wait().IgnoreError();
-  }
+  impl_->QuiesceCollectives();
 }
 
 absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
@@ -468,6 +666,51 @@ absl::StatusOr<int> ShardingRuntime::RegisterUnit(std::string name,
   return static_cast<int>(m.units.size()) - 1;
 }
 
+namespace {
+
+// The options that decide which collectives run and what the step computes: ranks that
+// disagree on any of them would diverge or deadlock.
+std::vector<Setting> OptionSettings(const ShardingOptions& o) {
+  auto num = [](double v) { return absl::StrFormat("%.9g", v); };
+  const MixedPrecision& mp = o.mixed_precision;
+  std::vector<Setting> out = {
+      {"strategy", std::string(StrategyName(o.strategy))},
+      {"hybrid_shard_size", absl::StrCat(o.hybrid_shard_size)},
+      {"forward_prefetch", absl::StrCat(o.forward_prefetch)},
+      {"backward_prefetch", absl::StrCat(o.backward_prefetch)},
+      {"max_prefetch_units", absl::StrCat(o.max_prefetch_units)},
+      {"max_grad_norm", num(o.max_grad_norm)},
+      {"param_dtype", std::string(DTypeName(mp.param_dtype))},
+      {"reduce_dtype", std::string(DTypeName(mp.reduce_dtype))},
+      {"dynamic_loss_scale", absl::StrCat(mp.dynamic_loss_scale)},
+      {"nonfinite", o.nonfinite == NonFinitePolicy::kError ? "error" : "skip"},
+  };
+  if (mp.dynamic_loss_scale) {
+    out.push_back({"initial_loss_scale", num(mp.initial_loss_scale)});
+    out.push_back({"growth_factor", num(mp.growth_factor)});
+    out.push_back({"backoff_factor", num(mp.backoff_factor)});
+    out.push_back({"growth_interval", absl::StrCat(mp.growth_interval)});
+  }
+  if (o.optimizer == OptimizerKind::kAdamW) {
+    out.push_back({"optimizer", "AdamW"});
+    out.push_back({"adamw.lr", num(o.adamw.lr)});
+    out.push_back({"adamw.beta1", num(o.adamw.beta1)});
+    out.push_back({"adamw.beta2", num(o.adamw.beta2)});
+    out.push_back({"adamw.eps", num(o.adamw.eps)});
+    out.push_back({"adamw.weight_decay", num(o.adamw.weight_decay)});
+  } else {
+    out.push_back({"optimizer", "SGD"});
+    out.push_back({"sgd.lr", num(o.sgd.lr)});
+    out.push_back({"sgd.momentum", num(o.sgd.momentum)});
+    out.push_back({"sgd.dampening", num(o.sgd.dampening)});
+    out.push_back({"sgd.weight_decay", num(o.sgd.weight_decay)});
+    out.push_back({"sgd.nesterov", absl::StrCat(o.sgd.nesterov)});
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::Status ShardingRuntime::Finalize(const InitFn& init) {
   Impl& m = *impl_;
   if (!m.failure.ok()) return m.CheckUsable("Finalize");
@@ -484,43 +727,50 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
     fingerprints.push_back(u.layout.Fingerprint() ^ std::hash<std::string>{}(u.name));
     names.push_back(u.name);
   }
-  // The options that decide which collectives run must agree too, or ranks would diverge.
-  const ShardingOptions& o = m.options;
-  const uint64_t options_fp =
-      static_cast<uint64_t>(o.strategy) | uint64_t(o.hybrid_shard_size) << 8 |
-      uint64_t(o.forward_prefetch) << 40 | uint64_t(o.backward_prefetch) << 41 |
-      uint64_t(o.max_prefetch_units & 0xffff) << 42 | uint64_t(o.optimizer) << 58 |
-      uint64_t(o.mixed_precision.param_dtype) << 60 |
-      uint64_t(o.mixed_precision.reduce_dtype) << 62;
-  FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names, options_fp));
+  FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names));
+  FSDP_RETURN_IF_ERROR(
+      CheckSameSettings(*m.world, OptionSettings(m.options), "sharding options"));
 
-  const int shard_rank = m.mesh->shard_index();
-  for (Unit& u : m.units) {
-    const int64_t sn = u.layout.shard_numel;
-    FSDP_ASSIGN_OR_RETURN(u.param_shard, m.Alloc(sn));
-    FSDP_ASSIGN_OR_RETURN(u.grad_shard, m.Alloc(sn));
-    FSDP_RETURN_IF_ERROR(m.backend->Memset(u.grad_shard.data(), 0, sn * 4));
-    m.param_bytes += sn * 4;
-    m.grad_bytes += sn * 4;
-    // Initialise on the host and copy once, so any backend works the same way.
-    std::vector<float> host(sn, 0.0f);
-    for (const internal::ShardPiece& p : u.layout.Pieces(shard_rank)) {
-      if (init) {
-        init(static_cast<int>(&u - m.units.data()), u.params[p.tensor], p.tensor_begin,
-             p.tensor_end, host.data() + p.shard_offset);
+  // Allocate and initialise; a failure on one rank (out of memory) fails every rank.
+  auto allocate = [&]() -> absl::Status {
+    const int shard_rank = m.mesh->shard_index();
+    for (Unit& u : m.units) {
+      const int64_t sn = u.layout.shard_numel;
+      FSDP_ASSIGN_OR_RETURN(u.param_shard, m.Alloc(m.book.params, "the parameter shard", &u, sn));
+      FSDP_ASSIGN_OR_RETURN(u.grad_shard, m.Alloc(m.book.grads, "the gradient shard", &u, sn));
+      FSDP_RETURN_IF_ERROR(m.backend->Memset(u.grad_shard.data(), 0, sn * 4));
+      // Initialise on the host and copy once, so any backend works the same way.
+      std::vector<float> host(sn, 0.0f);
+      for (const internal::ShardPiece& p : u.layout.Pieces(shard_rank)) {
+        if (init) {
+          init(static_cast<int>(&u - m.units.data()), u.params[p.tensor], p.tensor_begin,
+               p.tensor_end, host.data() + p.shard_offset);
+        }
+      }
+      FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.data(), host.data(), sn * 4));
+      std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
+      absl::StatusOr<std::unique_ptr<Optimizer>> opt;
+      if (m.options.optimizer == OptimizerKind::kAdamW) {
+        opt = AdamW::Create(m.backend, sn, ranges, m.options.adamw);
+      } else {
+        opt = Sgd::Create(m.backend, sn, ranges, m.options.sgd);
+      }
+      if (!opt.ok()) {
+        return absl::Status(opt.status().code(),
+                            absl::StrCat("creating the optimizer state of unit '", u.name,
+                                         "': ", opt.status().message()));
+      }
+      u.optimizer = *std::move(opt);
+      // The optimizer owns its state buffers; count what they actually take.
+      for (const OptimizerState& st : u.optimizer->state()) {
+        m.book.Add(m.book.optimizer, static_cast<int64_t>(st.bytes));
       }
     }
-    FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.data(), host.data(), sn * 4));
-    std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
-    if (m.options.optimizer == OptimizerKind::kAdamW) {
-      FSDP_ASSIGN_OR_RETURN(u.optimizer, AdamW::Create(m.backend, sn, ranges, m.options.adamw));
-    } else {
-      FSDP_ASSIGN_OR_RETURN(u.optimizer, Sgd::Create(m.backend, sn, ranges, m.options.sgd));
-    }
-    for (const OptimizerState& s : u.optimizer->state()) {
-      if (s.data != nullptr) m.optimizer_bytes += sn * 4;
-    }
-  }
+    return absl::OkStatus();
+  };
+  const absl::Status local = allocate();
+  const absl::Status all = AgreeOnStatus(*m.world, local);
+  if (!all.ok()) return m.Fail(local.ok() ? all : local);
   m.finalized = true;
   return absl::OkStatus();
 }
@@ -560,11 +810,10 @@ absl::StatusOr<UnitView> ShardingRuntime::PreBackward(int u) {
   }
   if (s.ok() && unit->full_grad.data() == nullptr) {
     const int64_t padded = unit->layout.padded_numel;
-    auto b = m.Alloc(padded);
+    auto b = m.Alloc(m.book.grad_buffers, "the unsharded gradient", unit, padded);
     s = b.status();
     if (s.ok()) {
       unit->full_grad = std::move(*b);
-      m.grad_buffers.Add(padded * 4);
       s = m.backend->Memset(unit->full_grad.data(), 0, padded * 4);
     }
   }
@@ -580,6 +829,8 @@ absl::Status ShardingRuntime::PostBackward(int u) {
   m.FreeGathered(*unit);
   if (m.sync_gradients) {
     FSDP_RETURN_IF_ERROR(m.Fail(m.IssueReduction(*unit)));
+    // Earlier units whose reduction completed give their unsharded gradients back now.
+    FSDP_RETURN_IF_ERROR(m.Fail(m.ProgressReductions(false)));
   } else {
     unit->unsynced = true;
   }
@@ -596,53 +847,11 @@ absl::Status ShardingRuntime::FinishBackward() {
                                    "PostBackward",
                              {UnitState::kBackwardDone})));
   }
-  // 1. wait for the shard-group reductions; 2. HYBRID: all-reduce the shards across replicas.
-  TraceSpan wait_span("gradient reduction", kWaitStream);
-  absl::Status s;
-  for (Unit& unit : m.units) {
-    if (unit.reduce_work.valid()) {
-      absl::Status w = unit.reduce_work.Wait();
-      if (s.ok()) s = w;
-      unit.reduce_work = Work();
-    }
-  }
-  if (!s.ok()) return m.Fail(s);
-  if (m.S() > 1 && m.R() > 1) {
-    for (Unit& unit : m.units) {
-      if (unit.reduced.data() == nullptr) continue;
-      unit.reduce_work = m.mesh->replicate_group().AllReduceAsync(
-          unit.reduced.data(), unit.reduced.data(), unit.layout.shard_numel, m.reduce_dtype(),
-          ReduceOp::kAvg);
-    }
-    for (Unit& unit : m.units) {
-      if (!unit.reduce_work.valid()) continue;
-      absl::Status w = unit.reduce_work.Wait();
-      if (s.ok()) s = w;
-      unit.reduce_work = Work();
-    }
-    if (!s.ok()) return m.Fail(s);
-  }
-  wait_span.End();
-  // 3. accumulate into the gradient shards and free the unsharded buffers.
-  const Ops& ops = m.backend->ops();
+  // Wait for the reductions still in flight; each lands in its gradient shard.
+  FSDP_RETURN_IF_ERROR(m.Fail(m.ProgressReductions(true)));
   for (Unit& unit : m.units) {
     unit.state = UnitState::kIdle;
     m.FreeGathered(unit);  // a prefetch that no hook claimed
-    if (unit.unsynced) continue;  // no_sync: keep accumulating the full gradient
-    const int64_t sn = unit.layout.shard_numel;
-    const DType rd = m.reduce_dtype();
-    Buffer& src = m.S() > 1 ? unit.reduced : rd == DType::kF32 ? unit.full_grad : unit.lowp_grad;
-    if (src.data() != nullptr) {
-      const float* add = src.as<const float>();
-      if (rd != DType::kF32) {  // widen into the f32 gradient buffer, no longer needed
-        m.CastUp(rd, src.data(), unit.full_grad.as<float>(), sn);
-        add = unit.full_grad.as<const float>();
-      }
-      ops.residual_forward(unit.grad_shard.as<float>(), unit.grad_shard.as<float>(), add, sn);
-    }
-    m.FreeGradBuffer(unit.reduced);
-    m.FreeGradBuffer(unit.lowp_grad);
-    m.FreeGradBuffer(unit.full_grad);
   }
   ++m.passes_since_step;
   m.backward_recorded = true;
@@ -686,45 +895,61 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
     return m.Fail(absl::FailedPreconditionError(
         "Step() without a backward pass since the last step: there is no gradient"));
   }
+  if (!std::isfinite(lr) || lr < 0) {
+    return m.Fail(absl::InvalidArgumentError(
+        absl::StrCat("Step(): the learning rate must be finite and >= 0, got ", lr)));
+  }
   const Ops& ops = m.backend->ops();
   TraceSpan span("optimizer step", kComputeStream);
   StepStats stats;
   stats.lr = lr;
-  if (m.options.mixed_precision.dynamic_loss_scale) {
-    // One collective decides: an inf or NaN on any rank skips the step on every rank.
-    float bad = 0.0f;
-    for (const Unit& unit : m.units) {
-      if (!ops.all_finite(unit.grad_shard.as<const float>(), unit.layout.shard_numel)) bad = 1.0f;
-    }
-    float any_bad = 0.0f;
-    absl::Status s = m.world->AllReduce(&bad, &any_bad, 1, DType::kF32, ReduceOp::kMax);
-    if (!s.ok()) return m.Fail(s);
-    if (any_bad != 0.0f) {
-      for (Unit& unit : m.units) {
-        FSDP_RETURN_IF_ERROR(
-            m.backend->Memset(unit.grad_shard.data(), 0, unit.layout.shard_numel * 4));
-      }
-      m.passes_since_step = 0;
-      m.good_steps = 0;
-      m.loss_scale *= m.options.mixed_precision.backoff_factor;
-      ++m.skipped_steps;
-      stats.skipped = true;
-      stats.grad_norm = INFINITY;
-      stats.clip_coefficient = 0;
-      stats.step = m.steps;
-      stats.loss_scale = m.loss_scale;
-      return stats;
-    }
-  }
   // Global norm: each element of the padded flat buffers lives on exactly one rank of the
-  // shard group (replicas hold equal copies), so summing over the shard group counts each once.
+  // shard group (replicas hold equal copies), so summing over the shard group counts each
+  // once. Every rank gets the same sum, so the decisions below are the same everywhere.
   double local = 0;
+  std::vector<std::string> nonfinite_here;
   for (const Unit& unit : m.units) {
-    local += ops.sum_squares(unit.grad_shard.as<const float>(), unit.layout.shard_numel);
+    const double sq =
+        ops.sum_squares(unit.grad_shard.as<const float>(), unit.layout.shard_numel);
+    if (!std::isfinite(sq)) nonfinite_here.push_back(unit.name);
+    local += sq;
   }
   FSDP_ASSIGN_OR_RETURN(double total_sq, internal::SumAcrossRanks(m.mesh->shard_group(), local));
   // Gradients hold the sum over k backward passes of loss_scale times the mean gradient.
   const double k = static_cast<double>(m.passes_since_step) * m.loss_scale;
+  if (!std::isfinite(total_sq)) {
+    // Skip the step on every rank: drop the gradients, back the loss scale off. Every rank
+    // decides the same (from the same global sum), so no rank waits for another.
+    for (Unit& unit : m.units) {
+      FSDP_RETURN_IF_ERROR(
+          m.backend->Memset(unit.grad_shard.data(), 0, unit.layout.shard_numel * 4));
+    }
+    m.passes_since_step = 0;
+    const bool scaling = m.options.mixed_precision.dynamic_loss_scale;
+    if (!scaling && m.options.nonfinite == NonFinitePolicy::kError) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "Step(): the gradients of step ", m.steps + 1, " hold inf or NaN (global norm ",
+          std::sqrt(total_sq), "; ",
+          nonfinite_here.empty()
+              ? std::string("in other ranks' shards")
+              : absl::StrCat("in rank ", m.world->rank(), "'s shard of unit(s) ",
+                             absl::StrJoin(nonfinite_here, ", ")),
+          "). The parameters were not updated and the gradients were dropped. Lower the "
+          "learning rate, clip gradients (max_grad_norm), use dynamic loss scaling for f16, "
+          "or set nonfinite = kSkip to skip such steps"));
+    }
+    ++m.skipped_steps;
+    if (scaling) {
+      m.good_steps = 0;
+      m.loss_scale *= m.options.mixed_precision.backoff_factor;
+    }
+    stats.skipped = stats.nonfinite = true;
+    stats.grad_norm = std::sqrt(total_sq) / k;
+    stats.clip_coefficient = 0;
+    stats.step = m.steps;
+    stats.loss_scale = m.loss_scale;
+    return stats;
+  }
   stats.grad_norm = std::sqrt(total_sq) / k;
   stats.clip_coefficient = ClipCoefficient(stats.grad_norm, m.options.max_grad_norm);
   const float scale = static_cast<float>(stats.clip_coefficient / k);
@@ -788,36 +1013,47 @@ Backend* ShardingRuntime::backend() const { return impl_->backend; }
 absl::Status ShardingRuntime::GatherUnit(int u, float* out) {
   Impl& m = *impl_;
   FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "GatherUnit"));
-  const int64_t numel = unit->layout.numel;
-  if (m.S() == 1) return m.backend->CopyToHost(out, unit->param_shard.data(), numel * 4);
-  FSDP_ASSIGN_OR_RETURN(Buffer tmp, m.Alloc(unit->layout.padded_numel));
-  FSDP_RETURN_IF_ERROR(m.mesh->shard_group().AllGather(
-      unit->param_shard.data(), tmp.data(), unit->layout.shard_numel, DType::kF32));
-  return m.backend->CopyToHost(out, tmp.data(), numel * 4);
+  return m.GatherToHost(*unit, unit->param_shard, "GatherUnit", out);
+}
+
+absl::Status ShardingRuntime::GatherUnitGradient(int u, float* out) {
+  Impl& m = *impl_;
+  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "GatherUnitGradient"));
+  if (m.passes_since_step == 0) {
+    return absl::FailedPreconditionError(
+        "GatherUnitGradient: no backward pass since the last step, so there is no gradient; "
+        "call it between FinishBackward() and Step()");
+  }
+  FSDP_RETURN_IF_ERROR(m.GatherToHost(*unit, unit->grad_shard, "GatherUnitGradient", out));
+  const double k = static_cast<double>(m.passes_since_step) * m.loss_scale;
+  for (int64_t i = 0; i < unit->layout.numel; ++i) out[i] = static_cast<float>(out[i] / k);
+  return absl::OkStatus();
 }
 
 MemoryReport ShardingRuntime::memory() const {
-  const Impl& m = *impl_;
+  const MemoryBook& b = impl_->book;
   MemoryReport r;
-  r.param_shard_bytes = m.param_bytes;
-  r.grad_shard_bytes = m.grad_bytes;
-  r.optimizer_bytes = m.optimizer_bytes;
-  r.gathered_param_bytes = m.gathered.now;
-  r.gathered_param_peak_bytes = m.gathered.peak;
-  r.grad_buffer_bytes = m.grad_buffers.now;
-  r.grad_buffer_peak_bytes = m.grad_buffers.peak;
-  r.activation_peak_bytes = m.activation_bytes;
+  r.param_shard_bytes = b.params.now;
+  r.grad_shard_bytes = b.grads.now;
+  r.optimizer_bytes = b.optimizer.now;
+  r.gathered_param_bytes = b.gathered.now;
+  r.gathered_param_peak_bytes = b.gathered.peak;
+  r.grad_buffer_bytes = b.grad_buffers.now;
+  r.grad_buffer_peak_bytes = b.grad_buffers.peak;
+  r.activation_peak_bytes = b.activations;
+  r.peak_bytes = b.total.peak + b.activations;
   return r;
 }
 
 void ShardingRuntime::SetActivationBytes(int64_t bytes) {
-  impl_->activation_bytes = std::max(impl_->activation_bytes, bytes);
+  impl_->book.activations = std::max(impl_->book.activations, bytes);
 }
 
 void ShardingRuntime::ResetPeaks() {
-  impl_->gathered.peak = impl_->gathered.now;
-  impl_->grad_buffers.peak = impl_->grad_buffers.now;
-  impl_->activation_bytes = 0;
+  MemoryBook& b = impl_->book;
+  b.gathered.peak = b.gathered.now;
+  b.grad_buffers.peak = b.grad_buffers.now;
+  b.total.peak = b.total.now;
 }
 
 }  // namespace fsdp

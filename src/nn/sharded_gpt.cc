@@ -177,7 +177,9 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
   const size_t token_bytes = sizeof(int32_t) * options.batch_size * options.seq_len;
   FSDP_ASSIGN_OR_RETURN(g->inputs_, Buffer::Create(backend, token_bytes));
   FSDP_ASSIGN_OR_RETURN(g->targets_, Buffer::Create(backend, token_bytes));
-  g->runtime_->SetActivationBytes(g->model_->activation_bytes());
+  // Everything the model holds on the backend: its activations and the token buffers.
+  g->runtime_->SetActivationBytes(g->model_->activation_bytes() +
+                                  static_cast<int64_t>(g->inputs_.bytes() + g->targets_.bytes()));
   return g;
 }
 
@@ -272,11 +274,20 @@ absl::StatusOr<float> ShardedGpt::MeanOverRanks(float value) {
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::GatherModelUnits() {
+  return GatherModel(false);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::GatherModelGradients() {
+  return GatherModel(true);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::GatherModel(bool gradients) {
   std::vector<std::vector<float>> out(model_->num_units());
   for (int m = 0; m < model_->num_units(); ++m) out[m].resize(model_->unit_numel(m));
   for (int u = 0; u < runtime_->num_units(); ++u) {
     std::vector<float> whole(runtime_->unit_numel(u));
-    FSDP_RETURN_IF_ERROR(runtime_->GatherUnit(u, whole.data()));
+    FSDP_RETURN_IF_ERROR(gradients ? runtime_->GatherUnitGradient(u, whole.data())
+                                   : runtime_->GatherUnit(u, whole.data()));
     for (int m = 0; m < model_->num_units(); ++m) {
       if (module_unit_[m] != u) continue;
       std::copy_n(whole.begin() + module_offset_[m], out[m].size(), out[m].begin());

@@ -13,6 +13,7 @@
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_gpt.h"
 #include "fsdp/optim.h"
+#include "gtest/gtest.h"
 
 namespace fsdp::testing {
 
@@ -31,11 +32,27 @@ struct TrainSpec {
 
 struct TrainResult {
   std::vector<float> losses;                // mean over ranks, per step
+  std::vector<double> grad_norms;           // global gradient norm before clipping, per step
+  std::vector<std::vector<float>> first_grads;  // model units' gradients of the first step
   std::vector<std::vector<float>> params;   // model units after the last step
   int clipped_steps = 0;                    // steps whose clip coefficient was < 1
   int skipped_steps = 0;                    // steps skipped for inf/NaN (loss scaling)
   MemoryReport memory;
+  MemoryStats backend_memory;  // the backend's own count, at the same moment as `memory`
 };
+
+// The runtime's memory report must be the backend's allocations: nothing allocated outside
+// the report's categories, nothing counted twice, at the same moment and at peak. (The model
+// and the runtime share the backend; the model's part is its activation report.)
+inline void ExpectReportIsBackend(const MemoryReport& r, const MemoryStats& b,
+                                  const std::string& where) {
+  EXPECT_EQ(r.bytes_in_use(), b.bytes_in_use)
+      << where << ": the runtime reports " << r.bytes_in_use() << " bytes in use, the backend "
+      << "holds " << b.bytes_in_use << " (" << FormatMemoryReport(r) << ")";
+  EXPECT_EQ(r.peak_bytes, b.peak_bytes)
+      << where << ": the runtime's peak is " << r.peak_bytes << " bytes, the backend's "
+      << b.peak_bytes;
+}
 
 inline const nn::TokenDataset& TestCorpus() {
   static const nn::TokenDataset* data =
@@ -82,12 +99,17 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
     FSDP_ASSIGN_OR_RETURN(float mean,
                           model->MeanOverRanks(static_cast<float>(loss_sum / spec.micro_batches)));
     result.losses.push_back(mean);
+    if (s == 0) {
+      FSDP_ASSIGN_OR_RETURN(result.first_grads, model->GatherModelGradients());
+    }
     FSDP_ASSIGN_OR_RETURN(StepStats st, model->Step(spec.lr));
+    result.grad_norms.push_back(st.grad_norm);
     if (st.clip_coefficient < 1.0f) ++result.clipped_steps;
     if (st.skipped) ++result.skipped_steps;
   }
-  result.memory = model->memory();
   FSDP_ASSIGN_OR_RETURN(result.params, model->GatherModelUnits());
+  result.memory = model->memory();
+  result.backend_memory = backend->memory_stats();
   return result;
 }
 
@@ -146,6 +168,8 @@ inline absl::StatusOr<TrainResult> TrainReference(const TrainSpec& spec, int wor
     for (int u = 0; u < U; ++u) {
       for (float g : grads[u]) sq += double(g) * g;
     }
+    result.grad_norms.push_back(std::sqrt(sq));
+    if (s == 0) result.first_grads = grads;
     const float coef = ClipCoefficient(std::sqrt(sq), spec.max_grad_norm);
     if (coef < 1.0f) ++result.clipped_steps;
     for (int u = 0; u < U; ++u) {
@@ -158,6 +182,67 @@ inline absl::StatusOr<TrainResult> TrainReference(const TrainSpec& spec, int wor
   }
   result.params = std::move(params);
   return result;
+}
+
+// ||a - b|| / ||b|| over a whole unit: the relative error of the parameters as a vector.
+inline double NormRelDiff(const std::vector<float>& a, const std::vector<float>& b);
+
+// How the strategy parity tests clip: off, on the steps whose gradient norm is above the
+// median of the unclipped run's (some clipped, some not), or on every step.
+enum class Clip { kOff, kSome, kAlways };
+inline const char* ClipName(Clip c) {
+  return c == Clip::kOff ? "noclip" : c == Clip::kSome ? "clipsome" : "clipall";
+}
+
+// max_grad_norm for `clip`, given the unclipped reference run's gradient norms.
+inline float ClipThreshold(Clip clip, std::vector<double> unclipped_norms) {
+  if (clip == Clip::kOff) return 0.0f;
+  if (clip == Clip::kAlways) return 0.5f;
+  if (unclipped_norms.empty()) return 0.0f;
+  std::nth_element(unclipped_norms.begin(), unclipped_norms.begin() + unclipped_norms.size() / 2,
+                   unclipped_norms.end());
+  return static_cast<float>(unclipped_norms[unclipped_norms.size() / 2]);
+}
+
+// Strategy parity: `got` (one rank's view of a sharded run) against the single-rank reference
+// on the concatenated batch. AdamW and clipping remove a uniform scale from the gradients, so
+// parameters and losses alone cannot see a sum where a mean belongs: the pre-clip gradient
+// norm of every step and the reduced gradient of every unit at the first step are compared
+// too. Losses and norms relative to each value; gradients and parameters as ||got - ref|| /
+// ||ref|| per unit (elementwise, Adam turns rounding-level differences of near-zero gradients
+// into larger relative ones).
+inline void ExpectMatchesReference(const TrainResult& got, const TrainResult& ref, Clip clip,
+                                   const std::string& where, double tol = 1e-5) {
+  const int steps = static_cast<int>(ref.losses.size());
+  switch (clip) {
+    case Clip::kOff: ASSERT_EQ(ref.clipped_steps, 0) << where; break;
+    case Clip::kSome:
+      ASSERT_GT(ref.clipped_steps, 0) << where << ": max_grad_norm too large, clipping never ran";
+      ASSERT_LT(ref.clipped_steps, steps) << where << ": max_grad_norm too small, every step "
+                                          << "clipped";
+      break;
+    case Clip::kAlways: ASSERT_EQ(ref.clipped_steps, steps) << where; break;
+  }
+  EXPECT_EQ(got.clipped_steps, ref.clipped_steps) << where;
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << where;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * ref.losses[i]) << where << " step " << i;
+  }
+  ASSERT_EQ(got.grad_norms.size(), ref.grad_norms.size()) << where;
+  for (size_t i = 0; i < ref.grad_norms.size(); ++i) {
+    EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], tol * ref.grad_norms[i])
+        << where << " step " << i << ": the pre-clip gradient norm";
+  }
+  ASSERT_EQ(got.first_grads.size(), ref.first_grads.size()) << where;
+  for (size_t u = 0; u < ref.first_grads.size(); ++u) {
+    EXPECT_LT(NormRelDiff(got.first_grads[u], ref.first_grads[u]), tol)
+        << where << " unit " << u << ": the reduced gradient of the first step";
+  }
+  ASSERT_EQ(got.params.size(), ref.params.size()) << where;
+  for (size_t u = 0; u < ref.params.size(); ++u) {
+    EXPECT_LT(NormRelDiff(got.params[u], ref.params[u]), tol) << where << " unit " << u;
+  }
+  ExpectReportIsBackend(got.memory, got.backend_memory, where);
 }
 
 // Largest |a - b| / (|b| + floor) over all elements; floor keeps near-zero values from

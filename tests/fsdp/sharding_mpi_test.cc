@@ -3,6 +3,7 @@
 // reference itself and compares its own results with it.
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "fsdp/mpi_world.h"
 #include "tests/fsdp/parity_util.h"
 #include "tests/mpi_test_main.h"
@@ -19,20 +20,22 @@ ShardingOptions With(ShardingStrategy strategy, int hybrid_shard = 0) {
   return o;
 }
 
+// Parity with the single-rank reference for each way of clipping (tests/fsdp/parity_util.h).
 void ExpectParity(ShardingOptions sharding, int micro_batches) {
-  TrainSpec spec;
-  spec.steps = 10;
-  spec.micro_batches = micro_batches;
-  auto ref = TrainReference(spec, g_world->size(), 1);
-  ASSERT_TRUE(ref.ok()) << ref.status();
-  auto got = TrainSharded(*g_world, spec, sharding, 1);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->losses.size(), ref->losses.size());
-  for (size_t i = 0; i < ref->losses.size(); ++i) {
-    EXPECT_NEAR(got->losses[i], ref->losses[i], 1e-5 * ref->losses[i]) << "step " << i;
-  }
-  for (size_t u = 0; u < ref->params.size(); ++u) {
-    EXPECT_LT(NormRelDiff(got->params[u], ref->params[u]), 1e-5) << "unit " << u;
+  for (Clip clip : {Clip::kOff, Clip::kSome, Clip::kAlways}) {
+    TrainSpec spec;
+    spec.steps = 10;
+    spec.micro_batches = micro_batches;
+    spec.max_grad_norm = 0;
+    auto unclipped = TrainReference(spec, g_world->size(), 1);
+    ASSERT_TRUE(unclipped.ok()) << unclipped.status();
+    spec.max_grad_norm = ClipThreshold(clip, unclipped->grad_norms);
+    auto ref = TrainReference(spec, g_world->size(), 1);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    auto got = TrainSharded(*g_world, spec, sharding, 1);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectMatchesReference(*got, *ref, clip,
+                           absl::StrCat("rank ", g_world->rank(), " ", ClipName(clip)));
   }
 }
 

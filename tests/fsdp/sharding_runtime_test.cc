@@ -6,6 +6,7 @@
 #include <functional>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "fsdp/local_world.h"
 #include "fsdp/sharding.h"
 #include "tests/fsdp/parity_util.h"
@@ -21,7 +22,8 @@ CommOptions ShortTimeout() {
   return o;
 }
 
-// Each rank's persistent bytes for `strategy` on `world` ranks of the mini model.
+// Each rank's memory report right after creating the mini model with `strategy` on `world`
+// ranks, checked against the backend's own count.
 absl::StatusOr<std::vector<MemoryReport>> MiniMemory(ShardingStrategy strategy, int world,
                                                      int hybrid_shard = 0) {
   std::vector<MemoryReport> out(world);
@@ -35,6 +37,8 @@ absl::StatusOr<std::vector<MemoryReport>> MiniMemory(ShardingStrategy strategy, 
     o.seq_len = 8;
     FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(config, backend.get(), comm, o));
     out[comm.rank()] = model->memory();
+    ExpectReportIsBackend(out[comm.rank()], backend->memory_stats(),
+                          absl::StrCat(std::string(StrategyName(strategy)), " N=", world));
     return absl::OkStatus();
   }));
   return out;
@@ -111,6 +115,86 @@ TEST(ShardingMemoryTest, GatheredPeakFollowsTheStrategy) {
       EXPECT_EQ(r.memory.gathered_param_bytes, 0) << "freed after the step";
       EXPECT_EQ(r.memory.grad_buffer_bytes, 0);
       EXPECT_GT(r.memory.activation_peak_bytes, 0);
+      ExpectReportIsBackend(r.memory, r.backend_memory, std::string(StrategyName(e.s)));
+    }
+  }
+}
+
+// The unsharded gradient of a unit is freed as soon as its reduction completes, so the
+// gradient buffers peak at a few units, not the model: at most the gradient shards (reduced
+// shards waiting for the replica all-reduce, HYBRID) plus (2 + max_prefetch_units) unsharded
+// unit gradients (the root unit, open for the whole backward pass, the unit in backward and
+// the reductions in flight). Measured on the backend: the report is checked against its
+// allocations.
+TEST(ShardingMemoryTest, GradientBuffersPeakAtAFewUnitsNotTheModel) {
+  auto config = *nn::GptConfig::FromName("mini");
+  TrainSpec spec;
+  spec.config = "mini";
+  spec.batch_size = 1;
+  spec.seq_len = 16;
+  spec.steps = 2;
+  struct Case {
+    ShardingStrategy s;
+    int world, hybrid;
+  };
+  for (Case c : {Case{ShardingStrategy::kFullShard, 2, 0}, Case{ShardingStrategy::kFullShard, 4, 0},
+                 Case{ShardingStrategy::kShardGradOp, 2, 0}, Case{ShardingStrategy::kShardGradOp, 4, 0},
+                 Case{ShardingStrategy::kHybridShard, 4, 2},
+                 Case{ShardingStrategy::kHybridShardGradOp, 4, 2},
+                 Case{ShardingStrategy::kNoShard, 2, 0}}) {
+    for (int prefetch_units : {1, 2}) {
+      ShardingOptions so;
+      so.strategy = c.s;
+      so.hybrid_shard_size = c.hybrid;
+      so.max_prefetch_units = prefetch_units;
+      std::vector<TrainResult> res(c.world);
+      ASSERT_TRUE(LocalWorld::Run(c.world, ShortTimeout(), [&](Communicator& comm) {
+        FSDP_ASSIGN_OR_RETURN(res[comm.rank()], TrainSharded(comm, spec, so, 1));
+        return absl::OkStatus();
+      }).ok());
+      const int shard = c.s == ShardingStrategy::kNoShard ? 1 : c.hybrid > 0 ? c.hybrid : c.world;
+      int64_t largest = 0, model_padded = 0;
+      for (int u = 0; u <= config.num_layers; ++u) {
+        const int64_t padded = PaddedCount(nn::GptUnitNumel(config, u), shard) * 4;
+        largest = std::max(largest, padded);
+        model_padded += padded;
+      }
+      const std::string what = absl::StrCat(std::string(StrategyName(c.s)), " N=", c.world,
+                                            " max_prefetch_units=", prefetch_units);
+      for (const TrainResult& r : res) {
+        const int64_t bound = r.memory.grad_shard_bytes + (2 + prefetch_units) * largest;
+        EXPECT_LE(r.memory.grad_buffer_peak_bytes, bound)
+            << what << ": gradient buffers peaked at " << r.memory.grad_buffer_peak_bytes
+            << " bytes; the model's unsharded gradient is " << model_padded;
+        EXPECT_GE(r.memory.grad_buffer_peak_bytes, largest) << what;
+        EXPECT_EQ(r.memory.grad_buffer_bytes, 0) << what << ": freed by the end of the step";
+        ExpectReportIsBackend(r.memory, r.backend_memory, what);
+      }
+    }
+  }
+}
+
+// ZeRO on the real allocations: a rank's persistent bytes times the world size are the
+// single rank's (plus padding), for every sharded strategy; replicas hold their group's share.
+TEST(ShardingMemoryTest, PersistentBytesTimesRanksAreTheSingleRanksOnTheBackend) {
+  auto one = MiniMemory(ShardingStrategy::kNoShard, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const int64_t single = (*one)[0].persistent_bytes();
+  auto config = *nn::GptConfig::FromName("mini");
+  const int units = config.num_layers + 1;
+  struct Case {
+    ShardingStrategy s;
+    int world, hybrid, shard;
+  };
+  for (Case c : {Case{ShardingStrategy::kFullShard, 4, 0, 4}, Case{ShardingStrategy::kShardGradOp, 3, 0, 3},
+                 Case{ShardingStrategy::kHybridShard, 4, 2, 2}, Case{ShardingStrategy::kNoShard, 2, 0, 1}}) {
+    auto mem = MiniMemory(c.s, c.world, c.hybrid);
+    ASSERT_TRUE(mem.ok()) << mem.status();
+    for (const MemoryReport& m : *mem) {
+      // 4 f32 copies (param, grad, AdamW m and v), each padded by < shard elements per unit.
+      EXPECT_GE(m.persistent_bytes() * c.shard, single) << StrategyName(c.s);
+      EXPECT_LE(m.persistent_bytes() * c.shard, single + 4 * 4 * units * c.shard)
+          << StrategyName(c.s);
     }
   }
 }
@@ -468,6 +552,170 @@ TEST(ShardingErrorsTest, StepWithoutReducingNoSyncGradients) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// Out of memory on one rank, with the CPU backend's byte limit standing in for a device's
+// memory: an error naming the buffer, the unit and the bytes on that rank, the same reason on
+// every other rank at once (not after a deadline), whether it happens while the shards are
+// allocated (Finalize) or in the middle of a step.
+TEST(ShardingErrorsTest, OutOfMemoryOnOneRankFailsEveryRankNamingTheBuffer) {
+  auto config = *nn::GptConfig::FromName("mini");
+  nn::ShardedGptOptions o;
+  o.batch_size = 1;
+  o.seq_len = 8;
+  // What a rank holds after creating the model on 2 ranks (FULL_SHARD), and at its peak.
+  int64_t created = 0;
+  ASSERT_TRUE(LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(config, backend.get(), comm, o));
+    if (comm.rank() == 1) created = backend->memory_stats().bytes_in_use;
+    return absl::OkStatus();
+  }).ok());
+  const int64_t block_bytes = nn::GptUnitNumel(config, 1) * 4;
+  struct Case {
+    int64_t limit;
+    std::string buffer;  // what the failing rank's message names
+  };
+  for (const Case& c : {Case{created / 2, " of unit '"},
+                        Case{created + block_bytes / 2, "allocating the gathered parameters of "
+                                                        "unit 'transformer.h.0'"}}) {
+    std::vector<absl::Status> st(2);
+    const absl::Time start = absl::Now();
+    LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+      auto backend = *CpuBackend::Create(
+          {.num_threads = 1, .memory_limit_bytes = comm.rank() == 1 ? c.limit : 0});
+      auto model = nn::ShardedGpt::Create(config, backend.get(), comm, o);
+      st[comm.rank()] = model.status();
+      if (model.ok()) {
+        std::vector<int32_t> tokens(o.batch_size * o.seq_len, 1);
+        st[comm.rank()] = (*model)->ForwardBackward(tokens.data(), tokens.data()).status();
+      }
+      return absl::OkStatus();
+    }).IgnoreError();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "a rank waited for its deadline";
+    EXPECT_EQ(st[1].code(), absl::StatusCode::kResourceExhausted) << st[1];
+    EXPECT_THAT(st[1].message(), HasSubstr(c.buffer));
+    EXPECT_THAT(st[1].message(), HasSubstr("out of memory"));
+    EXPECT_THAT(st[1].message(), HasSubstr(absl::StrCat(c.limit, "-byte limit")));
+    EXPECT_FALSE(st[0].ok()) << "rank 0 went on";
+    EXPECT_THAT(st[0].message(), HasSubstr("rank 1: "));
+    EXPECT_THAT(st[0].message(), HasSubstr("out of memory"));
+  }
+}
+
+// One step of a one-unit model by hand on `comm`, with gradient `g` on this rank (NaN allowed).
+absl::StatusOr<StepStats> HandStep(ShardingRuntime& rt, float g) {
+  FSDP_RETURN_IF_ERROR(rt.PreForward(0).status());
+  FSDP_RETURN_IF_ERROR(rt.PostForward(0));
+  FSDP_ASSIGN_OR_RETURN(UnitView v, rt.PreBackward(0));
+  for (int j = 0; j < 6; ++j) v.grads[j] += g;
+  FSDP_RETURN_IF_ERROR(rt.PostBackward(0));
+  FSDP_RETURN_IF_ERROR(rt.FinishBackward());
+  return rt.Step(0.1f);
+}
+
+// An inf or NaN gradient on one rank: by default Step() fails on every rank (naming the step
+// and the units) and nothing is updated, the runtime staying usable; with
+// NonFinitePolicy::kSkip every rank skips the step, counts it, and trains on afterwards.
+TEST(ShardingNonFiniteTest, ErrorByDefaultOrSkipOnEveryRank) {
+  for (NonFinitePolicy policy : {NonFinitePolicy::kError, NonFinitePolicy::kSkip}) {
+    for (float bad : {NAN, INFINITY}) {
+      std::vector<absl::StatusOr<StepStats>> st(2, absl::UnknownError("not run"));
+      std::vector<std::vector<float>> params(2);
+      std::vector<int64_t> skipped(2), steps(2);
+      LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+        auto backend = *CpuBackend::Create({.num_threads = 1});
+        ShardingOptions so;
+        so.optimizer = OptimizerKind::kSgd;
+        so.nonfinite = policy;
+        auto rt = *ShardingRuntime::Create(backend.get(), comm, so);
+        rt->RegisterUnit("a", {{"w", {6}}}).IgnoreError();
+        EXPECT_TRUE(rt->Finalize([](int, const ParamInfo&, int64_t b, int64_t e, float* out) {
+          for (int64_t j = b; j < e; ++j) out[j - b] = 1.0f;
+        }).ok());
+        st[comm.rank()] = HandStep(*rt, comm.rank() == 1 ? bad : 1.0f);
+        if (policy == NonFinitePolicy::kSkip) {  // the next, finite step trains
+          EXPECT_TRUE(HandStep(*rt, 1.0f).ok());
+        }
+        params[comm.rank()].resize(6);
+        EXPECT_TRUE(rt->GatherUnit(0, params[comm.rank()].data()).ok());
+        skipped[comm.rank()] = rt->skipped_steps();
+        steps[comm.rank()] = rt->steps();
+        return absl::OkStatus();
+      }).IgnoreError();
+      for (int r = 0; r < 2; ++r) {
+        if (policy == NonFinitePolicy::kError) {
+          ASSERT_FALSE(st[r].ok()) << "rank " << r;
+          EXPECT_EQ(st[r].status().code(), absl::StatusCode::kOutOfRange) << st[r].status();
+          EXPECT_THAT(st[r].status().message(), HasSubstr("gradients of step 1 hold inf or NaN"));
+          // The average spreads the NaN into every rank's shard of the unit.
+          EXPECT_THAT(st[r].status().message(),
+                      HasSubstr(absl::StrCat("in rank ", r, "'s shard of unit(s) a")));
+          EXPECT_EQ(params[r], std::vector<float>(6, 1.0f)) << "updated anyway";
+          EXPECT_EQ(steps[r], 0);
+        } else {
+          ASSERT_TRUE(st[r].ok()) << st[r].status();
+          EXPECT_TRUE(st[r]->skipped);
+          EXPECT_TRUE(st[r]->nonfinite);
+          EXPECT_EQ(skipped[r], 1);
+          EXPECT_EQ(steps[r], 1);
+          // Only the second step (gradient 1 on both ranks, SGD lr 0.1) was applied.
+          EXPECT_EQ(params[r], std::vector<float>(6, 0.9f)) << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardingNonFiniteTest, NonFiniteLearningRatesAreRejected) {
+  absl::Status s = LocalWorld::Run(1, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    ShardingOptions so;
+    so.adamw.lr = INFINITY;
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, so);
+    rt->RegisterUnit("a", {{"w", {6}}}).IgnoreError();
+    absl::Status f = rt->Finalize(nullptr);
+    EXPECT_EQ(f.code(), absl::StatusCode::kInvalidArgument) << f;
+    EXPECT_THAT(f.message(), HasSubstr("lr=inf"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  s = LocalWorld::Run(1, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, {});
+    rt->RegisterUnit("a", {{"w", {6}}}).IgnoreError();
+    FSDP_RETURN_IF_ERROR(rt->Finalize(nullptr));
+    FSDP_RETURN_IF_ERROR(rt->PreForward(0).status());
+    FSDP_RETURN_IF_ERROR(rt->PostForward(0));
+    FSDP_RETURN_IF_ERROR(rt->PreBackward(0).status());
+    FSDP_RETURN_IF_ERROR(rt->PostBackward(0));
+    FSDP_RETURN_IF_ERROR(rt->FinishBackward());
+    absl::Status step = rt->Step(NAN).status();
+    EXPECT_EQ(step.code(), absl::StatusCode::kInvalidArgument) << step;
+    EXPECT_THAT(step.message(), HasSubstr("learning rate must be finite"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Ranks given different options (here one optimizer hyper-parameter) fail at Finalize on every
+// rank, saying which option differs and both values, instead of training apart.
+TEST(ShardingErrorsTest, RanksWithDifferentOptionsFailEverywhereNamingTheOption) {
+  std::vector<absl::Status> st(3);
+  LocalWorld::Run(3, ShortTimeout(), [&](Communicator& comm) {
+    auto backend = *CpuBackend::Create({.num_threads = 1});
+    ShardingOptions so;
+    if (comm.rank() == 2) so.adamw.lr = 1e-3f;
+    auto rt = *ShardingRuntime::Create(backend.get(), comm, so);
+    rt->RegisterUnit("a", {{"w", {6}}}).IgnoreError();
+    st[comm.rank()] = rt->Finalize(nullptr);
+    return absl::OkStatus();
+  }).IgnoreError();
+  for (const absl::Status& s : st) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("adamw.lr is 0.00100000005 on rank 2 but 0.000300000014 "
+                                       "on rank 0"));
+  }
 }
 
 TEST(ShardingErrorsTest, BadRegistrations) {

@@ -70,6 +70,10 @@ class ShardedGpt {
   // Collective: every parameter's full value, in GptParamSpecs order (unit by unit, as the
   // model's own flat buffers: unit u of the model is params[u]). For tests and export.
   absl::StatusOr<std::vector<std::vector<float>>> GatherModelUnits();
+  // Collective, between the backward pass and Step(): every parameter's gradient as Step()
+  // will use it before clipping (ShardingRuntime::GatherUnitGradient), laid out as
+  // GatherModelUnits().
+  absl::StatusOr<std::vector<std::vector<float>>> GatherModelGradients();
 
   const float* logits() const { return model_->logits(); }  // [B, T, V] after a forward
   Gpt& model() { return *model_; }
@@ -82,6 +86,7 @@ class ShardedGpt {
   ShardedGpt() = default;
   absl::Status CopyTokens(const int32_t* inputs, const int32_t* targets);
   absl::StatusOr<float> RunForward(bool with_targets);
+  absl::StatusOr<std::vector<std::vector<float>>> GatherModel(bool gradients);
   absl::Status RunBackward();
 
   GptConfig config_;

@@ -1,0 +1,120 @@
+// Strings, 64-bit integers, statuses and settings between ranks, through exact f32 encodings.
+#include "collectives/control.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "fsdp/agreement.h"
+
+namespace fsdp {
+namespace internal {
+
+absl::StatusOr<std::string> BroadcastString(Communicator& comm, const std::string& s, int root,
+                                            size_t max_bytes) {
+  // [length, byte 0, byte 1, ...]: every value below 2^24 is exact in f32.
+  // A string that does not fit is an error on every rank (length -1), never a truncation.
+  std::vector<float> buf(max_bytes + 1, 0.0f);
+  if (comm.rank() == root) {
+    buf[0] = s.size() > max_bytes ? -1.0f : static_cast<float>(s.size());
+    for (size_t i = 0; i < s.size() && i < max_bytes; ++i) {
+      buf[i + 1] = static_cast<float>(static_cast<unsigned char>(s[i]));
+    }
+  }
+  FSDP_RETURN_IF_ERROR(
+      comm.Broadcast(buf.data(), static_cast<int64_t>(buf.size()), DType::kF32, root));
+  if (buf[0] < 0 || buf[0] > static_cast<float>(max_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a string of rank ", root, " is longer than the ", max_bytes, " bytes it may have"));
+  }
+  const auto n = static_cast<size_t>(buf[0]);
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(static_cast<unsigned char>(buf[i + 1]));
+  return out;
+}
+
+absl::StatusOr<std::vector<uint64_t>> AllGatherU64(Communicator& comm,
+                                                   const std::vector<uint64_t>& mine) {
+  const size_t k = mine.size() * 4;
+  std::vector<float> send(k), recv(k * comm.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    for (int c = 0; c < 4; ++c)
+      send[i * 4 + c] = static_cast<float>((mine[i] >> (16 * c)) & 0xffff);
+  }
+  FSDP_RETURN_IF_ERROR(
+      comm.AllGather(send.data(), recv.data(), static_cast<int64_t>(k), DType::kF32));
+  std::vector<uint64_t> out(mine.size() * comm.size(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (int c = 0; c < 4; ++c) {
+      out[i] |= static_cast<uint64_t>(recv[i * 4 + c]) << (16 * c);
+    }
+  }
+  return out;
+}
+
+}  // namespace internal
+
+absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local) {
+  // The lowest failing rank r reports size - r, so the maximum names it.
+  const float mine = local.ok() ? 0.0f : static_cast<float>(comm.size() - comm.rank());
+  float worst = 0;
+  absl::Status s = comm.AllReduce(&mine, &worst, 1, DType::kF32, ReduceOp::kMax);
+  if (!s.ok()) return local.ok() ? s : local;
+  if (worst == 0) return absl::OkStatus();
+  const int root = comm.size() - static_cast<int>(worst);
+  std::string encoded;
+  if (comm.rank() == root) {
+    encoded = absl::StrCat(std::string(1, static_cast<char>(local.code())), "rank ", root, ": ",
+                           std::string(local.message()));
+  }
+  absl::StatusOr<std::string> got = internal::BroadcastString(comm, encoded, root, 2000);
+  if (!got.ok() || got->empty()) return local.ok() ? got.status() : local;
+  const auto code = static_cast<absl::StatusCode>(static_cast<unsigned char>((*got)[0]));
+  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+                      got->substr(1));
+}
+
+absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& settings,
+                               std::string_view context) {
+  // One 64-bit fingerprint per setting (name and value), the count first.
+  std::vector<uint64_t> mine = {settings.size()};
+  for (const Setting& s : settings) {
+    mine.push_back(std::hash<std::string>{}(absl::StrCat(s.name, "=", s.value)));
+  }
+  // Ranks with fewer settings pad, so that the exchange itself has the same shape everywhere.
+  FSDP_ASSIGN_OR_RETURN(std::vector<uint64_t> counts, internal::AllGatherU64(comm, {mine[0]}));
+  const uint64_t most = *std::max_element(counts.begin(), counts.end());
+  mine.resize(most + 1, 0);
+  FSDP_ASSIGN_OR_RETURN(std::vector<uint64_t> all, internal::AllGatherU64(comm, mine));
+  const size_t k = mine.size();
+  for (int r = 1; r < comm.size(); ++r) {
+    for (size_t i = 0; i < k; ++i) {
+      if (all[r * k + i] == all[i]) continue;
+      if (i == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            std::string(context), ": ranks were launched with different settings: rank 0 has ", counts[0],
+            " settings, rank ", r, " has ", counts[r], "; every rank must run the same program"));
+      }
+      // Fetch the two values to say what differs.
+      const size_t j = i - 1;
+      const std::string name = j < settings.size() ? settings[j].name : "";
+      const std::string value = j < settings.size() ? settings[j].value : "";
+      FSDP_ASSIGN_OR_RETURN(std::string name0, internal::BroadcastString(comm, name, 0, 256));
+      FSDP_ASSIGN_OR_RETURN(std::string v0, internal::BroadcastString(comm, value, 0, 1024));
+      FSDP_ASSIGN_OR_RETURN(std::string name_r, internal::BroadcastString(comm, name, r, 256));
+      FSDP_ASSIGN_OR_RETURN(std::string v_r, internal::BroadcastString(comm, value, r, 1024));
+      if (name0 != name_r) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            std::string(context), ": ranks were launched with different settings: setting ", j, " is '",
+            name_r, "' on rank ", r, " but '", name0, "' on rank 0; every rank must run the "
+            "same program"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(context), ": ranks were launched with different settings: ", name0, " is ", v_r,
+          " on rank ", r, " but ", v0, " on rank 0; every rank must be given the same settings"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fsdp
