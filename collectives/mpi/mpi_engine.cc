@@ -538,6 +538,7 @@ absl::Status MpiEngine::Start() {
         int world_rank = 0;
         MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
         SetTraceRank(world_rank);
+        world_rank_.store(world_rank);
       }
       start_status_ = status;
       started->set_value(status);
@@ -582,6 +583,30 @@ void MpiEngine::Shutdown() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+absl::Status MpiEngine::Health() {
+  absl::Status health;
+  const absl::Status ran = RunSync([&] {
+    for (const auto& g : groups_) {
+      absl::Status h = g->health();
+      if (!h.ok() && health.ok()) health = h;
+    }
+  });
+  return ran.ok() ? health : absl::OkStatus();  // not running: no group to wait for
+}
+
+void MpiEngine::Abort(int code) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  if (Post([code] { MPI_Abort(MPI_COMM_WORLD, code); })) {
+    f.wait_for(std::chrono::seconds(5));
+  }
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 void MpiEngine::AddGroup(std::shared_ptr<MpiGroup> group) {

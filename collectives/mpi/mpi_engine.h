@@ -155,6 +155,14 @@ class MpiEngine {
   // Runs fn on the engine thread and waits for it.
   absl::Status RunSync(const std::function<void()>& fn);
   void Shutdown();
+  // OK, or the error of the first mpi group that failed (then MPI_Finalize could wait forever
+  // for a peer that is gone or stuck).
+  absl::Status Health();
+  // MPI_Abort(MPI_COMM_WORLD, code) on the engine thread (or, if it does not answer within a
+  // few seconds, on this one); mpirun then ends every rank. Never returns.
+  [[noreturn]] void Abort(int code);
+  // This process's rank in MPI_COMM_WORLD, once started (-1 before).
+  int world_rank() const { return world_rank_.load(); }
 
   // Engine thread only.
   void AddGroup(std::shared_ptr<MpiGroup> group);
@@ -175,6 +183,7 @@ class MpiEngine {
   std::condition_variable cv_;
   std::deque<std::function<void()>> cmds_;
   bool stop_ = false, shut_ = false;
+  std::atomic<int> world_rank_{-1};
 
   // engine thread only
   bool we_initialized_ = false;

@@ -1,6 +1,8 @@
 // The mpi communicator when libfsdp is built without Open MPI (FSDP_WITH_MPI=OFF).
 #include "fsdp/mpi_world.h"
 
+#include <cstdio>
+
 namespace fsdp {
 
 bool MpiBuilt() { return false; }
@@ -14,5 +16,12 @@ absl::Status RunOnMpiThread(const std::function<void()>&) {
 }
 
 void ShutdownMpi() {}
+
+int FinishMpi(const absl::Status& status, std::string_view program) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(),
+               status.ToString().c_str());
+  return 1;
+}
 
 }  // namespace fsdp

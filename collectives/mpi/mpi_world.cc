@@ -1,6 +1,7 @@
 // The mpi communicator's front end: numbers each call, hands it to the MPI engine thread
 // (mpi_engine.h) and returns a Work handle.
 #include <climits>
+#include <cstdio>
 #include <future>
 
 #include "absl/strings/str_format.h"
@@ -127,5 +128,20 @@ absl::Status RunOnMpiThread(const std::function<void()>& fn) {
 }
 
 void ShutdownMpi() { internal::MpiEngine::Get().Shutdown(); }
+
+int FinishMpi(const absl::Status& status, std::string_view program) {
+  auto& engine = internal::MpiEngine::Get();
+  absl::Status s = status;
+  if (s.ok()) s = engine.Health();
+  if (s.ok()) {
+    ShutdownMpi();
+    return 0;
+  }
+  std::fprintf(stderr, "%.*s: [rank %d] %s\n", static_cast<int>(program.size()), program.data(),
+               engine.world_rank(), s.ToString().c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  engine.Abort(1);
+}
 
 }  // namespace fsdp

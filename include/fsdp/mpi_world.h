@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <string_view>
 
 #include "fsdp/communicator.h"
 
@@ -26,7 +27,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options
 absl::Status RunOnMpiThread(const std::function<void()>& fn);
 
 // Destroy every mpi communicator first. Stops the engine and calls MPI_Finalize if libfsdp
-// initialized MPI. Called at exit otherwise. Idempotent.
+// initialized MPI. Called at exit otherwise. Idempotent. After a failed collective use
+// FinishMpi instead: MPI_Finalize waits for every peer, also one that is dead or stopped.
 void ShutdownMpi();
+
+// The end of an MPI program's main(): `return fsdp::FinishMpi(status, "my_trainer");`.
+// When `status` is OK and no mpi communicator failed, shuts MPI down (ShutdownMpi) and
+// returns 0; destroy the communicators first. Otherwise prints "<program>: [rank R] <status>"
+// to stderr and calls MPI_Abort(MPI_COMM_WORLD, 1), so that mpirun ends every rank at once,
+// also one that hangs or was stopped, and the job exits non-zero; it does not return then.
+int FinishMpi(const absl::Status& status, std::string_view program);
 
 }  // namespace fsdp
