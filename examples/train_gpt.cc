@@ -1,22 +1,43 @@
 // Trains the GPT of MODEL_SPEC.md with sharded data parallelism and samples text from it.
-// By default: 2 ranks as threads, FULL_SHARD, a small byte-level GPT on the corpus embedded in
-// libfsdp, about a minute on two cores. Under `mpirun -np N` each process is one rank.
-// `train_gpt --help` lists the flags.
+// By default: 2 ranks as threads, FULL_SHARD, the `nano` GPT on the corpus embedded in
+// libfsdp with the optimizer defaults of MODEL_SPEC.md. Under `mpirun -np N` each process is
+// one rank. `train_gpt --help` lists the flags; scripts/run_example.sh runs the README's
+// example (a wider model, a higher learning rate).
+//
+// Exit codes (docs/failures.md says what each failure looks like and what to do):
+//   0  trained (or --help)
+//   1  a failure after start-up: loading the checkpoint to resume from, a training step, a
+//      save, the export, a collective
+//   2  bad usage, found at start-up before anything is trained: a flag value or combination,
+//      FSDP_COMM_TIMEOUT_S, or a file or directory a flag names that cannot be used
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "fsdp/backend.h"
 #include "fsdp/checkpoint.h"
+#include "fsdp/communicator.h"
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
@@ -24,34 +45,59 @@
 #include "fsdp/optim.h"
 
 ABSL_FLAG(std::string, config, "nano", "nano, mini, gpt2, gpt2-medium or gpt2-xl");
-ABSL_FLAG(int, layers, 4, "override the config's number of layers (0 = keep)");
-ABSL_FLAG(int, channels, 128, "override the config's width C (0 = keep)");
-ABSL_FLAG(int, heads, 4, "override the config's number of heads (0 = keep)");
+ABSL_FLAG(int, layers, 0, "override the config's number of layers L (0 = keep the config's)");
+ABSL_FLAG(int, channels, 0, "override the config's width C (0 = keep the config's)");
+ABSL_FLAG(int, heads, 0, "override the config's number of heads H (0 = keep the config's)");
 ABSL_FLAG(int, ranks, 2, "data-parallel ranks, as threads of this process (ignored under mpirun)");
 ABSL_FLAG(std::string, strategy, "FULL_SHARD",
           "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP");
-ABSL_FLAG(int, hybrid_shard, 0, "ranks per shard group for the HYBRID strategies");
+ABSL_FLAG(int, hybrid_shard, 0,
+          "ranks per shard group, for the HYBRID strategies only (a divisor of the rank count)");
 ABSL_FLAG(bool, prefetch, true, "prefetch the next unit's all-gather while a unit computes");
-ABSL_FLAG(int, batch, 16, "sequences per step, over all ranks (a multiple of the rank count)");
+ABSL_FLAG(int, batch, 16,
+          "sequences per step, over all ranks (a multiple of ranks x micro_batches)");
 ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
 ABSL_FLAG(int, seq, 64, "sequence length T (at most the config's block size)");
-ABSL_FLAG(int, steps, 1000, "optimizer steps");
-ABSL_FLAG(double, lr, 3e-3, "peak learning rate (warmup, then cosine down to lr / 10)");
-ABSL_FLAG(int, warmup, 50, "warmup steps");
-ABSL_FLAG(double, clip, 1.0, "clip gradients to this global L2 norm (0 = off)");
+ABSL_FLAG(int, steps, 1000, "optimizer steps (a resumed run continues up to this step)");
+ABSL_FLAG(double, lr, 3e-4, "peak learning rate (AdamW; MODEL_SPEC.md's default)");
+ABSL_FLAG(
+    std::string, schedule, "cosine",
+    "cosine: warmup, then a half cosine down to lr / 10 at --steps; constant: warmup, then lr");
+ABSL_FLAG(int, warmup, 50, "linear warmup steps (0 = none)");
+ABSL_FLAG(double, beta1, 0.9, "AdamW beta1");
+ABSL_FLAG(double, beta2, 0.95, "AdamW beta2");
+ABSL_FLAG(double, eps, 1e-8, "AdamW epsilon");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay of weights and embeddings");
+ABSL_FLAG(double, clip, 1.0, "clip gradients to this global L2 norm (0 = off)");
+ABSL_FLAG(std::string, param_dtype, "f32",
+          "mixed precision: f32, bf16 or f16 for the gathered parameters and the matmuls");
+ABSL_FLAG(std::string, reduce_dtype, "f32",
+          "mixed precision: f32, bf16 or f16 for gradient reductions");
+ABSL_FLAG(double, loss_scaling, 0,
+          "dynamic loss scaling starting from this scale, e.g. 65536 (for f16; 0 = off)");
+ABSL_FLAG(int, checkpoint_every_blocks, 0,
+          "activation checkpointing: recompute block i in backward when i % K == 0 (1 = every "
+          "block; 0 = off)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the initialisation, the data order and the sampling");
-ABSL_FLAG(int, threads, 0, "OpenMP threads per rank (0 = the cores divided among the ranks)");
+ABSL_FLAG(int, threads, 0,
+          "OpenMP threads per rank (0 = the cores divided among the ranks; at most the "
+          "machine's hardware threads)");
 ABSL_FLAG(std::string, data, "",
           "token file (.bin of uint16) or text file; default: the embedded corpus");
+ABSL_FLAG(int64_t, max_data_bytes,
+          static_cast<int64_t>(fsdp::nn::TokenDataset::kDefaultMaxFileBytes),
+          "largest --data file read (it is held in memory, 2 bytes per token)");
 ABSL_FLAG(int, log_every, 50, "print a progress line every this many steps");
 ABSL_FLAG(int, eval_every, 250, "validation loss every this many steps (0 = only at the end)");
 ABSL_FLAG(int, sample_tokens, 300, "tokens to sample after training (0 = none)");
 ABSL_FLAG(double, temperature, 0.8, "sampling temperature (0 = greedy)");
 ABSL_FLAG(std::string, prompt, "This License", "text the samples start from");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "sharded checkpoints go to DIR/step-N; training resumes from the latest one there");
-ABSL_FLAG(int, checkpoint_every, 0, "save a checkpoint every this many steps (0 = at the end)");
+          "sharded checkpoints go to DIR/step-N; training resumes from the latest intact one");
+ABSL_FLAG(int, checkpoint_every, 0,
+          "save a checkpoint every this many steps (0 = at the end); needs --checkpoint_dir");
+ABSL_FLAG(std::string, init_safetensors, "",
+          "start from the parameters of this .safetensors file (a checkpoint to resume from wins)");
 ABSL_FLAG(std::string, export_safetensors, "", "write the trained model to this .safetensors file");
 
 namespace {
@@ -60,47 +106,301 @@ using fsdp::Communicator;
 using fsdp::nn::GptConfig;
 using fsdp::nn::ShardedGpt;
 
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+enum class Schedule { kCosine, kConstant };
+
 struct Settings {
   GptConfig config;
   fsdp::nn::ShardedGptOptions model;
-  int micro_batches = 1, steps = 0, log_every = 1, eval_every = 0, threads = 0;
+  int micro_batches = 1, steps = 0, warmup = 0, log_every = 1, eval_every = 0, threads = 0;
   int ranks_on_host = 1;
-  float max_lr = 0;
+  int sample_tokens = 0, checkpoint_every = 0;
+  Schedule schedule = Schedule::kCosine;
+  float max_lr = 0, temperature = 0;
   uint64_t seed = 0;
+  std::string prompt;
+  std::string data_name;  // for messages: "--data=PATH" or "the embedded corpus"
+  std::shared_ptr<const fsdp::nn::TrainValSplit> data;  // read once, shared by the rank threads
+  std::string checkpoint_dir, init_safetensors, export_path;
+  std::vector<std::string> warnings;  // printed once, before training
 };
 
-absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host) {
-  Settings s;
-  if (world_size < 1) return absl::InvalidArgumentError("--ranks must be >= 1");
-  FSDP_ASSIGN_OR_RETURN(s.config, GptConfig::FromName(absl::GetFlag(FLAGS_config)));
-  if (absl::GetFlag(FLAGS_layers) > 0) s.config.num_layers = absl::GetFlag(FLAGS_layers);
-  if (absl::GetFlag(FLAGS_channels) > 0) s.config.channels = absl::GetFlag(FLAGS_channels);
-  if (absl::GetFlag(FLAGS_heads) > 0) s.config.num_heads = absl::GetFlag(FLAGS_heads);
-  FSDP_RETURN_IF_ERROR(s.config.Validate());
-  const int batch = absl::GetFlag(FLAGS_batch);
-  s.micro_batches = absl::GetFlag(FLAGS_micro_batches);
-  if (s.micro_batches < 1 || batch < 1 || batch % (world_size * s.micro_batches) != 0) {
-    return absl::InvalidArgumentError(
-        "--batch must be a positive multiple of the rank count times --micro_batches");
+// A bad flag value, naming the flag, the value and what is allowed, e.g.
+// "--steps=-1: allowed: 1 or more optimizer steps".
+template <typename T>
+absl::Status BadFlag(std::string_view flag, const T& value, std::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", std::string(flag), "=", value, ": ", std::string(what)));
+}
+// The same with a message from the library (its own status code).
+absl::Status FlagError(std::string_view flag, std::string_view value, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("--", std::string(flag), "=", std::string(value),
+                                             ": ", s.message()));
+}
+
+bool Finite(double x) { return std::isfinite(x); }
+
+absl::StatusOr<fsdp::DType> ParseDType(std::string_view flag, const std::string& value) {
+  const std::string v = absl::AsciiStrToLower(value);
+  if (v == "f32") return fsdp::DType::kF32;
+  if (v == "bf16") return fsdp::DType::kBF16;
+  if (v == "f16") return fsdp::DType::kF16;
+  return BadFlag(flag, value, "allowed: f32, bf16 or f16");
+}
+
+// A file a flag names must be a regular file we can open.
+absl::Status CheckReadableFile(std::string_view flag, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return BadFlag(flag, path, absl::StrCat("cannot open it: ", std::strerror(errno)));
+  struct stat st;
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  ::close(fd);
+  if (!regular) return BadFlag(flag, path, "not a regular file");
+  return absl::OkStatus();
+}
+
+// Smallest corpus whose last 10% (the validation split) and first 90% both hold `need` tokens.
+int64_t SmallestCorpus(int64_t need, double val_fraction) {
+  int64_t n = need;
+  while (static_cast<int64_t>(val_fraction * n) < need ||
+         n - static_cast<int64_t>(val_fraction * n) < need) {
+    ++n;
   }
-  FSDP_ASSIGN_OR_RETURN(s.model.sharding.strategy,
-                        fsdp::ParseStrategy(absl::GetFlag(FLAGS_strategy)));
-  s.model.sharding.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard);
+  return n;
+}
+
+// Every flag and FSDP_COMM_TIMEOUT_S, checked, and the data read, before any rank starts:
+// any error here is bad usage (exit code 2), reported before training. `rank` is this
+// process's rank under mpirun (0 for ranks as threads); `ranks_share_process`: ranks are
+// threads of this process, sharing its cores.
+absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, int rank,
+                                           bool ranks_share_process) {
+  Settings s;
+  FSDP_RETURN_IF_ERROR(fsdp::CommTimeoutFromEnv().status());
+
+  // The model: a named config means that config; --layers, --channels, --heads override it.
+  const std::string config_name = absl::GetFlag(FLAGS_config);
+  auto config = GptConfig::FromName(config_name);
+  if (!config.ok()) return FlagError("config", config_name, config.status());
+  s.config = *config;
+  const int layers = absl::GetFlag(FLAGS_layers), channels = absl::GetFlag(FLAGS_channels),
+            heads = absl::GetFlag(FLAGS_heads);
+  if (layers < 0) return BadFlag("layers", layers, "allowed: 0 (keep the config's) or more");
+  if (channels < 0) return BadFlag("channels", channels, "allowed: 0 (keep the config's) or more");
+  if (heads < 0) return BadFlag("heads", heads, "allowed: 0 (keep the config's) or more");
+  if (layers > 0) s.config.num_layers = layers;
+  if (channels > 0) s.config.channels = channels;
+  if (heads > 0) s.config.num_heads = heads;
+  if (absl::Status v = s.config.Validate(); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--config=", config_name, " with --layers=", layers, " --channels=", channels,
+        " --heads=", heads, ": ", v.message()));
+  }
+
+  // Ranks and sharding.
+  if (ranks_share_process && (world_size < 1 || world_size > 1024)) {
+    return BadFlag("ranks", world_size, "allowed: 1 to 1024 ranks as threads of this process");
+  }
+  const std::string strategy = absl::GetFlag(FLAGS_strategy);
+  auto parsed = fsdp::ParseStrategy(strategy);
+  if (!parsed.ok()) return FlagError("strategy", strategy, parsed.status());
+  s.model.sharding.strategy = *parsed;
+  const bool hybrid = *parsed == fsdp::ShardingStrategy::kHybridShard ||
+                      *parsed == fsdp::ShardingStrategy::kHybridShardGradOp;
+  const int hybrid_shard = absl::GetFlag(FLAGS_hybrid_shard);
+  if (!hybrid && hybrid_shard != 0) {
+    return BadFlag("hybrid_shard", hybrid_shard,
+                   absl::StrCat("only the HYBRID_SHARD and HYBRID_SHARD_GRAD_OP strategies use "
+                                "it, not --strategy=", std::string(fsdp::StrategyName(*parsed)),
+                                "; leave it out or choose a HYBRID strategy"));
+  }
+  if (hybrid && (hybrid_shard < 1 || hybrid_shard > world_size || world_size % hybrid_shard != 0)) {
+    return BadFlag("hybrid_shard", hybrid_shard,
+                   absl::StrCat("--strategy=", std::string(fsdp::StrategyName(*parsed)),
+                                " needs the ranks per shard group: a divisor of the ", world_size,
+                                " ranks"));
+  }
+  s.model.sharding.hybrid_shard_size = hybrid_shard;
   s.model.sharding.forward_prefetch = s.model.sharding.backward_prefetch =
       absl::GetFlag(FLAGS_prefetch);
-  s.model.sharding.max_grad_norm = static_cast<float>(absl::GetFlag(FLAGS_clip));
-  s.max_lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
-  s.model.sharding.adamw.lr = s.max_lr;
-  s.model.sharding.adamw.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  s.model.batch_size = batch / world_size / s.micro_batches;
+
+  // Batch and sequence.
+  const int batch = absl::GetFlag(FLAGS_batch);
+  s.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  if (s.micro_batches < 1) return BadFlag("micro_batches", s.micro_batches, "allowed: 1 or more");
+  const int rows = world_size * s.micro_batches;
+  if (batch < 1 || batch % rows != 0) {
+    return BadFlag("batch", batch,
+                   absl::StrCat("allowed: a positive multiple of ", rows, " (", world_size,
+                                " ranks x ", s.micro_batches, " micro-batches)"));
+  }
+  s.model.batch_size = batch / rows;
   s.model.seq_len = absl::GetFlag(FLAGS_seq);
+  if (s.model.seq_len < 1 || s.model.seq_len > s.config.block_size) {
+    return BadFlag("seq", s.model.seq_len,
+                   absl::StrCat("allowed: 1 to the block size of --config=", s.config.name, ", ",
+                                s.config.block_size));
+  }
+
+  // Optimizer and schedule (MODEL_SPEC.md's AdamW defaults).
+  const double lr = absl::GetFlag(FLAGS_lr), beta1 = absl::GetFlag(FLAGS_beta1),
+               beta2 = absl::GetFlag(FLAGS_beta2), eps = absl::GetFlag(FLAGS_eps),
+               wd = absl::GetFlag(FLAGS_weight_decay), clip = absl::GetFlag(FLAGS_clip);
+  if (!Finite(lr) || lr <= 0) return BadFlag("lr", lr, "allowed: a learning rate > 0");
+  if (!Finite(beta1) || beta1 < 0 || beta1 >= 1) return BadFlag("beta1", beta1, "allowed: [0, 1)");
+  if (!Finite(beta2) || beta2 < 0 || beta2 >= 1) return BadFlag("beta2", beta2, "allowed: [0, 1)");
+  if (!Finite(eps) || eps <= 0) return BadFlag("eps", eps, "allowed: a number > 0");
+  if (!Finite(wd) || wd < 0) return BadFlag("weight_decay", wd, "allowed: 0 or more");
+  if (!Finite(clip) || clip < 0) return BadFlag("clip", clip, "allowed: 0 (off) or a norm > 0");
+  s.max_lr = static_cast<float>(lr);
+  s.model.sharding.adamw = {.lr = s.max_lr,
+                            .beta1 = static_cast<float>(beta1),
+                            .beta2 = static_cast<float>(beta2),
+                            .eps = static_cast<float>(eps),
+                            .weight_decay = static_cast<float>(wd)};
+  s.model.sharding.max_grad_norm = static_cast<float>(clip);
+  const std::string schedule = absl::GetFlag(FLAGS_schedule);
+  if (schedule == "cosine") {
+    s.schedule = Schedule::kCosine;
+  } else if (schedule == "constant") {
+    s.schedule = Schedule::kConstant;
+  } else {
+    return BadFlag("schedule", schedule, "allowed: cosine or constant");
+  }
+  s.warmup = absl::GetFlag(FLAGS_warmup);
+  if (s.warmup < 0) return BadFlag("warmup", s.warmup, "allowed: 0 (no warmup) or more steps");
+
+  // Mixed precision and activation checkpointing.
+  fsdp::MixedPrecision& mp = s.model.sharding.mixed_precision;
+  FSDP_ASSIGN_OR_RETURN(mp.param_dtype,
+                        ParseDType("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
+  FSDP_ASSIGN_OR_RETURN(mp.reduce_dtype,
+                        ParseDType("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
+  const double loss_scaling = absl::GetFlag(FLAGS_loss_scaling);
+  if (!Finite(loss_scaling) || loss_scaling < 0 || loss_scaling > 3e38) {
+    return BadFlag("loss_scaling", loss_scaling,
+                   "allowed: 0 (off) or the initial scale of dynamic loss scaling, e.g. 65536");
+  }
+  mp.dynamic_loss_scale = loss_scaling > 0;
+  if (mp.dynamic_loss_scale) mp.initial_loss_scale = static_cast<float>(loss_scaling);
+  if (mp.param_dtype == fsdp::DType::kF16 && !mp.dynamic_loss_scale) {
+    s.warnings.push_back(
+        "--param_dtype=f16 without --loss_scaling: small gradients may underflow to zero in "
+        "f16; consider --loss_scaling 65536");
+  }
+  s.model.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_blocks);
+  if (s.model.checkpoint_every < 0 || s.model.checkpoint_every > s.config.num_layers) {
+    return BadFlag("checkpoint_every_blocks", s.model.checkpoint_every,
+                   absl::StrCat("allowed: 0 (off) to the number of layers, ", s.config.num_layers));
+  }
+
+  // The run.
+  s.steps = absl::GetFlag(FLAGS_steps);
+  if (s.steps < 1) return BadFlag("steps", s.steps, "allowed: 1 or more optimizer steps");
+  if (s.warmup >= s.steps) {
+    s.warnings.push_back(absl::StrCat("--warmup=", s.warmup, " is not below --steps=", s.steps,
+                                      ": the learning rate never reaches --lr"));
+  }
+  s.log_every = absl::GetFlag(FLAGS_log_every);
+  if (s.log_every < 1) return BadFlag("log_every", s.log_every, "allowed: 1 or more steps");
+  s.eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (s.eval_every < 0) {
+    return BadFlag("eval_every", s.eval_every, "allowed: 0 (only at the end) or more steps");
+  }
+  s.sample_tokens = absl::GetFlag(FLAGS_sample_tokens);
+  if (s.sample_tokens < 0) return BadFlag("sample_tokens", s.sample_tokens, "allowed: 0 or more");
+  const double temperature = absl::GetFlag(FLAGS_temperature);
+  if (!Finite(temperature) || temperature < 0) {
+    return BadFlag("temperature", temperature, "allowed: 0 (greedy) or a temperature > 0");
+  }
+  s.temperature = static_cast<float>(temperature);
+  s.prompt = absl::GetFlag(FLAGS_prompt);
   s.seed = absl::GetFlag(FLAGS_seed);
   s.model.seed = s.seed;
-  s.steps = absl::GetFlag(FLAGS_steps);
-  s.log_every = std::max(1, absl::GetFlag(FLAGS_log_every));
-  s.eval_every = absl::GetFlag(FLAGS_eval_every);
+
+  // Threads per rank: never more than this process may use.
+  const int hw = fsdp::HardwareThreads();
   s.threads = absl::GetFlag(FLAGS_threads);
+  if (s.threads < 0 || s.threads > hw) {
+    return BadFlag("threads", s.threads,
+                   absl::StrCat("allowed: 0 (automatic) to the ", hw,
+                                " hardware threads this process may use"));
+  }
   s.ranks_on_host = ranks_on_host;
+  const int per_rank = s.threads > 0 ? s.threads : std::max(1, hw / ranks_on_host);
+  if (ranks_share_process && per_rank * ranks_on_host > hw) {
+    s.warnings.push_back(absl::StrCat(
+        ranks_on_host, " ranks x ", per_rank, " threads = ", per_rank * ranks_on_host,
+        " threads on ", hw, " hardware threads: the ranks compete for the cores and every "
+        "step is slower",
+        s.threads > 0 ? "; use --threads 0 (automatic)" : "; use fewer --ranks"));
+  }
+
+  // The data: read once, both splits large enough for one sequence.
+  const std::string path = absl::GetFlag(FLAGS_data);
+  const int64_t max_bytes = absl::GetFlag(FLAGS_max_data_bytes);
+  if (max_bytes < 1) return BadFlag("max_data_bytes", max_bytes, "allowed: 1 or more bytes");
+  fsdp::nn::TokenDataset data;
+  if (path.empty()) {
+    data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
+    s.data_name = "the embedded corpus";
+  } else {
+    auto read = fsdp::nn::TokenDataset::FromFile(path, s.config.vocab_size,
+                                                  static_cast<uint64_t>(max_bytes));
+    if (!read.ok()) {
+      if (absl::IsResourceExhausted(read.status())) {
+        return FlagError("data", path,
+                         absl::Status(read.status().code(),
+                                      absl::StrCat(read.status().message(),
+                                                   "; raise --max_data_bytes to read it")));
+      }
+      return FlagError("data", path, read.status());
+    }
+    data = std::move(*read);
+    s.data_name = absl::StrCat("--data=", path);
+  }
+  constexpr double kValFraction = 0.1;
+  FSDP_ASSIGN_OR_RETURN(fsdp::nn::TrainValSplit split, fsdp::nn::SplitTrainVal(data, kValFraction));
+  const int64_t need = s.model.seq_len + 1;
+  for (const auto& [name, part] : {std::pair<const char*, const fsdp::nn::TokenDataset*>{
+                                       "training split (the first 90%", &split.train},
+                                   {"validation split (the last 10%", &split.val}}) {
+    if (part->size() < need) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.data_name, ": the ", name, " of its ", data.size(), " tokens) has ", part->size(),
+          " tokens, fewer than the T+1 = ", need, " that one sequence of --seq=",
+          s.model.seq_len, " needs: give at least ", SmallestCorpus(need, kValFraction),
+          " tokens of data, or a smaller --seq"));
+    }
+  }
+  s.data = std::make_shared<const fsdp::nn::TrainValSplit>(std::move(split));
+
+  // Files and directories: usable now, not found out after training.
+  s.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  s.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (s.checkpoint_every < 0) {
+    return BadFlag("checkpoint_every", s.checkpoint_every, "allowed: 0 (at the end) or more steps");
+  }
+  if (s.checkpoint_every > 0 && s.checkpoint_dir.empty()) {
+    return BadFlag("checkpoint_every", s.checkpoint_every, "needs --checkpoint_dir");
+  }
+  if (!s.checkpoint_dir.empty()) {
+    if (absl::Status w = fsdp::CheckCheckpointDirWritable(s.checkpoint_dir); !w.ok()) {
+      return FlagError("checkpoint_dir", s.checkpoint_dir, w);
+    }
+  }
+  s.export_path = absl::GetFlag(FLAGS_export_safetensors);
+  if (!s.export_path.empty() && rank == 0) {  // rank 0 writes it
+    if (absl::Status w = fsdp::CheckExportPathWritable(s.export_path); !w.ok()) {
+      return FlagError("export_safetensors", s.export_path, w);
+    }
+  }
+  s.init_safetensors = absl::GetFlag(FLAGS_init_safetensors);
+  if (!s.init_safetensors.empty()) {
+    FSDP_RETURN_IF_ERROR(CheckReadableFile("init_safetensors", s.init_safetensors));
+  }
   return s;
 }
 
@@ -109,6 +409,19 @@ std::string Seconds(double s) {
   std::snprintf(buf, sizeof(buf), s < 100 ? "%.1f s" : "%.0f s", s);
   return buf;
 }
+
+// --schedule constant: the linear warmup of WarmupCosine, then the peak learning rate.
+class WarmupConstant final : public fsdp::LrSchedule {
+ public:
+  WarmupConstant(int64_t warmup_steps, float lr) : warmup_steps_(warmup_steps), lr_(lr) {}
+  float At(int64_t step) const override {
+    return step < warmup_steps_ ? lr_ * static_cast<float>(step + 1) / warmup_steps_ : lr_;
+  }
+
+ private:
+  int64_t warmup_steps_;
+  float lr_;
+};
 
 // Mean loss over the validation split, each rank taking its share of the windows.
 absl::StatusOr<float> Evaluate(ShardedGpt& model, const fsdp::nn::DataLoader& val) {
@@ -163,39 +476,70 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
                         fsdp::CpuBackend::Create({.num_threads = s.threads,
                                                   .ranks_sharing_cores = s.ranks_on_host}));
   backend->BindCurrentThread();
-  const std::string path = absl::GetFlag(FLAGS_data);
-  fsdp::nn::TokenDataset data;
-  if (path.empty()) {
-    data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
-  } else {
-    FSDP_ASSIGN_OR_RETURN(data, fsdp::nn::TokenDataset::FromFile(path, s.config.vocab_size));
-  }
-  FSDP_ASSIGN_OR_RETURN(auto split, fsdp::nn::SplitTrainVal(data, 0.1));
   const int B = s.model.batch_size, T = s.model.seq_len, N = world.size();
   // Each micro-batch is one loader step, so the data order is that of B*N-row batches.
   FSDP_ASSIGN_OR_RETURN(auto train, fsdp::nn::DataLoader::Create(
-      &split.train, {.batch_size = B, .seq_len = T, .rank = world.rank(), .world_size = N,
-                     .seed = s.seed}));
+      &s.data->train, {.batch_size = B, .seq_len = T, .rank = world.rank(), .world_size = N,
+                       .seed = s.seed}));
   FSDP_ASSIGN_OR_RETURN(auto val, fsdp::nn::DataLoader::Create(
-      &split.val, {.batch_size = B, .seq_len = T, .rank = world.rank(), .world_size = N,
-                   .order = fsdp::nn::SampleOrder::kSequential}));
+      &s.data->val, {.batch_size = B, .seq_len = T, .rank = world.rank(), .world_size = N,
+                     .order = fsdp::nn::SampleOrder::kSequential}));
   FSDP_ASSIGN_OR_RETURN(auto model,
                         ShardedGpt::Create(s.config, backend.get(), world, s.model));
-  const fsdp::WarmupCosine schedule(absl::GetFlag(FLAGS_warmup), s.steps, s.max_lr,
-                                    s.max_lr / 10);
+  if (!s.init_safetensors.empty()) {
+    FSDP_RETURN_IF_ERROR(fsdp::ImportSafetensors(model->runtime(), s.init_safetensors));
+    if (lead) std::printf("initialised the parameters from %s\n", s.init_safetensors.c_str());
+  }
+  std::unique_ptr<fsdp::LrSchedule> schedule;
+  if (s.schedule == Schedule::kCosine) {
+    schedule = std::make_unique<fsdp::WarmupCosine>(s.warmup, s.steps, s.max_lr, s.max_lr / 10);
+  } else {
+    schedule = std::make_unique<WarmupConstant>(s.warmup, s.max_lr);
+  }
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T * N * s.micro_batches;
-  // Resume from the latest checkpoint, on any number of ranks or strategy.
-  const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  // Resume from the newest intact checkpoint, on any number of ranks or strategy. Rank 0
+  // first removes what crashed saves left; checkpoints without a valid COMMIT marker are
+  // skipped, saying so, and a save of the same step later replaces them.
+  const std::string& ckpt_dir = s.checkpoint_dir;
   int start_step = 0;
+  std::vector<fsdp::SkippedCheckpoint> skipped;
   if (!ckpt_dir.empty()) {
-    auto latest = fsdp::LatestCheckpoint(ckpt_dir);
+    if (lead) {
+      auto removed = fsdp::RemoveCheckpointTemporaries(ckpt_dir);
+      if (!removed.ok()) {
+        std::fprintf(stderr, "train_gpt: warning: could not clean up %s: %s\n", ckpt_dir.c_str(),
+                     removed.status().ToString().c_str());
+      } else {
+        for (const std::string& d : *removed) {
+          std::printf("removed %s: the temporary directory of a save that did not finish\n",
+                      d.c_str());
+        }
+      }
+    }
+    FSDP_RETURN_IF_ERROR(world.Barrier());
+    auto latest = fsdp::LatestCheckpoint(ckpt_dir, &skipped);
+    if (lead) {
+      for (const fsdp::SkippedCheckpoint& k : skipped) {
+        std::fprintf(stderr, "train_gpt: warning: skipping checkpoint %s: %s\n", k.path.c_str(),
+                     std::string(k.why.message()).c_str());
+      }
+    }
     if (latest.ok()) {
       FSDP_ASSIGN_OR_RETURN(fsdp::LoadedCheckpoint loaded,
                             fsdp::LoadCheckpoint(model->runtime(), *latest));
       if (loaded.state.data) FSDP_RETURN_IF_ERROR(train.Restore(*loaded.state.data));
       start_step = static_cast<int>(loaded.step);
-      if (lead) std::printf("resumed from %s (step %d)\n", latest->c_str(), start_step);
-    } else if (!absl::IsNotFound(latest.status())) {
+      if (lead) {
+        std::printf("resumed from %s (step %d)%s\n", latest->c_str(), start_step,
+                    skipped.empty() ? "" : ", the newest intact checkpoint");
+      }
+    } else if (absl::IsNotFound(latest.status())) {
+      if (lead && !skipped.empty()) {
+        std::fprintf(stderr,
+                     "train_gpt: warning: no intact checkpoint in %s: starting from step 0\n",
+                     ckpt_dir.c_str());
+      }
+    } else {
       return latest.status();
     }
   }
@@ -203,18 +547,44 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     fsdp::TrainingState state;
     state.data = train.state();
     const std::string dir = ckpt_dir + "/step-" + std::to_string(step);
+    const bool replaces = std::any_of(skipped.begin(), skipped.end(), [&](const auto& k) {
+      return std::filesystem::path(k.path).filename() == "step-" + std::to_string(step);
+    });
     FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model->runtime(), dir, state));
-    if (lead) std::printf("saved %s\n", dir.c_str());
+    if (lead) {
+      std::printf("saved %s%s\n", dir.c_str(),
+                  replaces ? " (replacing the damaged checkpoint of that name)" : "");
+    }
     return absl::OkStatus();
   };
   if (lead) {
+    const fsdp::MixedPrecision& mp = s.model.sharding.mixed_precision;
+    std::string extras;
+    if (mp.param_dtype != fsdp::DType::kF32 || mp.reduce_dtype != fsdp::DType::kF32) {
+      absl::StrAppend(&extras, " | params ", std::string(fsdp::DTypeName(mp.param_dtype)),
+                      ", reductions ", std::string(fsdp::DTypeName(mp.reduce_dtype)));
+    }
+    if (mp.dynamic_loss_scale) {
+      absl::StrAppend(&extras, " | dynamic loss scaling from ", mp.initial_loss_scale);
+    }
+    if (s.model.checkpoint_every > 0) {
+      absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,
+                      s.model.checkpoint_every == 1 ? " block" : " blocks");
+    }
     std::printf("train_gpt: %s L=%d H=%d C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
-                "%d units | batch %d x %d per step | %d steps | %d threads per rank\n",
+                "%d units | batch %d x %d per step | %d steps, lr %.2e %s, warmup %d | "
+                "%d threads per rank%s\n",
                 s.config.name.c_str(), s.config.num_layers, s.config.num_heads,
                 s.config.channels, s.config.vocab_size, s.config.num_parameters() / 1e6,
                 std::string(fsdp::StrategyName(s.model.sharding.strategy)).c_str(), N,
                 std::string(world.backend()).c_str(), model->runtime().num_units(),
-                B * N * s.micro_batches, T, s.steps, backend->num_threads());
+                B * N * s.micro_batches, T, s.steps, s.max_lr,
+                s.schedule == Schedule::kCosine ? "cosine" : "constant", s.warmup,
+                backend->num_threads(), extras.c_str());
+    if (start_step >= s.steps) {
+      std::printf("nothing to train: the checkpoint is at step %d, --steps is %d\n", start_step,
+                  s.steps);
+    }
   }
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
@@ -232,7 +602,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       FSDP_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(b.inputs.data(), b.targets.data()));
       step_loss += loss / s.micro_batches;
     }
-    FSDP_ASSIGN_OR_RETURN(fsdp::StepStats stats, model->runtime().Step(schedule));
+    FSDP_ASSIGN_OR_RETURN(fsdp::StepStats stats, model->runtime().Step(*schedule));
     FSDP_ASSIGN_OR_RETURN(float mean_loss, model->MeanOverRanks(static_cast<float>(step_loss)));
     loss_sum += mean_loss;
     ++loss_count;
@@ -253,28 +623,25 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       FSDP_ASSIGN_OR_RETURN(val_loss, Evaluate(*model, val));
       if (lead) std::printf("step %5d/%d | val loss %.4f\n", step + 1, s.steps, val_loss);
     }
-    const int every = absl::GetFlag(FLAGS_checkpoint_every);
-    if (!ckpt_dir.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
+    if (!ckpt_dir.empty() &&
+        (last || (s.checkpoint_every > 0 && (step + 1) % s.checkpoint_every == 0))) {
       FSDP_RETURN_IF_ERROR(save(step + 1));
     }
   }
-  const std::string export_path = absl::GetFlag(FLAGS_export_safetensors);
-  if (!export_path.empty()) {
-    FSDP_RETURN_IF_ERROR(fsdp::ExportSafetensors(model->runtime(), export_path));
-    if (lead) std::printf("exported %s\n", export_path.c_str());
+  if (!s.export_path.empty()) {
+    FSDP_RETURN_IF_ERROR(fsdp::ExportSafetensors(model->runtime(), s.export_path));
+    if (lead) std::printf("exported %s\n", s.export_path.c_str());
   }
-  if (lead) {
+  if (lead && start_step < s.steps) {
     std::printf("trained %d steps in %s: loss %.4f -> %.4f, val loss %.4f\nmemory per rank: %s\n",
                 s.steps - start_step, Seconds(elapsed()).c_str(), first_loss, last_loss,
                 val_loss, fsdp::FormatMemoryReport(model->memory()).c_str());
   }
-  const int n = absl::GetFlag(FLAGS_sample_tokens);
+  const int n = s.sample_tokens;
   if (n > 0 && s.config.vocab_size == 256) {
     for (int i = 0; i < 2; ++i) {
       FSDP_ASSIGN_OR_RETURN(std::string text,
-                            Sample(*model, absl::GetFlag(FLAGS_prompt), n,
-                                   static_cast<float>(absl::GetFlag(FLAGS_temperature)),
-                                   s.seed + i));
+                            Sample(*model, s.prompt, n, s.temperature, s.seed + i));
       if (lead) std::printf("\n--- sample %d ---\n%s\n", i + 1, text.c_str());
     }
   } else if (n > 0 && lead) {
@@ -288,37 +655,93 @@ int EnvInt(const char* name, int fallback) {
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
+// absl::ParseCommandLine ends the process with exit(1) both on a malformed command line (an
+// unknown flag, "--steps=abc") and after --help. While it runs, this atexit handler turns
+// that into the documented codes: 2 for bad usage, 0 for the help and version flags.
+std::atomic<int> exit_code_while_parsing{-1};
+
+void ExitCodeWhileParsing() {
+  const int code = exit_code_while_parsing.load();
+  if (code >= 0) {
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+}
+
+std::vector<char*> ParseFlags(int argc, char** argv) {
+  bool help = false;
+  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+    std::string_view a = argv[i];
+    if (!a.starts_with('-')) continue;  // a value, e.g. of --prompt
+    while (!a.empty() && a.front() == '-') a.remove_prefix(1);
+    help = help || a.starts_with("help") || a == "version" || a == "only_check_args";
+  }
+  exit_code_while_parsing = help ? 0 : kExitUsage;
+  std::atexit(ExitCodeWhileParsing);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  exit_code_while_parsing = -1;
+  return rest;
+}
+
+void PrintWarnings(const Settings& s) {
+  for (const std::string& w : s.warnings)
+    std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
+}
+
+// Prints a status that ended the run and returns the exit code.
+int Report(const absl::Status& status, bool usage) {
+  if (usage) {
+    std::fprintf(stderr, "train_gpt: %s\ntrain_gpt: nothing was trained (exit code %d: bad usage; "
+                 "train_gpt --help lists the flags)\n",
+                 std::string(status.message()).c_str(), kExitUsage);
+    return kExitUsage;
+  }
+  std::fprintf(stderr, "train_gpt: %s\n", status.ToString().c_str());
+  return kExitFailed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a file or a pipe: every line printed is in the file at once, also
+  // when the process is killed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   absl::SetProgramUsageMessage(
       "Trains a GPT with sharded data parallelism (ranks as threads, or processes under "
-      "mpirun) and samples from it.");
-  absl::ParseCommandLine(argc, argv);
-  absl::Status status;
+      "mpirun) and samples from it. Exit codes: 0 trained, 1 failed after start-up, 2 bad "
+      "usage (found before training).");
+  const std::vector<char*> positional = ParseFlags(argc, argv);
+  if (positional.size() > 1) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+                      "unexpected argument '", positional[1], "': flags start with --")),
+                  true);
+  }
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {  // launched by mpirun
+    absl::Status status;
+    bool usage = false;
     auto world = fsdp::CreateMpiWorld();
     if (!world.ok()) {
       status = world.status();
     } else {
-      auto settings = SettingsFromFlags((*world)->size(),
-                                        EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
-      status = settings.ok() ? RunRank(**world, *settings) : settings.status();
+      auto settings = SettingsFromFlags((*world)->size(), EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+                                        (*world)->rank(), /*ranks_share_process=*/false);
+      if (!settings.ok()) {
+        status = settings.status();
+        usage = true;
+      } else {
+        if ((*world)->rank() == 0) PrintWarnings(*settings);
+        status = RunRank(**world, *settings);
+      }
       world->reset();
     }
     fsdp::ShutdownMpi();
-  } else {
-    const int ranks = absl::GetFlag(FLAGS_ranks);
-    auto settings = SettingsFromFlags(ranks, ranks);
-    status = settings.ok() ? fsdp::LocalWorld::Run(ranks, {},
-                                                   [&](Communicator& world) {
-                                                     return RunRank(world, *settings);
-                                                   })
-                           : settings.status();
+    return status.ok() ? 0 : Report(status, usage);
   }
-  if (!status.ok()) {
-    std::fprintf(stderr, "train_gpt: %s\n", status.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  const int ranks = absl::GetFlag(FLAGS_ranks);
+  auto settings = SettingsFromFlags(ranks, ranks, 0, /*ranks_share_process=*/true);
+  if (!settings.ok()) return Report(settings.status(), true);
+  PrintWarnings(*settings);
+  const absl::Status status = fsdp::LocalWorld::Run(
+      ranks, {}, [&](Communicator& world) { return RunRank(world, *settings); });
+  return status.ok() ? 0 : Report(status, false);
 }

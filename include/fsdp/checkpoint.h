@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fsdp/dtype.h"
 #include "fsdp/nn/data.h"
@@ -48,6 +49,12 @@ struct SaveOptions {
   // Replace an existing checkpoint at `dir` (the old one is renamed aside, the new one renamed
   // in, the old one removed). Off: an existing `dir` is an AlreadyExists error.
   bool overwrite = false;
+  // Replace an incomplete or damaged checkpoint at `dir`: a directory holding only checkpoint
+  // files (shard-*.bin, metadata.json, COMMIT) but no valid COMMIT marker, which LatestCheckpoint
+  // skips and LoadCheckpoint refuses. A run that fell back to an older checkpoint can then save
+  // that step again. Off: such a directory is an AlreadyExists error. A directory holding
+  // anything else is never replaced.
+  bool replace_incomplete = true;
   // Testing only: called on every rank at each point of the save ("shard_written",
   // "metadata_written", "commit_written"); a non-OK status makes the save stop right there as
   // if the process had crashed (the temporary directory is left behind, nothing renamed).
@@ -70,7 +77,9 @@ struct LoadedCheckpoint {
 
 // Saves the runtime's parameters, optimizer state and step counters plus `state` to the
 // directory `dir`, which appears complete or not at all. Temporary directories of earlier
-// crashed saves of the same `dir` (dir.tmp-*) are removed first.
+// crashed saves of the same `dir` (dir.tmp-*) are removed first. An existing `dir` is replaced
+// when it is a complete checkpoint and options.overwrite is set, or when it is an incomplete
+// or damaged one (options.replace_incomplete); otherwise it is an AlreadyExists error.
 absl::Status SaveCheckpoint(ShardingRuntime& runtime, const std::string& dir,
                             const TrainingState& state = {}, const SaveOptions& options = {});
 
@@ -82,9 +91,39 @@ absl::Status SaveCheckpoint(ShardingRuntime& runtime, const std::string& dir,
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& runtime, const std::string& dir,
                                                 const LoadOptions& options = {});
 
-// Not collective: the complete checkpoint (with a valid COMMIT marker) of the highest step
-// among the subdirectories of `parent`, ties broken by name; NotFound when there is none.
-absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent);
+// A subdirectory that LatestCheckpoint passed over: it holds checkpoint files but no valid
+// COMMIT marker (missing, damaged, or not matching metadata.json), e.g. a checkpoint damaged
+// after it was written. `why` is the DataLoss error that LoadCheckpoint would return for it.
+struct SkippedCheckpoint {
+  std::string path;
+  absl::Status why;
+};
+
+// Not collective: the complete checkpoint (with a valid COMMIT marker that matches its
+// metadata.json) of the highest step among the subdirectories of `parent`, ties broken by
+// name; NotFound when there is none. Temporary directories of saves (NAME.tmp-*) are ignored.
+// With `skipped`, it receives (sorted by path) every subdirectory that holds checkpoint files
+// but was passed over because its COMMIT marker is missing or damaged, and why: a program
+// that resumes should say so, since the checkpoint it resumes from is then not the newest.
+// Shard files are not read here; LoadCheckpoint verifies them.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
+                                             std::vector<SkippedCheckpoint>* skipped = nullptr);
+
+// Not collective: removes the temporary directories (NAME.tmp-<pid>-<hex>) that saves which
+// crashed left in `parent`, and returns their paths (sorted); an empty list when there is
+// none or `parent` does not exist. Call it on one rank at start-up, while no save into
+// `parent` is in progress (no other job may be saving there).
+absl::StatusOr<std::vector<std::string>> RemoveCheckpointTemporaries(const std::string& parent);
+
+// Not collective: checks that checkpoints can be saved under `parent` before any is: creates
+// it (with its parents) when missing, then creates and removes a probe file in it. An error
+// naming `parent` and the reason otherwise. For start-up checks, so that a bad directory is
+// reported before training rather than at the first save.
+absl::Status CheckCheckpointDirWritable(const std::string& parent);
+
+// Not collective: checks that ExportSafetensors can write `path`: `path` is not a directory,
+// and its directory exists and accepts a new file (a probe file is created and removed).
+absl::Status CheckExportPathWritable(const std::string& path);
 
 struct SafetensorsExportOptions {
   DType dtype = DType::kF32;  // kF32 or kBF16 (kF16 works too)

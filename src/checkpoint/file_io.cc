@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "src/checkpoint/crc32c.h"
 
@@ -184,6 +185,74 @@ std::string BaseName(const std::string& path) {
   const std::string p = Trimmed(path);
   const size_t slash = p.rfind('/');
   return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+bool IsCheckpointTemporaryName(std::string_view name) {
+  const size_t at = name.rfind(".tmp-");
+  if (at == std::string_view::npos || at == 0) return false;
+  const std::string_view rest = name.substr(at + 5);  // "<pid>-<hex>"
+  const size_t dash = rest.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == rest.size()) return false;
+  const auto all = [](std::string_view s, auto pred) {
+    return std::all_of(s.begin(), s.end(), [&](char c) { return pred(c); });
+  };
+  return all(rest.substr(0, dash), [](char c) { return c >= '0' && c <= '9'; }) &&
+         all(rest.substr(dash + 1),
+             [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+absl::StatusOr<CommitRecord> ReadVerifiedCommit(const std::string& dir,
+                                                std::string* metadata_text) {
+  constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
+  const std::string commit_path = absl::StrCat(dir, "/", kCommitFile);
+  if (!PathExists(dir)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no such checkpoint directory"));
+  }
+  if (!PathExists(commit_path)) {
+    return absl::DataLossError(
+        absl::StrCat(commit_path,
+                     ": missing: the checkpoint is incomplete (a save that did not finish) "
+                     "or not a libfsdp checkpoint"));
+  }
+  absl::StatusOr<std::string> commit_text = ReadWholeFile(commit_path, 4096);
+  if (!commit_text.ok()) {
+    return absl::DataLossError(absl::StrCat(commit_path, ": unreadable: ",
+                                            std::string(commit_text.status().message())));
+  }
+  absl::StatusOr<CommitRecord> commit = DecodeCommit(*commit_text);
+  if (!commit.ok()) {
+    return absl::DataLossError(absl::StrCat(dir, "/", std::string(commit.status().message())));
+  }
+  const std::string meta_path = absl::StrCat(dir, "/", kMetadataFile);
+  absl::StatusOr<std::string> text = ReadWholeFile(meta_path, kMaxMetadataBytes);
+  if (!text.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(meta_path, ": missing or unreadable (", std::string(text.status().message()),
+                     "), but the COMMIT marker records it"));
+  }
+  if (text->size() != commit->metadata_bytes || Crc32c(*text) != commit->metadata_crc32c) {
+    return absl::DataLossError(absl::StrCat(
+        meta_path, ": checksum mismatch: ", text->size(), " bytes with CRC32C ",
+        CrcHex(Crc32c(*text)), ", but the COMMIT marker records ", commit->metadata_bytes,
+        " bytes with ", CrcHex(commit->metadata_crc32c), " (corrupted or replaced)"));
+  }
+  if (metadata_text != nullptr) *metadata_text = std::move(*text);
+  return *commit;
+}
+
+bool HoldsOnlyCheckpointFiles(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return false;
+  int files = 0;
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
+    const bool known = name == kCommitFile || name == kMetadataFile ||
+                       (absl::StartsWith(name, "shard-") && absl::EndsWith(name, ".bin"));
+    if (!known || !e.is_regular_file(ec)) return false;
+    ++files;
+  }
+  return files > 0;
 }
 
 }  // namespace fsdp::checkpoint

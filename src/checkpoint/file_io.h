@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "fsdp/status.h"
+#include "src/checkpoint/shard_file.h"
 
 namespace fsdp::checkpoint {
 
@@ -65,5 +66,22 @@ absl::Status RenameDurably(const std::string& from, const std::string& to);
 // The directory holding `path` ("." for a bare name), and the last component.
 std::string ParentOf(const std::string& path);
 std::string BaseName(const std::string& path);
+
+// Whether `name` (one path component) is that of a temporary directory SaveCheckpoint
+// writes into: "<target>.tmp-<pid>-<hex>". Such a directory left behind is a crashed save.
+bool IsCheckpointTemporaryName(std::string_view name);
+
+// The COMMIT marker of the checkpoint directory `dir`, verified: present, well formed, and
+// matching the size and CRC32C of metadata.json (whose text goes to `metadata_text` when
+// given). NotFound when `dir` does not exist; otherwise DataLoss saying what is wrong. The
+// shard files are not read (LoadCheckpoint verifies them).
+absl::StatusOr<CommitRecord> ReadVerifiedCommit(const std::string& dir,
+                                                std::string* metadata_text = nullptr);
+
+// True when `dir` is a directory holding files of a sharded checkpoint and nothing else:
+// at least one of COMMIT, metadata.json, shard-*.bin and no other entry. Such a directory
+// without a valid COMMIT marker is an incomplete or damaged checkpoint, which a save of the
+// same name may replace; any other directory is never replaced.
+bool HoldsOnlyCheckpointFiles(const std::string& dir);
 
 }  // namespace fsdp::checkpoint

@@ -1,4 +1,5 @@
-// LoadCheckpoint (with resharding) and LatestCheckpoint. Each rank checks the COMMIT marker
+// LoadCheckpoint (with resharding), LatestCheckpoint (reporting the damaged checkpoints it
+// skips) and RemoveCheckpointTemporaries. Each rank checks the COMMIT marker
 // and metadata.json, matches the checkpoint's tensors with the runtime's, works out which
 // byte ranges of which shard files cover its new shards, verifies those files' checksums,
 // reads the ranges into host staging buffers, and only after every rank has succeeded copies
@@ -25,8 +26,6 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
 
-constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
-
 struct Read {
   uint64_t offset = 0;
   size_t bytes = 0;
@@ -43,29 +42,8 @@ struct Staged {
 };
 
 absl::StatusOr<CheckpointMetadata> ReadMetadata(const std::string& dir) {
-  const std::string commit_path = absl::StrCat(dir, "/", kCommitFile);
-  if (!PathExists(dir)) {
-    return absl::NotFoundError(absl::StrCat(dir, ": no such checkpoint directory"));
-  }
-  if (!PathExists(commit_path)) {
-    return absl::DataLossError(
-        absl::StrCat(commit_path,
-                     ": missing: the checkpoint is incomplete (a save that did not finish) "
-                     "or not a libfsdp checkpoint"));
-  }
-  FSDP_ASSIGN_OR_RETURN(std::string commit_text, ReadWholeFile(commit_path, 4096));
-  absl::StatusOr<CommitRecord> commit = DecodeCommit(commit_text);
-  if (!commit.ok()) {
-    return absl::DataLossError(absl::StrCat(dir, "/", std::string(commit.status().message())));
-  }
-  const std::string meta_path = absl::StrCat(dir, "/", kMetadataFile);
-  FSDP_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(meta_path, kMaxMetadataBytes));
-  if (text.size() != commit->metadata_bytes || Crc32c(text) != commit->metadata_crc32c) {
-    return absl::DataLossError(absl::StrCat(
-        meta_path, ": checksum mismatch: ", text.size(), " bytes with CRC32C ",
-        CrcHex(Crc32c(text)), ", but the COMMIT marker records ", commit->metadata_bytes,
-        " bytes with ", CrcHex(commit->metadata_crc32c), " (corrupted or replaced)"));
-  }
+  std::string text;
+  FSDP_RETURN_IF_ERROR(ReadVerifiedCommit(dir, &text).status());
   absl::StatusOr<CheckpointMetadata> meta = ParseMetadata(text);
   if (!meta.ok()) {
     return absl::DataLossError(absl::StrCat(dir, "/", std::string(meta.status().message())));
@@ -271,8 +249,10 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& rt, const std::
   return out;
 }
 
-absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent) {
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
+                                             std::vector<SkippedCheckpoint>* skipped) {
   using namespace checkpoint;  // NOLINT
+  if (skipped != nullptr) skipped->clear();
   std::error_code ec;
   std::filesystem::directory_iterator it(parent, ec);
   if (ec) return absl::NotFoundError(absl::StrCat(parent, ": cannot list: ", ec.message()));
@@ -280,22 +260,48 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent) {
   int64_t best_step = -1;
   for (const auto& e : it) {
     const std::string name = e.path().filename().string();
-    if (name.find(".tmp-") != std::string::npos || !e.is_directory(ec)) continue;
-    auto text = ReadWholeFile(absl::StrCat(e.path().string(), "/", kCommitFile), 4096);
-    if (!text.ok()) continue;
-    auto commit = DecodeCommit(*text);
-    if (!commit.ok()) continue;
+    if (IsCheckpointTemporaryName(name) || !e.is_directory(ec)) continue;
     const std::string path = e.path().string();
+    absl::StatusOr<CommitRecord> commit = ReadVerifiedCommit(path);
+    if (!commit.ok()) {
+      // Report what looks like a checkpoint; other directories are none of our business.
+      if (skipped != nullptr && HoldsOnlyCheckpointFiles(path)) {
+        skipped->push_back({path, commit.status()});
+      }
+      continue;
+    }
     if (commit->step > best_step || (commit->step == best_step && path > best)) {
       best_step = commit->step;
       best = path;
     }
+  }
+  if (skipped != nullptr) {
+    std::sort(
+        skipped->begin(), skipped->end(),
+        [](const SkippedCheckpoint& a, const SkippedCheckpoint& b) { return a.path < b.path; });
   }
   if (best.empty()) {
     return absl::NotFoundError(absl::StrCat(parent, ": no complete checkpoint (none with a valid ",
                                             kCommitFile, " marker)"));
   }
   return best;
+}
+
+absl::StatusOr<std::vector<std::string>> RemoveCheckpointTemporaries(const std::string& parent) {
+  using namespace checkpoint;  // NOLINT
+  std::vector<std::string> found;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(parent, ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory) return found;
+    return absl::InternalError(absl::StrCat(parent, ": cannot list: ", ec.message()));
+  }
+  for (const auto& e : it) {
+    if (IsCheckpointTemporaryName(e.path().filename().string())) found.push_back(e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  for (const std::string& path : found) FSDP_RETURN_IF_ERROR(RemoveTree(path));
+  return found;
 }
 
 }  // namespace fsdp

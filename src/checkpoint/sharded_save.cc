@@ -1,11 +1,15 @@
 // SaveCheckpoint: every rank writes its shard file into a temporary directory, rank 0 adds
 // metadata.json and the COMMIT marker, then renames the directory into place. Each phase
 // ends with all ranks agreeing on success, so a failure anywhere stops the save everywhere.
+// Also the start-up checks that checkpoints and exports can be written where asked.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -131,22 +135,33 @@ absl::StatusOr<CheckpointMetadata> BuildMetadata(ShardingRuntime& rt, const Trai
 
 // Rank 0, before anything is written: the target must be free (or replaceable), temporary
 // directories of crashed saves are removed, and a new one is made.
-absl::StatusOr<std::string> PrepareTemporary(const std::string& target, bool overwrite) {
+absl::StatusOr<std::string> PrepareTemporary(const std::string& target,
+                                             const SaveOptions& options) {
   const std::string parent = ParentOf(target), base = BaseName(target);
   if (base.empty() || base == "." || base == "..") {
     return absl::InvalidArgumentError(
         absl::StrCat("'", target, "' is not a checkpoint directory name"));
   }
-  if (PathExists(target) && !overwrite) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(target,
-                     " already exists; save each checkpoint to a new directory (e.g. step-000100) "
-                     "or set SaveOptions::overwrite"));
-  }
-  if (PathExists(target) && !PathExists(absl::StrCat(target, "/", kCommitFile))) {
-    return absl::AlreadyExistsError(absl::StrCat(target, " exists and is not a checkpoint (no ",
-                                                 kCommitFile,
-                                                 " marker): overwrite replaces checkpoints only"));
+  if (PathExists(target)) {
+    const absl::StatusOr<CommitRecord> commit = ReadVerifiedCommit(target);
+    if (commit.ok() && !options.overwrite) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          target,
+          " already exists; save each checkpoint to a new directory (e.g. step-000100) "
+          "or set SaveOptions::overwrite"));
+    }
+    // An incomplete or damaged checkpoint (no valid COMMIT marker) is replaced like a complete
+    // one; a directory holding anything else is never touched.
+    if (!commit.ok() && !HoldsOnlyCheckpointFiles(target)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          target, " exists and is not a checkpoint (no valid ", kCommitFile,
+          " marker, and files a checkpoint does not have): a save replaces checkpoints only"));
+    }
+    if (!commit.ok() && !options.replace_incomplete) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          target, " exists and holds an incomplete or damaged checkpoint (",
+          std::string(commit.status().message()), "); set SaveOptions::replace_incomplete"));
+    }
   }
   FSDP_RETURN_IF_ERROR(MakeDirectory(parent));
   std::error_code ec;
@@ -191,7 +206,7 @@ absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const T
   absl::Status local;
   std::string tmp;
   if (root) {
-    auto t = PrepareTemporary(target, options.overwrite);
+    auto t = PrepareTemporary(target, options);
     local = t.status();
     if (t.ok()) tmp = *t;
   }
@@ -255,6 +270,63 @@ absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const T
 
   if (root) local = Publish(tmp, target);
   return end_phase();
+}
+
+absl::Status CheckCheckpointDirWritable(const std::string& parent) {
+  using namespace checkpoint;  // NOLINT: this file's own helpers
+  if (parent.empty()) return absl::InvalidArgumentError("the checkpoint directory name is empty");
+  auto fail = [&](absl::StatusCode code, std::string_view why) {
+    return absl::Status(code, absl::StrCat("cannot save checkpoints in ", parent, ": ",
+                                           std::string(why)));
+  };
+  std::error_code ec;
+  if (PathExists(parent) && !std::filesystem::is_directory(parent, ec)) {
+    return fail(absl::StatusCode::kFailedPrecondition, "it exists and is not a directory");
+  }
+  std::filesystem::create_directories(parent, ec);
+  if (ec) {
+    return fail(ec == std::errc::permission_denied ? absl::StatusCode::kPermissionDenied
+                                                   : absl::StatusCode::kFailedPrecondition,
+                absl::StrCat("cannot create the directory: ", ec.message()));
+  }
+  const std::string probe = absl::StrFormat("%s/.fsdp-write-probe-%d", parent, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return fail(err == EACCES || err == EPERM ? absl::StatusCode::kPermissionDenied
+                                              : absl::StatusCode::kFailedPrecondition,
+                absl::StrCat("cannot create a file in it: ", std::strerror(err)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status CheckExportPathWritable(const std::string& path) {
+  using namespace checkpoint;  // NOLINT: this file's own helpers
+  auto fail = [&](absl::StatusCode code, std::string_view why) {
+    return absl::Status(code, absl::StrCat("cannot export to ", path, ": ", std::string(why)));
+  };
+  std::error_code ec;
+  if (path.empty() || path.back() == '/' || std::filesystem::is_directory(path, ec)) {
+    return fail(absl::StatusCode::kInvalidArgument, "it names a directory, not a file");
+  }
+  const std::string dir = ParentOf(path);
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return fail(absl::StatusCode::kNotFound,
+                absl::StrCat("the directory ", dir, " does not exist"));
+  }
+  const std::string probe = absl::StrFormat("%s.write-probe-%d", path, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return fail(err == EACCES || err == EPERM ? absl::StatusCode::kPermissionDenied
+                                              : absl::StatusCode::kFailedPrecondition,
+                absl::StrCat("cannot create a file in ", dir, ": ", std::strerror(err)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace fsdp

@@ -1,11 +1,13 @@
 // Sharded checkpoints with ranks as threads: exact resume for every strategy (bit for bit at
 // the same world size), resharding to other world sizes, meshes, strategies and wrap
 // policies (parity tolerance), the optimizer and rank state, and LatestCheckpoint.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "tests/checkpoint/ckpt_util.h"
 
@@ -199,6 +201,64 @@ TEST(CheckpointApiTest, ExistingDirectoryNeedsOverwriteAndOptimizerMustMatch) {
   });
   EXPECT_TRUE(s.ok()) << s;
   std::filesystem::remove_all(dir);
+}
+
+// What crashed saves leave behind (NAME.tmp-<pid>-<hex>) is removed; nothing else is.
+TEST(CheckpointApiTest, RemoveCheckpointTemporariesRemovesOnlyCrashedSaves) {
+  namespace fs = std::filesystem;
+  const std::string dir = FreshDir("temporaries");
+  for (const char* d : {"step-6.tmp-123-abc", "step-2.tmp-99-0", "notes.tmp-x", "a.tmp-1-xyz",
+                        "step-4", "step-4.old-1-2"}) {
+    fs::create_directories(dir + "/" + d);
+  }
+  std::ofstream(dir + "/step-6.tmp-123-abc/shard-00000-of-00002.bin") << "partial";
+  auto removed = RemoveCheckpointTemporaries(dir);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, (std::vector<std::string>{dir + "/step-2.tmp-99-0",
+                                                dir + "/step-6.tmp-123-abc"}));
+  for (const char* d : {"notes.tmp-x", "a.tmp-1-xyz", "step-4", "step-4.old-1-2"}) {
+    EXPECT_TRUE(fs::exists(dir + "/" + d)) << d;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/step-6.tmp-123-abc"));
+  removed = RemoveCheckpointTemporaries(dir);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->empty());
+  removed = RemoveCheckpointTemporaries(dir + "/does-not-exist");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_TRUE(removed->empty());
+  fs::remove_all(dir);
+}
+
+// Start-up checks of the places a run will write to, so that a bad one is reported before
+// training rather than at the first save or the export.
+TEST(CheckpointApiTest, WritabilityChecksBeforeTraining) {
+  namespace fs = std::filesystem;
+  const std::string dir = FreshDir("writable");
+  EXPECT_TRUE(CheckCheckpointDirWritable(dir).ok());
+  EXPECT_TRUE(CheckCheckpointDirWritable(dir + "/new/sub").ok());
+  EXPECT_TRUE(fs::is_directory(dir + "/new/sub"));
+  EXPECT_TRUE(fs::is_empty(dir + "/new/sub"));  // the probe file is gone
+  absl::Status s = CheckCheckpointDirWritable("/proc/x");
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(
+      std::string(s.message()),
+      ::testing::HasSubstr("cannot save checkpoints in /proc/x: cannot create the directory"));
+  std::ofstream(dir + "/file") << "x";
+  s = CheckCheckpointDirWritable(dir + "/file");
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("it exists and is not a directory"));
+
+  EXPECT_TRUE(CheckExportPathWritable(dir + "/m.safetensors").ok());
+  EXPECT_FALSE(fs::exists(dir + "/m.safetensors"));
+  s = CheckExportPathWritable("/nonexistent/dir/m.safetensors");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("the directory /nonexistent/dir does not exist"));
+  s = CheckExportPathWritable(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = CheckExportPathWritable("/proc/m.safetensors");
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("cannot create a file in /proc"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "tests/checkpoint/ckpt_util.h"
 
@@ -240,6 +241,118 @@ INSTANTIATE_TEST_SUITE_P(Points, CrashTest,
                            return absl::StrCat(i.param.first,
                                                i.param.second ? "_rank1_only" : "_all_ranks");
                          });
+
+// The newest checkpoint damaged after it was written (its COMMIT marker removed): a resumed
+// run falls back to the previous one, trains the same steps again and saves the same step
+// again. That save must replace the damaged directory, not fail with AlreadyExists.
+TEST(DamagedNewestTest, SaveReplacesACheckpointWithoutCommitMarker) {
+  const std::string parent =
+      absl::StrCat(::testing::TempDir(), "/fsdp_ckpt_replace_", getpid());
+  fs::remove_all(parent);
+  ASSERT_TRUE(RunThreads(2, CkptRun{}, 2, "", parent + "/step-2").ok());
+  auto four = RunThreads(2, CkptRun{}, 4, "", parent + "/step-4");
+  ASSERT_TRUE(four.ok()) << four.status();
+  fs::remove(parent + "/step-4/COMMIT");
+  ASSERT_EQ(*LatestCheckpoint(parent), parent + "/step-2");
+  auto again = RunThreads(2, CkptRun{}, 2, parent + "/step-2", parent + "/step-4");
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(*LatestCheckpoint(parent), parent + "/step-4");
+  auto reload = RunThreads(2, CkptRun{}, 0, parent + "/step-4", "");
+  ASSERT_TRUE(reload.ok()) << reload.status();
+  EXPECT_TRUE(BitEqual(reload->params, four->params));  // 2 + 2 steps == 4 steps
+  for (const auto& e : fs::directory_iterator(parent)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name == "step-2" || name == "step-4") << "left behind: " << name;
+  }
+  fs::remove_all(parent);
+}
+
+// LatestCheckpoint passes over a checkpoint whose COMMIT marker is missing or damaged, or
+// whose metadata.json does not match it, and says which and why; directories that hold
+// anything but checkpoint files are not reported. A save of the same name replaces such a
+// checkpoint unless SaveOptions::replace_incomplete is off; a directory holding other files is
+// never replaced, not even with overwrite.
+TEST(DamagedNewestTest, LatestCheckpointReportsWhatItSkippedAndWhy) {
+  const std::string parent =
+      absl::StrCat(::testing::TempDir(), "/fsdp_ckpt_skipped_", getpid());
+  const std::string pristine = parent + "-pristine";
+  fs::remove_all(parent);
+  fs::remove_all(pristine);
+  ASSERT_TRUE(RunThreads(2, CkptRun{}, 2, "", parent + "/step-2").ok());
+  ASSERT_TRUE(RunThreads(2, CkptRun{}, 4, "", pristine).ok());
+  fs::create_directories(parent + "/logs");
+  std::ofstream(parent + "/logs/run.txt") << "not a checkpoint";
+  const std::string d = parent + "/step-4";
+  struct Damage {
+    const char* what;
+    std::function<void()> apply;
+    const char* why;
+  };
+  const std::vector<Damage> damages = {
+      {"COMMIT removed", [&] { fs::remove(d + "/COMMIT"); },
+       "step-4/COMMIT: missing: the checkpoint is incomplete"},
+      {"COMMIT overwritten", [&] { std::ofstream(d + "/COMMIT", std::ios::trunc) << "garbage\n"; },
+       "step-4/COMMIT: not a libfsdp commit marker"},
+      {"byte of COMMIT flipped", [&] { FlipByte(d + "/COMMIT", 30); }, "step-4/COMMIT"},
+      {"metadata.json replaced",
+       [&] { std::ofstream(d + "/metadata.json", std::ios::trunc) << "{}"; },
+       "step-4/metadata.json: checksum mismatch"},
+      {"metadata.json removed", [&] { fs::remove(d + "/metadata.json"); },
+       "step-4/metadata.json: missing or unreadable"},
+  };
+  for (const Damage& damage : damages) {
+    SCOPED_TRACE(damage.what);
+    fs::remove_all(d);
+    fs::copy(pristine, d, fs::copy_options::recursive);
+    damage.apply();
+    std::vector<SkippedCheckpoint> skipped = {{"stale entry", absl::OkStatus()}};
+    auto latest = LatestCheckpoint(parent, &skipped);
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    EXPECT_EQ(*latest, parent + "/step-2");
+    ASSERT_EQ(skipped.size(), 1u);
+    EXPECT_EQ(skipped[0].path, d);
+    EXPECT_EQ(skipped[0].why.code(), absl::StatusCode::kDataLoss) << skipped[0].why;
+    EXPECT_THAT(std::string(skipped[0].why.message()), HasSubstr(damage.why));
+    // LoadCheckpoint refuses it with the same reason.
+    EXPECT_THAT(std::string(AttemptLoad(d).message()), HasSubstr(damage.why));
+  }
+  absl::Status s = LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), CkptRun{}));
+    SaveOptions keep;
+    keep.replace_incomplete = false;
+    absl::Status refused = SaveCheckpoint(model->runtime(), d, {}, keep);
+    if (refused.code() != absl::StatusCode::kAlreadyExists ||
+        refused.message().find("incomplete or damaged checkpoint") == absl::string_view::npos) {
+      return absl::InternalError(absl::StrCat("replace_incomplete off: ", refused.ToString()));
+    }
+    SaveOptions overwrite;
+    overwrite.overwrite = true;
+    refused = SaveCheckpoint(model->runtime(), parent + "/logs", {}, overwrite);
+    if (refused.code() != absl::StatusCode::kAlreadyExists ||
+        refused.message().find("is not a checkpoint") == absl::string_view::npos) {
+      return absl::InternalError(absl::StrCat("other files: ", refused.ToString()));
+    }
+    return SaveCheckpoint(model->runtime(), d);  // replaces the damaged one
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(fs::exists(parent + "/logs/run.txt"));
+  std::vector<SkippedCheckpoint> skipped;
+  auto latest = LatestCheckpoint(parent, &skipped);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_TRUE(skipped.empty());
+  EXPECT_TRUE(AttemptLoad(d).ok());
+  // Nothing intact at all: NotFound, with every damaged one reported.
+  fs::remove(d + "/COMMIT");
+  fs::remove(parent + "/step-2/COMMIT");
+  latest = LatestCheckpoint(parent, &skipped);
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kNotFound) << latest.status();
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_EQ(skipped[0].path, parent + "/step-2");
+  EXPECT_EQ(skipped[1].path, d);
+  fs::remove_all(parent);
+  fs::remove_all(pristine);
+}
 
 }  // namespace
 }  // namespace fsdp::testing

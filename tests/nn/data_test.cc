@@ -1,4 +1,5 @@
 // Token datasets, the embedded corpus and the data-parallel DataLoader.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -99,6 +100,42 @@ TEST(DataTest, BinFileErrors) {
   EXPECT_FALSE(TokenDataset::FromFile(txt, 100).ok());
   EXPECT_EQ(TokenDataset::FromFile(txt, 256)->size(), 5);
   std::remove(txt.c_str());
+}
+
+// A directory, a device or a pipe is an error, never an exception or an endless read.
+TEST(DataTest, OnlyRegularFilesAreRead) {
+  const std::string dir = ::testing::TempDir();
+  for (const std::string& path : {dir, dir + "/"}) {
+    auto s = TokenDataset::FromFile(path, 256).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("is a directory, not a regular file")) << s;
+  }
+  auto s = TokenDataset::FromFile("/dev/zero", 256).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'/dev/zero' is a character device, not a regular file"));
+  const std::string fifo = TempPath("fifo.bin");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  s = TokenDataset::FromFile(fifo, 256).status();  // must not wait for a writer
+  EXPECT_THAT(s.message(), HasSubstr("is a pipe, not a regular file")) << s;
+  std::remove(fifo.c_str());
+}
+
+TEST(DataTest, FilesLargerThanTheLimitAreRefused) {
+  const std::string txt = TempPath("limit.txt"), bin = TempPath("limit.bin");
+  WriteFile(txt, std::string(1000, 'a'));
+  WriteFile(bin, Le16(std::vector<uint16_t>(500, 7)));
+  for (const std::string& path : {txt, bin}) {
+    auto s = TokenDataset::FromFile(path, 256, 999).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(s.message(), HasSubstr("has 1000 bytes, more than the limit of 999 bytes")) << s;
+    auto d = TokenDataset::FromFile(path, 256, 1000);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->size(), path == txt ? 1000 : 500);
+    EXPECT_EQ(d->tokens().back(), path == txt ? 'a' : 7);
+  }
+  EXPECT_EQ(TokenDataset::kDefaultMaxFileBytes, uint64_t{4} << 30);
+  std::remove(txt.c_str());
+  std::remove(bin.c_str());
 }
 
 TEST(DataTest, BatchesAreConsecutiveTokensShiftedByOne) {

@@ -23,11 +23,20 @@ class TokenDataset {
   static TokenDataset FromText(std::string_view text);
   // Token ids, checked against [0, vocab_size).
   static absl::StatusOr<TokenDataset> FromTokens(std::vector<uint16_t> tokens, int vocab_size);
+  // Files are read whole into memory, so their size is limited: a file larger than
+  // `max_bytes` is a ResourceExhausted error rather than an allocation that takes the
+  // machine's memory. Only regular files are read (a directory, a device such as /dev/zero or
+  // a pipe is an InvalidArgument error). The tokens take 2 bytes each in memory, i.e. as much
+  // as a token file and twice as much as a text file.
+  static constexpr uint64_t kDefaultMaxFileBytes = uint64_t{4} << 30;  // 4 GiB
+
   // A token file of little-endian uint16 ids: nanoGPT's headerless .bin, or llm.c's .bin with
   // its 1024-byte header (magic 20240520). Ids are checked against [0, vocab_size).
-  static absl::StatusOr<TokenDataset> FromBinFile(const std::string& path, int vocab_size);
+  static absl::StatusOr<TokenDataset> FromBinFile(const std::string& path, int vocab_size,
+                                                  uint64_t max_bytes = kDefaultMaxFileBytes);
   // A path ending in ".bin" is read as a token file, anything else as text bytes.
-  static absl::StatusOr<TokenDataset> FromFile(const std::string& path, int vocab_size);
+  static absl::StatusOr<TokenDataset> FromFile(const std::string& path, int vocab_size,
+                                               uint64_t max_bytes = kDefaultMaxFileBytes);
 
   int vocab_size() const { return vocab_size_; }
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
