@@ -16,19 +16,24 @@
 
 namespace fsdp::testing {
 
+// Prints a rank's failures, tagged with the rank. (The test's name is taken when it starts:
+// asking GoogleTest for the current test inside OnTestPartResult would wait on a lock that
+// GoogleTest holds while it reports the result.)
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    test_ = std::string(info.test_suite_name()) + "." + info.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] FAILED %s.%s at %s:%d\n%s\n", rank_,
-                 info ? info->test_suite_name() : "?", info ? info->name() : "?",
+    std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
                  r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
   }
 
  private:
   int rank_;
+  std::string test_ = "?";
 };
 
 // Runs the suite on a world communicator of its own. `setup` runs before the tests (an error
