@@ -59,12 +59,19 @@ struct SaveOptions {
   // "metadata_written", "commit_written"); a non-OK status makes the save stop right there as
   // if the process had crashed (the temporary directory is left behind, nothing renamed).
   std::function<absl::Status(std::string_view point)> fault_injection;
+  // Save parameters or optimizer state holding inf or NaN. Off: such a save is a
+  // FailedPrecondition error on every rank, naming the unit, and nothing is written (a
+  // diverged model is not saved as the newest checkpoint to resume from).
+  bool allow_nonfinite = false;
 };
 
 struct LoadOptions {
   // Off: parameters only (e.g. to fine-tune); the optimizer state and the step counters of
   // the runtime are left as they are.
   bool load_optimizer_state = true;
+  // Load parameters or optimizer state holding inf or NaN. Off: a FailedPrecondition error,
+  // and nothing is loaded.
+  bool allow_nonfinite = false;
 };
 
 struct LoadedCheckpoint {
@@ -127,8 +134,12 @@ absl::Status CheckExportPathWritable(const std::string& path);
 
 struct SafetensorsExportOptions {
   DType dtype = DType::kF32;  // kF32 or kBF16 (kF16 works too)
-  // Free-form string pairs for the header's "__metadata__" ("format": "pt" is always added).
+  // Free-form string pairs for the header's "__metadata__" ("format": "pt" is added unless
+  // the caller sets "format").
   std::map<std::string, std::string> metadata;
+  // Export parameters holding inf or NaN. Off: a FailedPrecondition error naming the tensor,
+  // and no file is written.
+  bool allow_nonfinite = false;
 };
 
 // Writes every registered tensor to one safetensors file at `path` (atomically: a temporary
@@ -139,6 +150,9 @@ absl::Status ExportSafetensors(ShardingRuntime& runtime, const std::string& path
 struct SafetensorsImportOptions {
   // Tensors in the file that the runtime lacks: an error unless this is set.
   bool ignore_extra_tensors = false;
+  // Import tensors holding inf or NaN. Off: a FailedPrecondition error naming the tensor,
+  // and nothing is imported.
+  bool allow_nonfinite = false;
 };
 
 // Sets the parameters of every registered tensor from a safetensors file (F32, BF16 or F16,

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "fsdp/checkpoint.h"
 #include "src/checkpoint/file_io.h"
+#include "src/checkpoint/finite.h"
 #include "src/checkpoint/rank_sync.h"
 #include "src/checkpoint/safetensors_format.h"
 #include "src/checkpoint/shard_plan.h"
@@ -105,6 +106,11 @@ absl::StatusOr<std::vector<std::vector<float>>> StageImport(
       FSDP_RETURN_IF_ERROR(
           f.ReadAt(header->data_start + t.begin + p.tensor_begin * es, bytes.data(), bytes.size()));
       Decode(bytes.data(), n, t.dtype, staged[u].data() + p.shard_offset);
+      if (!options.allow_nonfinite) {
+        FSDP_RETURN_IF_ERROR(CheckFinite(
+            staged[u].data() + p.shard_offset, n, absl::StrCat(path, ": tensor '", t.name, "'"),
+            "not importing it. SafetensorsImportOptions::allow_nonfinite imports it anyway"));
+      }
     }
   }
   if (matched != header->tensors.size() && !options.ignore_extra_tensors) {
@@ -167,7 +173,16 @@ absl::Status ExportSafetensors(ShardingRuntime& rt, const std::string& path,
       }
       for (const TensorSlot& t : rt.unit_tensors(u)) {
         const SafetensorsTensor& st = tensors[next++];
-        if (!root || !local.ok()) continue;
+        if (!local.ok()) continue;
+        if (!options.allow_nonfinite) {
+          local = CheckFinite(whole.data() + t.offset, t.numel,
+                              absl::StrCat("tensor '", t.name, "'"),
+                              absl::StrCat("not exporting ", path,
+                                           ". SafetensorsExportOptions::allow_nonfinite exports "
+                                           "it anyway"));
+          if (!local.ok()) continue;
+        }
+        if (!root) continue;
         const std::string bytes = Encode(whole.data() + t.offset, t.numel, options.dtype);
         local = out.file->WriteAt(out.data_start + st.begin, bytes.data(), bytes.size());
       }

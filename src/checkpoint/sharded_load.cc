@@ -16,6 +16,7 @@
 #include "src/checkpoint/crc32c.h"
 #include "src/checkpoint/file_io.h"
 #include "src/checkpoint/metadata.h"
+#include "src/checkpoint/finite.h"
 #include "src/checkpoint/rank_sync.h"
 #include "src/checkpoint/shard_file.h"
 #include "src/checkpoint/shard_plan.h"
@@ -200,6 +201,23 @@ absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
       st.rank_state.resize(header.rank_state_bytes);
       FSDP_RETURN_IF_ERROR(file.ReadAt(kShardHeaderBytes + header.tensor_bytes,
                                        st.rank_state.data(), st.rank_state.size()));
+    }
+  }
+  if (!options.allow_nonfinite) {
+    const std::string fix = absl::StrCat(
+        "not resuming from ", dir, ". Resume from an older checkpoint, or set "
+        "LoadOptions::allow_nonfinite to load it anyway");
+    for (int u = 0; u < rt.num_units(); ++u) {
+      const std::string unit = rt.unit_tensors(u).front().name;
+      FSDP_RETURN_IF_ERROR(CheckFinite(
+          st.params[u].data(), static_cast<int64_t>(st.params[u].size()),
+          absl::StrCat(dir, ": the parameters of the unit starting with '", unit, "'"), fix));
+      for (const std::vector<float>& state : st.states[u]) {
+        FSDP_RETURN_IF_ERROR(CheckFinite(
+            state.data(), static_cast<int64_t>(state.size()),
+            absl::StrCat(dir, ": the optimizer state of the unit starting with '", unit, "'"),
+            fix));
+      }
     }
   }
   return st;

@@ -19,6 +19,7 @@
 #include "src/checkpoint/crc32c.h"
 #include "src/checkpoint/file_io.h"
 #include "src/checkpoint/metadata.h"
+#include "src/checkpoint/finite.h"
 #include "src/checkpoint/rank_sync.h"
 #include "src/checkpoint/shard_file.h"
 #include "src/checkpoint/shard_plan.h"
@@ -40,16 +41,22 @@ struct FileInfo {
 // This rank's shard file: per unit, its shard's parameters then each optimizer state (data
 // elements only, no padding), then the rank state.
 absl::StatusOr<FileInfo> WriteShardFile(ShardingRuntime& rt, const std::string& path,
-                                        const std::string& rank_state) {
+                                        const std::string& rank_state, bool allow_nonfinite) {
   FSDP_ASSIGN_OR_RETURN(OutFile f, OutFile::Create(path));
   Backend* backend = rt.backend();
   const int k = rt.shard_group().rank();
   uint64_t at = kShardHeaderBytes;
   uint32_t crc = 0;
   std::vector<float> buf;
-  auto put = [&](const void* device, int64_t n) -> absl::Status {
+  auto put = [&](const void* device, int64_t n, const std::string& what) -> absl::Status {
     buf.resize(n);
     FSDP_RETURN_IF_ERROR(backend->CopyToHost(buf.data(), device, n * sizeof(float)));
+    if (!allow_nonfinite) {
+      FSDP_RETURN_IF_ERROR(CheckFinite(
+          buf.data(), n, absl::StrCat(what, " on rank ", rt.world().rank()),
+          "not saving a checkpoint that training could not resume from (a newer checkpoint "
+          "would hide the last good one). SaveOptions::allow_nonfinite saves it anyway"));
+    }
     FSDP_RETURN_IF_ERROR(f.WriteAt(at, buf.data(), n * sizeof(float)));
     crc = Crc32cExtend(crc, buf.data(), n * sizeof(float));
     at += n * sizeof(float);
@@ -59,8 +66,16 @@ absl::StatusOr<FileInfo> WriteShardFile(ShardingRuntime& rt, const std::string& 
     for (int u = 0; u < rt.num_units(); ++u) {
       const int64_t n = ShardDataNumel(rt.unit_numel(u), rt.unit_shard_numel(u), k);
       if (n == 0) continue;
-      FSDP_RETURN_IF_ERROR(put(rt.param_shard(u), n));
-      for (const OptimizerState& s : rt.optimizer(u).state()) FSDP_RETURN_IF_ERROR(put(s.data, n));
+      const std::vector<TensorSlot>& slots = rt.unit_tensors(u);
+      const std::string unit = slots.empty() ? std::to_string(u) : slots.front().name;
+      FSDP_RETURN_IF_ERROR(put(rt.param_shard(u), n,
+                               absl::StrCat("the parameter shard of the unit starting with '",
+                                            unit, "'")));
+      for (const OptimizerState& s : rt.optimizer(u).state()) {
+        FSDP_RETURN_IF_ERROR(put(s.data, n, absl::StrCat("the optimizer state '",
+                                                         std::string(s.name), "' of the unit "
+                                                         "starting with '", unit, "'")));
+      }
     }
   }
   ShardHeader h;
@@ -239,7 +254,8 @@ absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const T
   FileInfo info;
   {
     auto written = WriteShardFile(
-        rt, absl::StrCat(tmp, "/", ShardFileName(world.rank(), world.size())), state.rank_state);
+        rt, absl::StrCat(tmp, "/", ShardFileName(world.rank(), world.size())), state.rank_state,
+        options.allow_nonfinite);
     local = written.status();
     if (written.ok()) info = *written;
   }

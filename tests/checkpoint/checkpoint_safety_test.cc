@@ -356,3 +356,75 @@ TEST(DamagedNewestTest, LatestCheckpointReportsWhatItSkippedAndWhy) {
 
 }  // namespace
 }  // namespace fsdp::testing
+
+namespace fsdp::testing {
+namespace {
+
+// A model whose parameters hold a NaN (a diverged run) is never saved or exported without the
+// explicit override, on every rank, leaving nothing behind; a checkpoint or file holding NaN
+// (written with the override) is not loaded or imported without it.
+TEST(NonFiniteTest, DivergedModelsAreNotSavedExportedLoadedOrImported) {
+  const std::string parent = absl::StrCat(::testing::TempDir(), "/fsdp_ckpt_nan_", getpid());
+  fs::remove_all(parent);
+  fs::create_directories(parent);
+  std::vector<absl::Status> save(2), save_forced(2), load(2), load_forced(2), exported(2),
+      exported_forced(2), imported(2), imported_forced(2);
+  absl::Status run = LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
+    const int r = comm.rank();
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), CkptRun{}));
+    ShardingRuntime& rt = model->runtime();
+    // Rank 1's shard of the last unit diverged.
+    if (r == 1) rt.mutable_param_shard(rt.num_units() - 1)[3] = NAN;
+    save[r] = SaveCheckpoint(rt, parent + "/step-1");
+    exported[r] = ExportSafetensors(rt, parent + "/m.safetensors");
+    SaveOptions force_save;
+    force_save.allow_nonfinite = true;
+    save_forced[r] = SaveCheckpoint(rt, parent + "/forced", {}, force_save);
+    SafetensorsExportOptions force_export;
+    force_export.allow_nonfinite = true;
+    exported_forced[r] = ExportSafetensors(rt, parent + "/forced.safetensors", force_export);
+    // A fresh model refuses both files unless told otherwise.
+    FSDP_ASSIGN_OR_RETURN(auto fresh, MakeModel(comm, backend.get(), CkptRun{}));
+    FSDP_ASSIGN_OR_RETURN(auto before, fresh->GatherModelUnits());
+    load[r] = LoadCheckpoint(fresh->runtime(), parent + "/forced").status();
+    imported[r] = ImportSafetensors(fresh->runtime(), parent + "/forced.safetensors");
+    FSDP_ASSIGN_OR_RETURN(auto after, fresh->GatherModelUnits());
+    if (!BitEqual(before, after)) return absl::InternalError("a refused load changed the model");
+    LoadOptions force_load;
+    force_load.allow_nonfinite = true;
+    load_forced[r] = LoadCheckpoint(fresh->runtime(), parent + "/forced", force_load).status();
+    SafetensorsImportOptions force_import;
+    force_import.allow_nonfinite = true;
+    imported_forced[r] =
+        ImportSafetensors(fresh->runtime(), parent + "/forced.safetensors", force_import);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(run.ok()) << run;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(save[r].code(), absl::StatusCode::kFailedPrecondition) << save[r];
+    EXPECT_THAT(save[r].message(), HasSubstr("holds NaN"));
+    EXPECT_THAT(save[r].message(), HasSubstr("allow_nonfinite"));
+    EXPECT_EQ(exported[r].code(), absl::StatusCode::kFailedPrecondition) << exported[r];
+    EXPECT_THAT(exported[r].message(), HasSubstr("tensor 'transformer.h.1."));
+    EXPECT_EQ(load[r].code(), absl::StatusCode::kFailedPrecondition) << load[r];
+    EXPECT_THAT(load[r].message(), HasSubstr("not resuming from"));
+    EXPECT_EQ(imported[r].code(), absl::StatusCode::kFailedPrecondition) << imported[r];
+    EXPECT_THAT(imported[r].message(), HasSubstr("holds NaN"));
+    EXPECT_TRUE(save_forced[r].ok()) << save_forced[r];
+    EXPECT_TRUE(exported_forced[r].ok()) << exported_forced[r];
+    EXPECT_TRUE(load_forced[r].ok()) << load_forced[r];
+    EXPECT_TRUE(imported_forced[r].ok()) << imported_forced[r];
+  }
+  // The refused save and export left nothing behind.
+  EXPECT_FALSE(fs::exists(parent + "/step-1"));
+  EXPECT_FALSE(fs::exists(parent + "/m.safetensors"));
+  for (const auto& e : fs::directory_iterator(parent)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name == "forced" || name == "forced.safetensors") << "left behind: " << name;
+  }
+  fs::remove_all(parent);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
