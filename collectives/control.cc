@@ -75,7 +75,9 @@ absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local) {
 }
 
 absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& settings,
-                               std::string_view context) {
+                               std::string_view context_in) {
+  const std::string context = context_in.empty() ? std::string() : absl::StrCat(
+      std::string(context_in), ": ");
   // One 64-bit fingerprint per setting (name and value), the count first.
   std::vector<uint64_t> mine = {settings.size()};
   for (const Setting& s : settings) {
@@ -92,7 +94,7 @@ absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& s
       if (all[r * k + i] == all[i]) continue;
       if (i == 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            std::string(context), ": ranks were launched with different settings: rank 0 has ", counts[0],
+            context, "ranks were launched with different settings: rank 0 has ", counts[0],
             " settings, rank ", r, " has ", counts[r], "; every rank must run the same program"));
       }
       // Fetch the two values to say what differs.
@@ -105,12 +107,12 @@ absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& s
       FSDP_ASSIGN_OR_RETURN(std::string v_r, internal::BroadcastString(comm, value, r, 1024));
       if (name0 != name_r) {
         return absl::InvalidArgumentError(absl::StrCat(
-            std::string(context), ": ranks were launched with different settings: setting ", j, " is '",
+            context, "ranks were launched with different settings: setting ", j, " is '",
             name_r, "' on rank ", r, " but '", name0, "' on rank 0; every rank must run the "
             "same program"));
       }
       return absl::InvalidArgumentError(absl::StrCat(
-          std::string(context), ": ranks were launched with different settings: ", name0, " is ", v_r,
+          context, "ranks were launched with different settings: ", name0, " is ", v_r,
           " on rank ", r, " but ", v0, " on rank 0; every rank must be given the same settings"));
     }
   }

@@ -30,11 +30,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "fsdp/agreement.h"
 #include "fsdp/backend.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/communicator.h"
@@ -99,6 +102,12 @@ ABSL_FLAG(int, checkpoint_every, 0,
 ABSL_FLAG(std::string, init_safetensors, "",
           "start from the parameters of this .safetensors file (a checkpoint to resume from wins)");
 ABSL_FLAG(std::string, export_safetensors, "", "write the trained model to this .safetensors file");
+ABSL_FLAG(std::string, nonfinite, "error",
+          "when the gradients hold inf or NaN: error (stop, exit 1) or skip (skip the step on "
+          "every rank and count it)");
+ABSL_FLAG(int64_t, device_memory_mib, 0,
+          "memory each rank's device may hold, in MiB (0 = what the system gives); past it an "
+          "allocation is an out-of-memory error naming the buffer, as on an accelerator");
 
 namespace {
 
@@ -124,6 +133,7 @@ struct Settings {
   std::string data_name;  // for messages: "--data=PATH" or "the embedded corpus"
   std::shared_ptr<const fsdp::nn::TrainValSplit> data;  // read once, shared by the rank threads
   std::string checkpoint_dir, init_safetensors, export_path;
+  int64_t device_memory_bytes = 0;
   std::vector<std::string> warnings;  // printed once, before training
 };
 
@@ -295,6 +305,20 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     return BadFlag("checkpoint_every_blocks", s.model.checkpoint_every,
                    absl::StrCat("allowed: 0 (off) to the number of layers, ", s.config.num_layers));
   }
+
+  const std::string nonfinite = absl::GetFlag(FLAGS_nonfinite);
+  if (nonfinite == "error") {
+    s.model.sharding.nonfinite = fsdp::NonFinitePolicy::kError;
+  } else if (nonfinite == "skip") {
+    s.model.sharding.nonfinite = fsdp::NonFinitePolicy::kSkip;
+  } else {
+    return BadFlag("nonfinite", nonfinite, "allowed: error or skip");
+  }
+  const int64_t device_mib = absl::GetFlag(FLAGS_device_memory_mib);
+  if (device_mib < 0 || device_mib > (int64_t{1} << 30)) {
+    return BadFlag("device_memory_mib", device_mib, "allowed: 0 (no limit) or a size in MiB");
+  }
+  s.device_memory_bytes = device_mib << 20;
 
   // The run.
   s.steps = absl::GetFlag(FLAGS_steps);
@@ -474,7 +498,8 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
   const bool lead = world.rank() == 0;
   FSDP_ASSIGN_OR_RETURN(auto backend,
                         fsdp::CpuBackend::Create({.num_threads = s.threads,
-                                                  .ranks_sharing_cores = s.ranks_on_host}));
+                                                  .ranks_sharing_cores = s.ranks_on_host,
+                                                  .memory_limit_bytes = s.device_memory_bytes}));
   backend->BindCurrentThread();
   const int B = s.model.batch_size, T = s.model.seq_len, N = world.size();
   // Each micro-batch is one loader step, so the data order is that of B*N-row batches.
@@ -612,10 +637,13 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       const double done = step + 1 - start_step;
       last_loss = loss_sum / loss_count;
       if (std::isnan(first_loss)) first_loss = last_loss;
-      std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %6.3f | %6.0f tok/s | %s | ETA %s\n",
+      const int64_t skipped = model->runtime().skipped_steps();
+      std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %6.3f | %6.0f tok/s | %s | ETA %s%s\n",
                   step + 1, s.steps, loss_sum / loss_count, stats.lr, stats.grad_norm,
                   done * tokens_per_step / t, Seconds(t).c_str(),
-                  Seconds(t / done * (s.steps - step - 1)).c_str());
+                  Seconds(t / done * (s.steps - step - 1)).c_str(),
+                  skipped > 0 ? absl::StrCat(" | ", skipped, " steps skipped (inf/NaN)").c_str()
+                              : "");
       loss_sum = 0;
       loss_count = 0;
     }
@@ -683,6 +711,27 @@ std::vector<char*> ParseFlags(int argc, char** argv) {
   return rest;
 }
 
+// What every rank of an mpirun job must have been given alike: every flag of this program but
+// the per-process ones, and the data by its contents (ranks may read it from different paths).
+std::vector<fsdp::Setting> AgreedSettings(const Settings& s, int world_size) {
+  std::vector<fsdp::Setting> out;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (std::string_view(flag->Filename()).find("train_gpt") == std::string_view::npos) continue;
+    if (name == "threads" || name == "data" || name == "ranks") continue;
+    out.push_back({std::string(name), flag->CurrentValue()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const fsdp::Setting& a, const fsdp::Setting& b) { return a.name < b.name; });
+  uint64_t digest = 1469598103934665603ull;  // FNV-1a over both splits' tokens
+  for (const fsdp::nn::TokenDataset* part : {&s.data->train, &s.data->val}) {
+    for (uint16_t t : part->tokens()) digest = (digest ^ t) * 1099511628211ull;
+  }
+  out.push_back({"data (tokens, digest)", absl::StrCat(s.data->train.size() + s.data->val.size(),
+                                                       " tokens, ", absl::Hex(digest))});
+  out.push_back({"world size", absl::StrCat(world_size)});
+  return out;
+}
+
 void PrintWarnings(const Settings& s) {
   for (const std::string& w : s.warnings)
     std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
@@ -717,25 +766,28 @@ int main(int argc, char** argv) {
                   true);
   }
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {  // launched by mpirun
-    absl::Status status;
-    bool usage = false;
     auto world = fsdp::CreateMpiWorld();
-    if (!world.ok()) {
-      status = world.status();
-    } else {
-      auto settings = SettingsFromFlags((*world)->size(), EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1),
-                                        (*world)->rank(), /*ranks_share_process=*/false);
-      if (!settings.ok()) {
-        status = settings.status();
-        usage = true;
-      } else {
-        if ((*world)->rank() == 0) PrintWarnings(*settings);
-        status = RunRank(**world, *settings);
-      }
+    if (!world.ok()) return fsdp::FinishMpi(world.status(), "train_gpt");
+    Communicator& w = **world;
+    auto settings = SettingsFromFlags(w.size(), EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+                                      w.rank(), /*ranks_share_process=*/false);
+    // Every rank learns at once that a rank's flags are bad (instead of waiting for it at the
+    // first collective until the deadline), and that ranks were given different flags or data.
+    absl::Status usage = fsdp::AgreeOnStatus(w, settings.status());
+    if (usage.ok()) usage = fsdp::CheckSameSettings(w, AgreedSettings(*settings, w.size()), "");
+    if (!usage.ok()) {
+      const int rank = w.rank();
       world->reset();
+      fsdp::ShutdownMpi();
+      if (rank == 0) Report(usage, true);  // the same message on every rank: print it once
+      return kExitUsage;
     }
-    fsdp::ShutdownMpi();
-    return status.ok() ? 0 : Report(status, usage);
+    if (w.rank() == 0) PrintWarnings(*settings);
+    const absl::Status status = RunRank(w, *settings);
+    // After a failed collective MPI_Finalize would wait for the peers forever: FinishMpi
+    // prints the error and aborts the job instead, so that mpirun ends every rank now.
+    if (status.ok()) world->reset();
+    return fsdp::FinishMpi(status, "train_gpt");
   }
   const int ranks = absl::GetFlag(FLAGS_ranks);
   auto settings = SettingsFromFlags(ranks, ranks, 0, /*ranks_share_process=*/true);

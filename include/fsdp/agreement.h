@@ -22,7 +22,7 @@ struct Setting {
 // Otherwise InvalidArgument on every rank, naming the first setting that differs, the first
 // rank that differs from rank 0 and both values, e.g. "train_gpt: ranks were launched with
 // different settings: lr is 0.001 on rank 1 but 0.0003 on rank 0; every rank must be given
-// the same settings". `context` starts the message.
+// the same settings". `context` (if not empty) starts the message.
 absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& settings,
                                std::string_view context);
 

@@ -51,7 +51,12 @@ class Allocator {
   explicit Allocator(Backend* backend, int64_t* bytes) : backend_(backend), bytes_(bytes) {}
   absl::Status operator()(Buffer& b, int64_t n) {
     auto r = Buffer::Create(backend_, static_cast<size_t>(n) * sizeof(float));
-    if (!r.ok()) return r.status();
+    if (!r.ok()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat("allocating the GPT's activations (", *bytes_,
+                                       " bytes so far, this buffer ", n * sizeof(float),
+                                       "): ", r.status().message()));
+    }
     b = std::move(*r);
     *bytes_ += static_cast<int64_t>(b.bytes());
     return absl::OkStatus();
