@@ -7,7 +7,16 @@
 // the ratios b/a and c/a, and the exposed communication per step measured from the timeline
 // (time the compute thread spent blocked on collectives).
 //
-//   overlap_bench [--steps N] [--layers L] [--comm_fraction F]
+//   overlap_bench [--steps N] [--layers L] [--comm_fraction F] [--check]
+//
+// --steps N: timed steps per run (default 16; each run adds 2 warm-up steps; there are 5 runs:
+// link off, 3 calibration runs without prefetch, the run with prefetch). Fewer steps give a
+// shorter run (for CI) and a noisier median.
+// --check: exit 1 unless prefetch hides the communication, i.e. (b)/(a) <= kPrefetchTarget
+// (1.10), and the run without prefetch is clearly slower, (c)/(a) >= kNoPrefetchMin (1.2);
+// below that the link calibration failed and the comparison means nothing. It prints what it
+// checks and PASS or FAIL per check. Without --check the exit status is 0 whatever the ratios
+// (1 on an error in the run, 2 for bad flags).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,7 +42,19 @@ struct Result {
 struct Params {
   int steps = 16, layers = 8, ranks = 2;
   double comm_fraction = 0.5;
+  bool check = false;
 };
+
+// --check: the prefetch run may be at most this much slower than the communication-free step,
+constexpr double kPrefetchTarget = 1.10;
+// and the run without prefetch must be at least this much slower (else the link calibration
+// failed: the communication is not long enough for the comparison to mean anything).
+constexpr double kNoPrefetchMin = 1.2;
+
+int Usage() {
+  std::fprintf(stderr, "usage: overlap_bench [--steps N] [--layers L] [--comm_fraction F] [--check]\n");
+  return 2;
+}
 
 Result Run(const Params& p, double link_bytes_per_second, bool prefetch) {
   fsdp::nn::GptConfig config = *fsdp::nn::GptConfig::FromName("nano");
@@ -93,16 +114,21 @@ Result Run(const Params& p, double link_bytes_per_second, bool prefetch) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto start = std::chrono::steady_clock::now();
   Params p;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--check")) {
+      p.check = true;
+      continue;
+    }
+    if (i + 1 >= argc) return Usage();
     if (!std::strcmp(argv[i], "--steps")) p.steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--layers")) p.layers = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--comm_fraction")) p.comm_fraction = std::atof(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: overlap_bench [--steps N] [--layers L] [--comm_fraction F]\n");
-      return 2;
-    }
+    else return Usage();
+    ++i;
   }
+  if (p.steps < 1 || p.layers < 1 || !(p.comm_fraction > 0)) return Usage();
   std::printf("overlap_bench: FULL_SHARD, %d ranks x 1 thread, GPT L=%d C=256 H=4 T=128, "
               "batch 4 per rank, %d steps (median)\n", p.ranks, p.layers, p.steps);
   const Result off = Run(p, 0, true);
@@ -129,8 +155,36 @@ int main(int argc, char** argv) {
   row("(a) link off", off);
   row("(b) link on, prefetch", with);
   row("(c) link on, no prefetch", without);
-  std::printf("prefetch: %.3fx of the communication-free step (target <= 1.10); "
+  const double with_ratio = with.step_s / off.step_s, without_ratio = without.step_s / off.step_s;
+  std::printf("prefetch: %.3fx of the communication-free step (target <= %.2f); "
               "no prefetch: %.3fx (expected ~1.5)\n",
-              with.step_s / off.step_s, without.step_s / off.step_s);
+              with_ratio, kPrefetchTarget, without_ratio);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("overlap_bench: %.1f s in all\n", elapsed);
+  if (!p.check) return 0;
+  // The calibration first: without a clearly slower no-prefetch run, the prefetch ratio says
+  // nothing about overlap.
+  const bool calibrated = without_ratio >= kNoPrefetchMin;
+  const bool hidden = with_ratio <= kPrefetchTarget;
+  std::printf("check: no prefetch (c)/(a) = %.3f >= %.2f (the link makes communication "
+              "matter): %s\n",
+              without_ratio, kNoPrefetchMin, calibrated ? "PASS" : "FAIL");
+  std::printf("check: prefetch (b)/(a) = %.3f <= %.2f (prefetch hides the communication): %s\n",
+              with_ratio, kPrefetchTarget, hidden ? "PASS" : "FAIL");
+  std::printf("check: %s\n", calibrated && hidden ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  if (!calibrated || !hidden) {
+    if (!calibrated) {
+      std::fprintf(stderr, "overlap_bench: FAIL: --check: the run without prefetch is not clearly "
+                           "slower (%.3fx < %.2fx): the link calibration failed and the comparison "
+                           "is meaningless\n", without_ratio, kNoPrefetchMin);
+    }
+    if (!hidden) {
+      std::fprintf(stderr, "overlap_bench: FAIL: --check: prefetch did not hide the communication "
+                           "(%.3fx > %.2fx)\n", with_ratio, kPrefetchTarget);
+    }
+    return 1;
+  }
   return 0;
 }

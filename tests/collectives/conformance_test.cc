@@ -432,10 +432,12 @@ TEST_P(WorldTest, CheckedViewsReportBadSizesOnEveryRank) {
     std::vector<float> a(4 * n + 1), b(4 * n + 1);
     absl::Status s = comm.ReduceScatter(ConstBufferView{a.data(), 4 * n + 1, DType::kF32},
                                         BufferView{b.data(), 4, DType::kF32}, ReduceOp::kSum);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     if (n > 1) {
-      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
       EXPECT_TRUE(Contains(s, "not a multiple of the group size")) << s;
       EXPECT_TRUE(Contains(s, "pads it to")) << s;
+    } else {  // every count is a multiple of 1: the recv size is what is wrong
+      EXPECT_TRUE(Contains(s, "recv holds 4 elements but must hold send 5 / group size 1 = 5")) << s;
     }
     s = comm.AllGather(ConstBufferView{a.data(), 4, DType::kF32}, BufferView{b.data(), 4 * n + 1, DType::kF32});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -549,16 +551,6 @@ TEST_P(WorldTest, MeshThatDoesNotFitTheWorldIsAnError) {
   });
 }
 
-TEST_P(WorldTest, MeshShapesThatDisagreeAreAnErrorOnEveryRank) {
-  world().Run([&](Communicator& comm) {
-    const int n = comm.size();
-    if (n < 2) return;
-    auto mesh = comm.rank() == 0 ? DeviceMesh::Create(comm, 1, n) : DeviceMesh::Create(comm, n, 1);
-    ASSERT_FALSE(mesh.ok());
-    EXPECT_TRUE(Contains(mesh.status(), "asked for different shapes")) << mesh.status();
-  });
-}
-
 TEST_P(WorldTest, EmptyWorkHandle) {
   Work w;
   EXPECT_TRUE(w.Test());
@@ -566,6 +558,50 @@ TEST_P(WorldTest, EmptyWorkHandle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, WorldTest, ::testing::ValuesIn(TestWorldSizes()), WorldName);
+
+// ------------------------------------------------------------ worlds of two or more ranks
+// What only happens between ranks (ranks that disagree, a rank that never arrives) has nothing
+// to check in a world of one rank, so these suites are not instantiated for size 1. The mpi
+// world (size 0) is known only at run time: there a test skips, saying why, when it has one
+// process (mpirun -np 1); CTest runs it with 2 and 3.
+
+std::vector<int> MultiRankWorldSizes() {
+  std::vector<int> sizes;
+  for (int n : TestWorldSizes()) {
+    if (n != 1) sizes.push_back(n);
+  }
+  return sizes;
+}
+
+// Why a multi-rank test cannot run on the world of parameter `size`, or "" when it can (0: the
+// process world, whose size is asked at run time).
+std::string OneRankWorld(int size) {
+  const int n = size > 0 ? size : SharedTestWorld(size).size();
+  if (n >= 2) return "";
+  return absl::StrFormat("needs a world of at least 2 ranks; the process world has %d (run under "
+                         "mpirun -np 2 or more)", n);
+}
+
+class MultiRankWorldTest : public WorldTest {
+ protected:
+  void SetUp() override {
+    if (const std::string why = OneRankWorld(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(MultiRankWorldTest, MeshShapesThatDisagreeAreAnErrorOnEveryRank) {
+  world().Run([&](Communicator& comm) {
+    const int n = comm.size();
+    ASSERT_GE(n, 2);
+    auto mesh = comm.rank() == 0 ? DeviceMesh::Create(comm, 1, n) : DeviceMesh::Create(comm, n, 1);
+    ASSERT_FALSE(mesh.ok());
+    EXPECT_TRUE(Contains(mesh.status(), "asked for different shapes")) << mesh.status();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MultiRankWorldTest, ::testing::ValuesIn(MultiRankWorldSizes()), WorldName);
+// A binary whose only world size is 1 has no multi-rank case: that is not an error.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiRankWorldTest);
 
 // ---------------------------------------------------------------------------------- faults
 // Each uses a fresh world with a short deadline, as faults fail the group.
@@ -579,11 +615,19 @@ class FaultTest : public ::testing::TestWithParam<int> {
   }
 };
 
-TEST_P(FaultTest, MissingRankIsADeadlineErrorNamingIt) {
+// Faults between ranks: not instantiated for a world of one rank (see MultiRankWorldTest).
+class MultiRankFaultTest : public FaultTest {
+ protected:
+  void SetUp() override {
+    if (const std::string why = OneRankWorld(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(MultiRankFaultTest, MissingRankIsADeadlineErrorNamingIt) {
   auto world = Fresh();
   world->Run([&](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
-    if (n < 2) return;
+    ASSERT_GE(n, 2);
     std::vector<float> send(8, 1.0f), recv(8 * n);
     const auto t0 = std::chrono::steady_clock::now();
     if (r != n - 1) {
@@ -602,11 +646,11 @@ TEST_P(FaultTest, MissingRankIsADeadlineErrorNamingIt) {
   });
 }
 
-TEST_P(FaultTest, MismatchedScheduleIsAnErrorOnEveryRank) {
+TEST_P(MultiRankFaultTest, MismatchedScheduleIsAnErrorOnEveryRank) {
   auto world = Fresh();
   world->Run([&](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
-    if (n < 2) return;
+    ASSERT_GE(n, 2);
     std::vector<float> a(10 * n, 1.0f), b(10 * n);
     absl::Status s = r == 0 ? comm.AllGather(a.data(), b.data(), 10, DType::kF32)
                             : comm.ReduceScatter(a.data(), b.data(), 10, DType::kF32, ReduceOp::kSum);
@@ -621,11 +665,11 @@ TEST_P(FaultTest, MismatchedScheduleIsAnErrorOnEveryRank) {
   });
 }
 
-TEST_P(FaultTest, MismatchedCountIsAnErrorOnEveryRank) {
+TEST_P(MultiRankFaultTest, MismatchedCountIsAnErrorOnEveryRank) {
   auto world = Fresh();
   world->Run([&](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
-    if (n < 2) return;
+    ASSERT_GE(n, 2);
     std::vector<float> a(16, 1.0f);
     absl::Status s = comm.AllReduce(a.data(), a.data(), r == n - 1 ? 16 : 12, DType::kBF16, ReduceOp::kAvg);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -654,11 +698,11 @@ TEST_P(FaultTest, InvalidArgumentsOnOneRankAreReportedOnEveryRank) {
   });
 }
 
-TEST_P(FaultTest, WaitDeadlineFailsTheGroupAndNamesWhoIsMissing) {
+TEST_P(MultiRankFaultTest, WaitDeadlineFailsTheGroupAndNamesWhoIsMissing) {
   auto world = Fresh(absl::Seconds(20));
   world->Run([&](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
-    if (n < 2) return;
+    ASSERT_GE(n, 2);
     std::vector<float> a(4, 1.0f);
     if (r == 0) {
       Work w = comm.AllReduceAsync(a.data(), a.data(), 4, DType::kF32, ReduceOp::kSum);
@@ -691,6 +735,8 @@ TEST_P(FaultTest, AbortFailsTheGroupOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, FaultTest, ::testing::ValuesIn(TestWorldSizes()), WorldName);
+INSTANTIATE_TEST_SUITE_P(All, MultiRankFaultTest, ::testing::ValuesIn(MultiRankWorldSizes()), WorldName);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiRankFaultTest);
 
 }  // namespace
 }  // namespace fsdp::testing
