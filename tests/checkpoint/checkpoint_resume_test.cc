@@ -112,21 +112,39 @@ const Layout kGradOp3OneUnit{"SHARD_GRAD_OP_N3_one_unit", 3, ShardingStrategy::k
 
 struct ReshardCase {
   Layout save, load;
+  Clip clip = Clip::kAlways;
 };
 
 class ReshardTest : public ::testing::TestWithParam<ReshardCase> {};
 
-// Saved on one layout after 10 steps, loaded on another, 10 more: the losses and parameters
-// of 20 uninterrupted steps on the saving layout, to the parity tolerance.
+// Saved on one layout after 10 steps, loaded on another, 10 more: the losses, the pre-clip
+// gradient norms and the parameters of 20 uninterrupted steps on the saving layout, to the
+// parity tolerance, with clipping off, on some steps and on every step (the norms see a
+// gradient scale that AdamW and clipping would hide).
 TEST_P(ReshardTest, ResumesOnAnotherLayout) {
   const ReshardCase c = GetParam();
-  const std::string dir = FreshDir(absl::StrCat(c.save.name, "_to_", c.load.name));
-  auto full = RunThreads(c.save.world, RunFor(c.save), 20, "", "");
+  const std::string dir = FreshDir(absl::StrCat(c.save.name, "_to_", c.load.name, "_",
+                                                ClipName(c.clip)));
+  CkptRun save = RunFor(c.save);
+  save.max_grad_norm = 0;
+  auto unclipped = RunThreads(c.save.world, save, 20, "", "");
+  ASSERT_TRUE(unclipped.ok()) << unclipped.status();
+  save.max_grad_norm = ClipThreshold(c.clip, unclipped->grad_norms);
+  auto full = RunThreads(c.save.world, save, 20, "", "");
   ASSERT_TRUE(full.ok()) << full.status();
-  auto first = RunThreads(c.save.world, RunFor(c.save), 10, "", dir + "/ckpt");
+  switch (c.clip) {
+    case Clip::kOff: EXPECT_EQ(full->clipped_steps, 0); break;
+    case Clip::kSome:
+      EXPECT_GT(full->clipped_steps, 0);
+      EXPECT_LT(full->clipped_steps, 20);
+      break;
+    case Clip::kAlways: EXPECT_EQ(full->clipped_steps, 20); break;
+  }
+  auto first = RunThreads(c.save.world, save, 10, "", dir + "/ckpt");
   ASSERT_TRUE(first.ok()) << first.status();
   CkptRun load = RunFor(c.load);
   load.init_seed = 99;
+  load.max_grad_norm = save.max_grad_norm;
   auto second = RunThreads(c.load.world, load, 10, dir + "/ckpt", "");
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->loaded.saved_world_size, c.save.world);
@@ -134,6 +152,8 @@ TEST_P(ReshardTest, ResumesOnAnotherLayout) {
   for (int i = 0; i < 10; ++i) {
     const float want = full->losses[10 + i];
     EXPECT_NEAR(second->losses[i], want, kTol * want) << "step " << 10 + i;
+    const double norm = full->grad_norms[10 + i];
+    EXPECT_NEAR(second->grad_norms[i], norm, kTol * norm) << "gradient norm, step " << 10 + i;
   }
   ASSERT_EQ(second->params.size(), full->params.size());
   for (size_t u = 0; u < full->params.size(); ++u) {
@@ -142,15 +162,26 @@ TEST_P(ReshardTest, ResumesOnAnotherLayout) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, ReshardTest,
-    ::testing::Values(ReshardCase{kFull2, kFull3}, ReshardCase{kFull2, kHybrid4},
-                      ReshardCase{kFull2, kNoShard1}, ReshardCase{kFull3, kFull2},
-                      ReshardCase{kHybrid4, kFull2}, ReshardCase{kNoShard1, kFull2},
-                      ReshardCase{kFull2, kGradOp3OneUnit}, ReshardCase{kGradOp3OneUnit, kHybrid4}),
-    [](const ::testing::TestParamInfo<ReshardCase>& i) {
-      return absl::StrCat(i.param.save.name, "_to_", i.param.load.name);
-    });
+std::vector<ReshardCase> ReshardCases() {
+  std::vector<ReshardCase> out;
+  for (Clip clip : {Clip::kOff, Clip::kSome, Clip::kAlways}) {
+    for (ReshardCase c : {ReshardCase{kFull2, kFull3}, ReshardCase{kFull2, kHybrid4},
+                          ReshardCase{kFull2, kNoShard1}, ReshardCase{kFull3, kFull2},
+                          ReshardCase{kHybrid4, kFull2}, ReshardCase{kNoShard1, kFull2},
+                          ReshardCase{kFull2, kGradOp3OneUnit},
+                          ReshardCase{kGradOp3OneUnit, kHybrid4}}) {
+      c.clip = clip;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ReshardTest, ::testing::ValuesIn(ReshardCases()),
+                         [](const ::testing::TestParamInfo<ReshardCase>& i) {
+                           return absl::StrCat(i.param.save.name, "_to_", i.param.load.name, "_",
+                                               ClipName(i.param.clip));
+                         });
 
 TEST(CheckpointApiTest, LatestCheckpointPicksTheHighestCompleteStep) {
   const std::string dir = FreshDir("latest");

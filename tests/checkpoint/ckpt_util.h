@@ -26,11 +26,14 @@ struct CkptRun {
   nn::WrapPolicy wrap;
   std::string config = "nano";  // or "nano-narrow"
   uint64_t init_seed = 1337;
+  float max_grad_norm = 0.5f;
 };
 
 struct CkptResult {
   std::vector<float> losses;               // mean over ranks, per step run here
   std::vector<std::vector<float>> params;  // model units after the run
+  std::vector<double> grad_norms;          // pre-clip global gradient norm, per step run here
+  int clipped_steps = 0;
   LoadedCheckpoint loaded;                 // what the load returned, when there was one
 };
 
@@ -56,7 +59,7 @@ inline absl::StatusOr<std::unique_ptr<nn::ShardedGpt>> MakeModel(Communicator& c
   o.sharding.hybrid_shard_size = run.hybrid_shard;
   o.sharding.optimizer = run.optimizer;
   o.sharding.sgd.momentum = 0.9f;
-  o.sharding.max_grad_norm = 0.5f;
+  o.sharding.max_grad_norm = run.max_grad_norm;
   o.batch_size = run.batch_size;
   o.seq_len = run.seq_len;
   o.wrap = run.wrap;
@@ -96,7 +99,9 @@ inline absl::StatusOr<CkptResult> RunRank(Communicator& comm, const CkptRun& run
     FSDP_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(b.inputs.data(), b.targets.data()));
     FSDP_ASSIGN_OR_RETURN(float mean, model->MeanOverRanks(loss));
     result.losses.push_back(mean);
-    FSDP_RETURN_IF_ERROR(model->runtime().Step(TestSchedule()).status());
+    FSDP_ASSIGN_OR_RETURN(StepStats st, model->runtime().Step(TestSchedule()));
+    result.grad_norms.push_back(st.grad_norm);
+    if (st.clip_coefficient < 1.0f) ++result.clipped_steps;
   }
   if (!save_dir.empty()) {
     TrainingState st;
