@@ -41,5 +41,6 @@ void ResetSharedTestWorlds();
 // else 4 MiB under ThreadSanitizer.
 int64_t MaxTestBytes();
 bool UnderThreadSanitizer();
+bool UnderSanitizer();  // ASan or TSan
 
 }  // namespace fsdp::testing
