@@ -19,5 +19,5 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rc=0
 ctest --test-dir "$build" --output-on-failure --no-tests=error --timeout 900 \
   --output-junit "$junit" "$@" || rc=$?
-scripts/test_summary.sh "$build" "$junit" || rc=1
+scripts/test_summary.sh "$build" tests "$junit" || rc=1
 exit $rc

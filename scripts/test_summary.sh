@@ -5,13 +5,15 @@
 # reason, then one closing line "LABEL: N passed, N failed, N skipped".
 # Exits 1 if a case failed or no case ran at all.
 #
-# Usage: scripts/test_summary.sh BUILD_DIR CTEST_JUNIT_XML [LABEL]
+# Usage: scripts/test_summary.sh BUILD_DIR LABEL CTEST_JUNIT_XML...   (one file per ctest run)
 set -euo pipefail
 build=$1
-junit=$2
-label=${3:-tests}
+label=$2
+shift 2
 results="$build/test-results"
-[ -f "$junit" ] || { echo "$label: no ctest results in $junit: ran no test"; exit 1; }
+for junit in "$@"; do
+  [ -f "$junit" ] || { echo "$label: no ctest results in $junit: ran no test"; exit 1; }
+done
 
 attr() {  # attr NAME LINE: the value of NAME="..." in LINE
   sed -n "s/.*[[:space:]]$1=\"\([^\"]*\)\".*/\1/p" <<<"$2"
@@ -59,7 +61,7 @@ while IFS= read -r line; do
   else
     failed=$((failed + 1))
   fi
-done < <(grep "<testcase " "$junit")
+done < <(cat "$@" | grep "<testcase ")
 
 echo "$label: $passed passed, $failed failed, $skipped skipped"
 if [ $((passed + failed)) -eq 0 ]; then

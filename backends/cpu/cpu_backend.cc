@@ -15,6 +15,12 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kUnderThreadSanitizer = true;
+#else
+constexpr bool kUnderThreadSanitizer = false;
+#endif
+
 // Each allocation carries its size in a header so Free can account for it.
 struct alignas(kAlignment) AllocHeader {
   size_t bytes;
@@ -95,6 +101,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(CpuBackendOptions
   }
   int threads = options.num_threads;
   if (threads == 0) threads = std::max(1, HardwareThreads() / options.ranks_sharing_cores);
+  // ThreadSanitizer cannot see the synchronisation inside OpenMP's runtime (libgomp is not
+  // instrumented) and would report its team's work as races: under TSan each rank's kernels
+  // run on the rank's own thread, and TSan checks the rank and communication threads.
+  if (kUnderThreadSanitizer) threads = 1;
   return std::unique_ptr<CpuBackend>(new CpuBackend(threads, options.memory_limit_bytes));
 }
 
