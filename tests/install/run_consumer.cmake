@@ -1,6 +1,7 @@
 # cmake -P script: installs fsdp into WORK_DIR/prefix, then builds README.md's first program
 # (the code blocks after "<!-- file: main.cc -->" and "<!-- file: CMakeLists.txt -->", taken
-# verbatim) as a project outside the tree against it, runs it and checks that the loss fell.
+# verbatim) as a project outside the tree against it, runs it (ranks as threads, and under
+# mpirun when MPIEXEC is given) and checks that the loss fell.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -35,11 +36,24 @@ run(${CMAKE_COMMAND} --install ${FSDP_BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} -S ${WORK_DIR}/src -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+# check_loss(OUTPUT WHAT): the program printed "loss A -> B" with B < A.
+function(check_loss out what)
+  if(NOT out MATCHES "loss ([0-9.]+) -> ([0-9.]+)")
+    message(FATAL_ERROR "README's program (${what}) printed no 'loss A -> B' line")
+  endif()
+  # CMake compares the two as floating-point numbers.
+  if(NOT CMAKE_MATCH_1 GREATER CMAKE_MATCH_2)
+    message(FATAL_ERROR "README's program (${what}) trained, but the loss did not fall: "
+                        "${CMAKE_MATCH_1} -> ${CMAKE_MATCH_2}")
+  endif()
+  message("install_consumer: README's program (${what}) built against the installed package; "
+          "loss ${CMAKE_MATCH_1} -> ${CMAKE_MATCH_2}")
+endfunction()
+
 run(${WORK_DIR}/build/first_program)
-if(NOT output MATCHES "loss ([0-9.]+) -> ([0-9.]+)")
-  message(FATAL_ERROR "README's program printed no 'loss A -> B' line")
+check_loss("${output}" "ranks as threads")
+if(MPIEXEC)
+  run(${MPIEXEC} -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader
+      ${WORK_DIR}/build/first_program)
+  check_loss("${output}" "mpirun -np 2")
 endif()
-if(NOT CMAKE_MATCH_1 GREATER CMAKE_MATCH_2)
-  message(FATAL_ERROR "README's program trained, but the loss did not fall: ${CMAKE_MATCH_1} -> ${CMAKE_MATCH_2}")
-endif()
-message("install_consumer: README's program built against the installed package; loss ${CMAKE_MATCH_1} -> ${CMAKE_MATCH_2}")
