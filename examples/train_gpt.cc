@@ -776,10 +776,12 @@ int main(int argc, char** argv) {
     absl::Status usage = fsdp::AgreeOnStatus(w, settings.status());
     if (usage.ok()) usage = fsdp::CheckSameSettings(w, AgreedSettings(*settings, w.size()), "");
     if (!usage.ok()) {
-      const int rank = w.rank();
+      // The same message on every rank: rank 0 prints it once, and no rank exits before it
+      // has (mpirun ends the job when the first rank exits non-zero).
+      if (w.rank() == 0) Report(usage, true);
+      w.Barrier().IgnoreError();
       world->reset();
       fsdp::ShutdownMpi();
-      if (rank == 0) Report(usage, true);  // the same message on every rank: print it once
       return kExitUsage;
     }
     if (w.rank() == 0) PrintWarnings(*settings);

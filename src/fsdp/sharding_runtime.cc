@@ -195,6 +195,7 @@ struct ShardingRuntime::Impl {
   Communicator* world;
   ShardingOptions options;
   std::optional<DeviceMesh> mesh;
+  MemoryBook book;  // before the units: their buffers give their bytes back to it when freed
   std::vector<Unit> units;
   std::set<std::string> param_names;
   bool finalized = false;
@@ -215,7 +216,6 @@ struct ShardingRuntime::Impl {
   int good_steps = 0;
   int64_t skipped_steps = 0;
   int64_t steps = 0;
-  MemoryBook book;
 
   int S() const { return mesh->shard_size(); }
   int R() const { return mesh->replicate_size(); }

@@ -3,7 +3,9 @@
 // schedule and a per-rank state, so resumption has everything to restore.
 #pragma once
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,14 @@ struct CkptResult {
   int clipped_steps = 0;
   LoadedCheckpoint loaded;                 // what the load returned, when there was one
 };
+
+// The whole of a file (empty when it cannot be read).
+inline std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 inline const WarmupCosine& TestSchedule() {
   static const WarmupCosine s(3, 20, 2e-3f, 2e-4f);

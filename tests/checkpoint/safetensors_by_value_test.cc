@@ -27,13 +27,6 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 struct Layout {
   int world = 2;
   nn::WrapPolicy wrap;  // the runtime units (unit offsets differ from the model's otherwise)

@@ -33,13 +33,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 std::string GoldenPath() {
   return std::string(FSDP_SOURCE_DIR) + "/tests/checkpoint/golden/tiny_gpt_f32.safetensors";
 }

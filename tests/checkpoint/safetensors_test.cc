@@ -20,13 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Trains 3 steps on `world` ranks and exports; returns the model's units.
 absl::StatusOr<std::vector<std::vector<float>>> TrainAndExport(int world, const CkptRun& run,
                                                                const std::string& path,
