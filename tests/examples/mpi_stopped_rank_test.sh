@@ -48,6 +48,8 @@ check() { if eval "$2"; then echo "  ok      $1"; else echo "  FAILED  $1"; fail
 check "non-zero exit code" '[ "$rc" -ne 0 ]'
 check "within the deadline (5 s) + 10 s" '[ "$ms" -lt 15000 ]'
 check "a rank printed the deadline error" 'grep -q "train_gpt: \[rank [01]\] DEADLINE_EXCEEDED" "$log"'
-check "it names the rank that did not arrive" 'grep -q "did not arrive" "$log"'
+# Stopped before it posted the collective, the peer "did not arrive"; stopped in the middle
+# of the transfer, "every rank arrived, but the transfer did not complete".
+check "it says what the peer did not do" 'grep -qE "did not arrive|did not complete" "$log"'
 [ $failed = 0 ] || { echo "---- output ----"; tail -30 "$log"; }
 exit $failed

@@ -61,6 +61,7 @@ TEST(ShardingMpiTest, FullShardHoldsOneNthOfThePersistentBytes) {
   const double padding = 4.0 * 4 * (config->num_layers + 1) * n;
   EXPECT_GE(got->memory.persistent_bytes(), single / n);
   EXPECT_LE(got->memory.persistent_bytes(), single / n * 1.01 + padding);
+  ExpectReportIsBackend(got->memory, got->backend_memory, "FULL_SHARD under mpirun");
 }
 
 // Runs last: it leaves the runtime it made failed (the world stays usable).
