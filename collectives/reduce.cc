@@ -22,8 +22,8 @@ inline float LoadOne(DType t, const void* p, int64_t i) {
     case DType::kF32: return static_cast<const float*>(p)[i];
     case DType::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
     case DType::kF16: return F16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    default: return 0;  // only f32, bf16, f16 are reduced (ValidateCall)
   }
-  return 0;
 }
 
 inline void StoreOne(DType t, void* p, int64_t i, float v) {
@@ -31,6 +31,7 @@ inline void StoreOne(DType t, void* p, int64_t i, float v) {
     case DType::kF32: static_cast<float*>(p)[i] = v; return;
     case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(v); return;
     case DType::kF16: static_cast<uint16_t*>(p)[i] = FloatToF16(v); return;
+    default: return;
   }
 }
 
@@ -49,8 +50,8 @@ inline __m256 Load8(DType t, const void* p, int64_t i) {
     }
     case DType::kF16:
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+    default: return _mm256_setzero_ps();
   }
-  return _mm256_setzero_ps();
 }
 
 // f32 -> bf16 bits in the low 16 of each 32-bit lane: round to nearest even, NaN made quiet.
@@ -85,6 +86,7 @@ inline void Store8(DType t, void* p, int64_t i, __m256 v, bool stream) {
       if (stream) _mm_stream_si128(d, h); else _mm_storeu_si128(d, h);
       return;
     }
+    default: return;
   }
 }
 #endif
@@ -150,8 +152,8 @@ RangeFn Select(DType t, ReduceOp op, bool stream) {
     case DType::kF32: return SelectOp<DType::kF32>(op, stream);
     case DType::kBF16: return SelectOp<DType::kBF16>(op, stream);
     case DType::kF16: return SelectOp<DType::kF16>(op, stream);
+    default: return nullptr;
   }
-  return nullptr;
 }
 
 }  // namespace

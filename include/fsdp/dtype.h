@@ -1,4 +1,6 @@
-// Element types of libfsdp buffers (f32, bf16, f16) and exact scalar conversions.
+// Element types of libfsdp buffers and exact scalar conversions. Floating point: f32, bf16,
+// f16 (the data the runtime computes and communicates) and f64 (scalars: sums of squares).
+// Integers: i32 (token ids), i64 and u8 (control data and raw bytes).
 // bf16 and f16 are stored as raw uint16_t bits; conversions round to nearest even and keep
 // NaN/Inf, as hardware converters (vcvtneps2bf16, vcvtps2ph, vcvtph2ps) do: a NaN keeps its
 // sign and top payload bits and becomes quiet. Unlike vcvtneps2bf16, f32 subnormals are
@@ -12,16 +14,35 @@
 
 namespace fsdp {
 
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kF64 = 3, kI32 = 4, kI64 = 5, kU8 = 6 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+    case DType::kF64: return 8;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+    case DType::kU8: return 1;
+  }
+  return 0;
+}
 constexpr std::string_view DTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "f32";
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
+    case DType::kF64: return "f64";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+    case DType::kU8: return "u8";
   }
   return "?";
+}
+// The types the data plane reduces and the runtime gathers: f32, bf16, f16.
+constexpr bool IsFloat16Or32(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
 }
 
 inline uint16_t FloatToBf16(float f) {

@@ -62,7 +62,7 @@ memory::data_type DnnlType(DType t) {
   switch (t) {
     case DType::kBF16: return memory::data_type::bf16;
     case DType::kF16: return memory::data_type::f16;
-    case DType::kF32: break;
+    default: break;  // f32 (the matmuls take f32, bf16 and f16 only)
   }
   return memory::data_type::f32;
 }

@@ -96,8 +96,8 @@ std::string_view SafetensorsDTypeName(DType t) {
     case DType::kF32: return "F32";
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
+    default: return "?";  // only f32, bf16 and f16 tensors are exported
   }
-  return "?";
 }
 
 absl::StatusOr<uint64_t> ParseSafetensorsLength(std::string_view first8, uint64_t file_size) {

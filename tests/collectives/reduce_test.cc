@@ -18,16 +18,16 @@ uint32_t Encode(DType t, float v) {
     case DType::kF32: return std::bit_cast<uint32_t>(v);
     case DType::kBF16: return FloatToBf16(v);
     case DType::kF16: return FloatToF16(v);
+    default: return 0;
   }
-  return 0;
 }
 float Decode(DType t, uint32_t b) {
   switch (t) {
     case DType::kF32: return std::bit_cast<float>(b);
     case DType::kBF16: return Bf16ToFloat(static_cast<uint16_t>(b));
     case DType::kF16: return F16ToFloat(static_cast<uint16_t>(b));
+    default: return 0;
   }
-  return 0;
 }
 
 struct Param {

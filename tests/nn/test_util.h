@@ -89,6 +89,7 @@ struct LowpUnits {
         case DType::kF32: std::copy_n(src, n, params[i].as<float>()); break;
         case DType::kBF16: ops.cast_f32_to_bf16(params[i].as<uint16_t>(), src, n); break;
         case DType::kF16: ops.cast_f32_to_f16(params[i].as<uint16_t>(), src, n); break;
+        default: break;
       }
     }
   }
