@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_gpt.h"

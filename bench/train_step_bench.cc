@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/kernels_cpu.h"
 #include "fsdp/nn/gpt.h"
+#include "fsdp/ops.h"
 #include "fsdp/optim.h"
 
 namespace {
@@ -84,36 +86,48 @@ int main(int argc, char** argv) {
   const auto specs = fsdp::nn::GptParamSpecs(config);
   std::vector<Buffer> params, grads;
   std::vector<std::unique_ptr<fsdp::AdamW>> opts;
-  std::vector<const float*> p;
-  std::vector<float*> g;
+  std::vector<fsdp::View> p, g;
   for (int u = 0; u < num_units; ++u) {
     const int64_t n = fsdp::nn::GptUnitNumel(config, u);
     params.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
     grads.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
     fsdp::nn::InitUnit(config, u, 1, params.back().as<float>());
     opts.push_back(Get(fsdp::AdamW::Create(backend.get(), n, fsdp::nn::UnitDecayRanges(specs, u))));
-    p.push_back(params.back().as<float>());
-    g.push_back(grads.back().as<float>());
+    p.push_back(params.back().view());
+    g.push_back(grads.back().view());
   }
   auto gpt = Get(fsdp::nn::Gpt::Create(config, backend.get(), B, T));
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % config.vocab_size);
+  Buffer ids = Get(Buffer::Create(backend.get(), tokens.size() * sizeof(int32_t)));
+  Check(backend->CopyFromHost(ids.view(fsdp::DType::kI32), tokens.data()));
+  // The clip runs on the device as the runtime's does: sum of squares (f64), split, global
+  // norm and clip factor, scale.
+  Buffer sum_sq = Get(Buffer::Create(backend.get(), sizeof(double)));
+  Buffer split = Get(Buffer::Create(backend.get(), 2 * sizeof(float)));
+  Buffer factor = Get(Buffer::Create(backend.get(), sizeof(float)));
+  fsdp::Ops& ops = backend->ops();
+  const fsdp::Stream cs = fsdp::Stream::kCompute;
 
   std::vector<double> step_s, fwd_s, bwd_s, opt_s;
   for (int s = 0; s < args.warmup + args.steps; ++s) {
     const double t0 = Now();
-    Check(gpt->Forward(p, tokens.data(), tokens.data()).status());
+    const fsdp::View idx = ids.view(fsdp::DType::kI32);
+    Check(gpt->Forward(p, idx, idx).status());
     const double t1 = Now();
-    for (int u = 0; u < num_units; ++u) Check(backend->Memset(g[u], 0, grads[u].bytes()));
+    for (int u = 0; u < num_units; ++u) Check(backend->Memset(g[u], 0));
     Check(gpt->Backward(p, g));
     const double t2 = Now();
-    double sum_sq = 0;
-    for (int u = 0; u < num_units; ++u) sum_sq += backend->ops().sum_squares(g[u], opts[u]->numel());
-    const float clip = fsdp::ClipCoefficient(std::sqrt(sum_sq), 1.0f);
+    const fsdp::View sq = sum_sq.view(fsdp::DType::kF64);
+    Check(backend->Memset(sq, 0));
+    for (int u = 0; u < num_units; ++u) ops.SumSquares(cs, sq, g[u]);
+    ops.SplitF64(cs, split.view(), sq);
+    ops.GlobalNormClip(cs, sq, factor.view(), split.view(), 1.0, 1.0f);
     for (int u = 0; u < num_units; ++u) {
-      backend->ops().scale_inplace(g[u], clip, opts[u]->numel());
-      Check(opts[u]->Step(params[u].as<float>(), g[u]));
+      ops.ScaleBy(cs, g[u], factor.view());
+      Check(opts[u]->Step(p[u], g[u]));
     }
+    Check(backend->Synchronize());
     const double t3 = Now();
     if (s < args.warmup) continue;
     fwd_s.push_back(t1 - t0);

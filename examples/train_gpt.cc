@@ -41,6 +41,7 @@
 #include "fsdp/backend.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/communicator.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
@@ -478,7 +479,7 @@ absl::StatusOr<std::string> Sample(ShardedGpt& model, const std::string& prompt,
     std::copy(tokens.end() - len, tokens.end(), window.begin());
     FSDP_RETURN_IF_ERROR(model.Forward(window.data(), nullptr).status());
     FSDP_RETURN_IF_ERROR(model.runtime().backend()->CopyToHost(
-        logits.data(), model.logits() + static_cast<size_t>(len - 1) * V, V * sizeof(float)));
+        logits.data(), model.logits().Slice(static_cast<int64_t>(len - 1) * V, V)));
     float next = static_cast<float>(std::max_element(logits.begin(), logits.end()) -
                                     logits.begin());
     if (temperature > 0) {

@@ -1,4 +1,7 @@
-// The CPU backend: 64-byte aligned host memory with byte accounting, and the CPU kernels.
+// The CPU backend: 64-byte aligned host memory with byte accounting, and the CPU kernels run
+// at once on the calling thread (its streams are always drained, its events complete).
+#include "fsdp/cpu_backend.h"
+
 #include <omp.h>
 #include <sched.h>
 
@@ -8,7 +11,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "fsdp/backend.h"
+#include "backends/host/host_ops.h"
+#include "fsdp/data_plane.h"
 
 namespace fsdp {
 namespace {
@@ -21,23 +25,17 @@ constexpr bool kUnderThreadSanitizer = true;
 constexpr bool kUnderThreadSanitizer = false;
 #endif
 
-// Each allocation carries its size in a header so Free can account for it.
-struct alignas(kAlignment) AllocHeader {
-  size_t bytes;
+// Runs every op on the calling thread, now.
+struct Immediate {
+  template <class F>
+  void Run(Stream, const char*, F&& work) {
+    work();
+  }
 };
 
-const Ops& CpuOps() {
-  namespace k = kernels::cpu;
-  static const Ops ops = {
-      k::matmul_forward, k::matmul_backward, k::layernorm_forward, k::layernorm_backward,
-      k::gelu_forward, k::gelu_backward, k::attention_forward, k::attention_backward,
-      k::softmax_crossentropy_forward, k::softmax_crossentropy_backward,
-      k::embedding_forward, k::embedding_backward, k::residual_forward, k::residual_backward,
-      k::cast_f32_to_bf16, k::cast_bf16_to_f32, k::cast_f32_to_f16, k::cast_f16_to_f32,
-      k::adamw_update, k::sgd_update, k::sum_squares, k::scale_inplace, k::all_finite,
-      k::matmul_forward_lowp, k::matmul_backward_lowp,
-  };
-  return ops;
+Immediate& TheImmediate() {
+  static Immediate exec;
+  return exec;
 }
 
 }  // namespace
@@ -50,37 +48,6 @@ int HardwareThreads() {
   }
   const unsigned n = std::thread::hardware_concurrency();
   return n > 0 ? static_cast<int>(n) : 1;
-}
-
-absl::StatusOr<Buffer> Buffer::Create(Backend* backend, size_t bytes) {
-  if (backend == nullptr) return absl::InvalidArgumentError("Buffer::Create: backend is null");
-  Buffer b;
-  auto p = backend->Allocate(bytes);
-  if (!p.ok()) return p.status();
-  b.backend_ = backend;
-  b.data_ = *p;
-  b.bytes_ = bytes;
-  return b;
-}
-
-Buffer& Buffer::operator=(Buffer&& o) noexcept {
-  if (this != &o) {
-    Reset();
-    backend_ = o.backend_;
-    data_ = o.data_;
-    bytes_ = o.bytes_;
-    o.backend_ = nullptr;
-    o.data_ = nullptr;
-    o.bytes_ = 0;
-  }
-  return *this;
-}
-
-void Buffer::Reset() {
-  if (backend_ != nullptr && data_ != nullptr) backend_->Free(data_);
-  backend_ = nullptr;
-  data_ = nullptr;
-  bytes_ = 0;
 }
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(CpuBackendOptions options) {
@@ -108,8 +75,15 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(CpuBackendOptions
   return std::unique_ptr<CpuBackend>(new CpuBackend(threads, options.memory_limit_bytes));
 }
 
-absl::StatusOr<void*> CpuBackend::Allocate(size_t bytes) {
-  if (bytes == 0) return nullptr;
+CpuBackend::CpuBackend(int num_threads, int64_t limit)
+    : num_threads_(num_threads),
+      limit_(limit),
+      ops_(std::make_unique<internal::HostOps<Immediate>>(&TheImmediate())) {}
+
+CpuBackend::~CpuBackend() = default;
+
+absl::StatusOr<Allocation> CpuBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return Allocation{};
   const auto n = static_cast<int64_t>(bytes);
   // Reserve first, so that concurrent allocations cannot pass the limit together.
   const int64_t now = in_use_.fetch_add(n) + n;
@@ -120,51 +94,68 @@ absl::StatusOr<void*> CpuBackend::Allocate(size_t bytes) {
         "-byte limit in use; reduce the batch size, checkpoint activations or shard over more "
         "ranks"));
   }
-  const size_t total = (sizeof(AllocHeader) + bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* raw = std::aligned_alloc(kAlignment, total);
-  if (raw == nullptr) {
+  const size_t total = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, total);
+  if (p == nullptr) {
     in_use_.fetch_sub(n);
     return absl::ResourceExhaustedError(absl::StrCat(
         "out of memory: the system could not give ", bytes, " bytes (", now - n,
         " bytes already in use); reduce the batch size or shard over more ranks"));
   }
-  static_cast<AllocHeader*>(raw)->bytes = bytes;
   int64_t peak = peak_.load();
   while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
   }
   allocs_.fetch_add(1);
-  return static_cast<char*>(raw) + sizeof(AllocHeader);
+  return Allocation{p, p, bytes};
 }
 
-void CpuBackend::Free(void* ptr) {
-  if (ptr == nullptr) return;
-  auto* header = reinterpret_cast<AllocHeader*>(static_cast<char*>(ptr) - sizeof(AllocHeader));
-  in_use_.fetch_sub(static_cast<int64_t>(header->bytes));
-  std::free(header);
+void CpuBackend::Free(const Allocation& a) {
+  if (a.address == nullptr) return;
+  in_use_.fetch_sub(static_cast<int64_t>(a.bytes));
+  std::free(a.storage);
 }
-
-absl::Status CpuBackend::CopyToHost(void* host_dst, const void* device_src, size_t bytes) {
-  if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
-  return absl::OkStatus();
-}
-
-absl::Status CpuBackend::CopyFromHost(void* device_dst, const void* host_src, size_t bytes) {
-  if (bytes > 0) std::memcpy(device_dst, host_src, bytes);
-  return absl::OkStatus();
-}
-
-absl::Status CpuBackend::Memset(void* device_dst, int value, size_t bytes) {
-  if (bytes > 0) std::memset(device_dst, value, bytes);
-  return absl::OkStatus();
-}
-
-const Ops& CpuBackend::ops() const { return CpuOps(); }
 
 MemoryStats CpuBackend::memory_stats() const {
   return MemoryStats{in_use_.load(), peak_.load(), allocs_.load()};
 }
 
 void CpuBackend::ResetPeak() { peak_.store(in_use_.load()); }
+
+absl::Status CpuBackend::DoCopyToHost(void* dst, View src, Stream) {
+  if (src.count > 0) std::memcpy(dst, src.host(), static_cast<size_t>(src.bytes()));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyFromHost(View dst, const void* src, Stream) {
+  if (dst.count > 0) std::memcpy(dst.host(), src, static_cast<size_t>(dst.bytes()));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Copy(View dst, View src, Stream) {
+  if (dst.bytes() != src.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("CpuBackend::Copy: ", dst.bytes(),
+                                                   " bytes into ", src.bytes()));
+  }
+  if (dst.count > 0 && dst.host() != src.host()) {
+    std::memcpy(dst.host(), src.host(), static_cast<size_t>(dst.bytes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Memset(View dst, int byte, Stream) {
+  if (dst.count > 0) std::memset(dst.host(), byte, static_cast<size_t>(dst.bytes()));
+  return absl::OkStatus();
+}
+
+Event CpuBackend::Record(Stream) { return Event(); }
+
+absl::Status CpuBackend::Wait(Stream, const Event& e) { return e.Wait(); }
+
+Ops& CpuBackend::ops() { return *ops_; }
+
+absl::StatusOr<std::unique_ptr<DataPlane>> CpuBackend::CreateDataPlane(Communicator& group) {
+  return MakeHostDataPlane(this, group);
+}
 
 void CpuBackend::BindCurrentThread() const { omp_set_num_threads(num_threads_); }
 

@@ -1,73 +1,74 @@
-// A backend is a device: memory, host<->device copies, an op table of compute kernels, and a
-// count of the bytes it holds. The CPU backend is always built and is the reference that
-// every other backend is tested against, op by op.
+// The device contract (ARCHITECTURE.md "Device memory and ordering"): what every backend
+// provides and how the runtime and models use it.
+//
+// - Memory is owned by Buffers and addressed through Views: (allocation, byte offset, count,
+//   dtype). Nothing above the backend does arithmetic on device pointers or touches device
+//   memory from the host; data reaches the host only through CopyToHost / CopyFromHost. A
+//   host backend (is_host(): the CPU) also lets the host reach a buffer's bytes directly.
+// - Each rank's device has two streams, compute and communication. Work issued on one stream
+//   runs in issue order; the two are ordered against each other only by events: Record() an
+//   event on one stream, Wait() for it on the other. The host blocks only in Sync(),
+//   Synchronize() and CopyToHost(), which count as host synchronisations (host_syncs()).
+// - Compute goes through the op table (fsdp/ops.h); collectives through a DataPlane
+//   (fsdp/data_plane.h) that the backend makes for a group of ranks.
+//
+// backends: `cpu` (fsdp/cpu_backend.h, the reference), `sim` (fsdp/sim_backend.h, a strict
+// simulated accelerator). docs/backends.md says what a backend implements and which test
+// suites it must pass.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 
-#include "fsdp/kernels_cpu.h"
+#include "fsdp/dtype.h"
 #include "fsdp/status.h"
 
 namespace fsdp {
 
-// The op table: device pointers in, device pointers out; semantics as in kernels_cpu.h.
-// Coarse on purpose (whole layers), so a backend that runs compiled programs can fill it.
-struct Ops {
-  decltype(&kernels::cpu::matmul_forward) matmul_forward;
-  decltype(&kernels::cpu::matmul_backward) matmul_backward;
-  decltype(&kernels::cpu::layernorm_forward) layernorm_forward;
-  decltype(&kernels::cpu::layernorm_backward) layernorm_backward;
-  decltype(&kernels::cpu::gelu_forward) gelu_forward;
-  decltype(&kernels::cpu::gelu_backward) gelu_backward;
-  decltype(&kernels::cpu::attention_forward) attention_forward;
-  decltype(&kernels::cpu::attention_backward) attention_backward;
-  decltype(&kernels::cpu::softmax_crossentropy_forward) softmax_crossentropy_forward;
-  decltype(&kernels::cpu::softmax_crossentropy_backward) softmax_crossentropy_backward;
-  decltype(&kernels::cpu::embedding_forward) embedding_forward;
-  decltype(&kernels::cpu::embedding_backward) embedding_backward;
-  decltype(&kernels::cpu::residual_forward) residual_forward;
-  decltype(&kernels::cpu::residual_backward) residual_backward;
-  decltype(&kernels::cpu::cast_f32_to_bf16) cast_f32_to_bf16;
-  decltype(&kernels::cpu::cast_bf16_to_f32) cast_bf16_to_f32;
-  decltype(&kernels::cpu::cast_f32_to_f16) cast_f32_to_f16;
-  decltype(&kernels::cpu::cast_f16_to_f32) cast_f16_to_f32;
-  decltype(&kernels::cpu::adamw_update) adamw_update;
-  decltype(&kernels::cpu::sgd_update) sgd_update;
-  decltype(&kernels::cpu::sum_squares) sum_squares;
-  decltype(&kernels::cpu::scale_inplace) scale_inplace;
-  decltype(&kernels::cpu::all_finite) all_finite;
-  // Appended: the low-precision Linear (bf16/f16 weights, f32 activations and gradients).
-  decltype(&kernels::cpu::matmul_forward_lowp) matmul_forward_lowp;
-  decltype(&kernels::cpu::matmul_backward_lowp) matmul_backward_lowp;
+class Backend;
+class Communicator;
+class DataPlane;
+class Ops;
+
+// The streams of a rank's device.
+enum class Stream : uint8_t { kCompute = 0, kComm = 1 };
+std::string_view StreamName(Stream s);  // "compute", "comm"
+
+// One allocation. `address` identifies it and is what a user sees (on a host backend the host
+// pointer; on a device, a device address the host must not dereference); `storage` is the
+// backend's own handle to the bytes.
+struct Allocation {
+  void* address = nullptr;
+  void* storage = nullptr;
+  size_t bytes = 0;
 };
 
-struct MemoryStats {
-  int64_t bytes_in_use = 0;   // allocated now through this backend
-  int64_t peak_bytes = 0;     // high-water mark since creation or ResetPeak()
-  int64_t num_allocs = 0;     // allocations ever made
-};
+// A typed window of an allocation: `count` elements of `dtype` from byte `offset`. Views do
+// not own memory; the Buffer they come from must outlive every use, including work still
+// queued on a stream.
+struct View {
+  Backend* backend = nullptr;
+  Allocation allocation;
+  int64_t offset = 0;  // bytes
+  int64_t count = 0;   // elements
+  DType dtype = DType::kF32;
 
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual std::string_view name() const = 0;
-
-  // Device memory. Allocate never returns nullptr for bytes > 0; zero bytes gives nullptr.
-  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
-  virtual void Free(void* ptr) = 0;
-  virtual absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) = 0;
-  virtual absl::Status CopyFromHost(void* device_dst, const void* host_src, size_t bytes) = 0;
-  virtual absl::Status Memset(void* device_dst, int value, size_t bytes) = 0;
-  // Waits until all work issued on this backend by the calling thread has finished.
-  virtual absl::Status Synchronize() = 0;
-
-  virtual const Ops& ops() const = 0;
-  virtual MemoryStats memory_stats() const = 0;
-  virtual void ResetPeak() = 0;
+  bool empty() const { return count == 0; }
+  int64_t bytes() const { return count * static_cast<int64_t>(DTypeSize(dtype)); }
+  // Elements [begin, begin + n) of this view.
+  View Slice(int64_t begin, int64_t n) const;
+  View Slice(int64_t begin) const { return Slice(begin, count - begin); }
+  // The same bytes seen as elements of another dtype (the byte size must divide).
+  View As(DType d) const;
+  // Host pointer to the first element: only for host backends (nullptr otherwise).
+  void* host() const;
+  template <typename T>
+  T* host_as() const { return static_cast<T*>(host()); }
 };
 
 // Owns one allocation of a backend; frees it on destruction. Movable, not copyable.
@@ -82,57 +83,116 @@ class Buffer {
   ~Buffer() { Reset(); }
 
   void Reset();
-  void* data() const { return data_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
-  size_t bytes() const { return bytes_; }
+  // The whole buffer as elements of `dtype`.
+  View view(DType dtype = DType::kF32) const;
+  size_t bytes() const { return allocation_.bytes; }
   Backend* backend() const { return backend_; }
+  const Allocation& allocation() const { return allocation_; }
+  // The device address identifying the allocation (never dereference it on a device).
+  const void* address() const { return allocation_.address; }
+  // Host access for host backends (Backend::is_host()); nullptr otherwise.
+  void* data() const;
+  template <typename T>
+  T* as() const { return static_cast<T*>(data()); }
 
  private:
   Backend* backend_ = nullptr;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
+  Allocation allocation_;
 };
 
-struct CpuBackendOptions {
-  // OpenMP threads the kernels of this backend use, for the thread that calls
-  // BindCurrentThread(). 0 = all hardware threads divided by `ranks_sharing_cores`.
-  int num_threads = 0;
-  // How many ranks share this machine's cores (ranks as threads, or processes on one host).
-  int ranks_sharing_cores = 1;
-  // Device memory of this backend, in bytes (0 = only what the system gives): an allocation
-  // past it fails with ResourceExhausted, as on an accelerator with that much memory.
-  int64_t memory_limit_bytes = 0;
-};
-
-class CpuBackend final : public Backend {
+// The state of an event, defined by whoever makes it (a backend's stream, a collective).
+class EventState {
  public:
-  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(CpuBackendOptions options = {});
+  virtual ~EventState() = default;
+  virtual bool Done() const = 0;      // never blocks
+  virtual absl::Status Wait() = 0;    // blocks the calling thread; the work's status
+  // When it completed, once Done() (the timeline shows what was in flight when).
+  virtual std::optional<std::chrono::steady_clock::time_point> completed_at() const {
+    return std::nullopt;
+  }
+};
 
-  std::string_view name() const override { return "cpu"; }
-  absl::StatusOr<void*> Allocate(size_t bytes) override;
-  void Free(void* ptr) override;
-  absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) override;
-  absl::Status CopyFromHost(void* device_dst, const void* host_src, size_t bytes) override;
-  absl::Status Memset(void* device_dst, int value, size_t bytes) override;
-  absl::Status Synchronize() override { return absl::OkStatus(); }
-  const Ops& ops() const override;
-  MemoryStats memory_stats() const override;
-  void ResetPeak() override;
-
-  int num_threads() const { return num_threads_; }
-  // Makes the kernels called from the current thread use num_threads() OpenMP threads.
-  // Each rank thread calls this once, so ranks sharing the cores do not oversubscribe them.
-  void BindCurrentThread() const;
+// A point in a stream's work, or the completion of a collective. Copies share the state. An
+// empty Event is complete and OK.
+class Event {
+ public:
+  Event() = default;
+  explicit Event(std::shared_ptr<EventState> state) : state_(std::move(state)) {}
+  bool Done() const { return state_ == nullptr || state_->Done(); }
+  // Blocks this thread (not counted as a host synchronisation: use Backend::Sync for that).
+  absl::Status Wait() const { return state_ == nullptr ? absl::OkStatus() : state_->Wait(); }
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const;
+  bool valid() const { return state_ != nullptr; }
+  const std::shared_ptr<EventState>& state() const { return state_; }
 
  private:
-  CpuBackend(int num_threads, int64_t limit) : num_threads_(num_threads), limit_(limit) {}
-  int num_threads_;
-  int64_t limit_;
-  std::atomic<int64_t> in_use_{0}, peak_{0}, allocs_{0};
+  std::shared_ptr<EventState> state_;
 };
 
-// Hardware threads usable by this process (affinity mask aware).
-int HardwareThreads();
+struct MemoryStats {
+  int64_t bytes_in_use = 0;  // allocated now through this backend
+  int64_t peak_bytes = 0;    // high-water mark since creation or ResetPeak()
+  int64_t num_allocs = 0;    // allocations ever made
+};
+
+// `count` elements of `dtype` at host memory `p` that the caller owns, as a view of a host
+// backend (is_host()): how a framework hands its own host tensors to the model and the
+// runtime without a copy. FailedPrecondition on a device backend (copy with CopyFromHost).
+// The memory must outlive every use of the view.
+absl::StatusOr<View> WrapHostMemory(Backend* backend, void* p, int64_t count, DType dtype);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  // True when a buffer's bytes are host memory that the calling thread may read and write
+  // directly (Buffer::data(), View::host()), and work on the streams runs synchronously.
+  virtual bool is_host() const = 0;
+
+  // ---- memory ---------------------------------------------------------------------------------
+  // Zero bytes give an empty allocation. Out of memory is ResourceExhausted.
+  virtual absl::StatusOr<Allocation> Allocate(size_t bytes) = 0;
+  // The caller makes sure no queued work still uses the allocation.
+  virtual void Free(const Allocation& allocation) = 0;
+  virtual MemoryStats memory_stats() const = 0;
+  virtual void ResetPeak() = 0;
+
+  // ---- copies, ordered on a stream ----------------------------------------------------------
+  // Host to device after the work issued on `s`; `src` may be reused as soon as this returns.
+  virtual absl::Status CopyFromHost(View dst, const void* src, Stream s = Stream::kCompute) = 0;
+  // Device to host: waits for the work issued on `s`, then copies. A host synchronisation.
+  absl::Status CopyToHost(void* dst, View src, Stream s = Stream::kCompute);
+  // Device to device (dst and src of this backend).
+  virtual absl::Status Copy(View dst, View src, Stream s = Stream::kCompute) = 0;
+  // Every byte of `dst` set to `byte`.
+  virtual absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) = 0;
+
+  // ---- streams and events --------------------------------------------------------------------
+  // An event that completes when the work issued on `s` so far has run.
+  virtual Event Record(Stream s) = 0;
+  // Work issued on `s` from now on runs after `e` completed. An error of `e` that is already
+  // known is returned (on a host backend this waits for `e`).
+  virtual absl::Status Wait(Stream s, const Event& e) = 0;
+  // The host waits for `e`; a host synchronisation.
+  absl::Status Sync(const Event& e);
+  // The host waits for the work issued on every stream; a host synchronisation.
+  absl::Status Synchronize();
+
+  // ---- compute and communication -------------------------------------------------------------
+  virtual Ops& ops() = 0;
+  // The data plane of `group` (a host communicator of the same ranks, each with a backend of
+  // this kind): collectives on this backend's memory. Collective over `group`.
+  virtual absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) = 0;
+
+  // Host synchronisations so far (CopyToHost, Sync, Synchronize) on any thread.
+  int64_t host_syncs() const { return host_syncs_.load(std::memory_order_relaxed); }
+
+ protected:
+  virtual absl::Status DoCopyToHost(void* dst, View src, Stream s) = 0;
+  void CountHostSync() { host_syncs_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> host_syncs_{0};
+};
 
 }  // namespace fsdp

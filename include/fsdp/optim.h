@@ -32,8 +32,8 @@ std::vector<DecayRange> SliceDecayRanges(const std::vector<DecayRange>& ranges, 
 // One optimizer state tensor, named as PyTorch names it ("exp_avg", "momentum_buffer", ...).
 struct OptimizerState {
   std::string_view name;
-  float* data = nullptr;  // device pointer, numel() floats
-  size_t bytes = 0;       // what the allocation holding `data` takes on the backend
+  View data;         // numel() f32 elements on the optimizer's backend
+  size_t bytes = 0;  // what the allocation holding `data` takes on the backend
 };
 
 // Updates one flat buffer of numel() elements. Elements outside every DecayRange are never
@@ -42,7 +42,9 @@ struct OptimizerState {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  virtual absl::Status Step(float* param, const float* grad) = 0;
+  // param and grad: numel() f32 elements on the optimizer's backend; the update is issued on
+  // the compute stream.
+  virtual absl::Status Step(View param, View grad) = 0;
   virtual std::vector<OptimizerState> state() = 0;
 
   int64_t numel() const { return numel_; }
@@ -55,6 +57,7 @@ class Optimizer {
   Optimizer(Backend* backend, int64_t numel, std::vector<DecayRange> ranges, float lr)
       : backend_(backend), numel_(numel), ranges_(std::move(ranges)), lr_(lr) {}
   static absl::Status ValidateRanges(const std::vector<DecayRange>& ranges, int64_t numel);
+  absl::Status CheckViews(const View& param, const View& grad) const;
 
   Backend* backend_;
   int64_t numel_;
@@ -78,7 +81,7 @@ class AdamW final : public Optimizer {
   static absl::StatusOr<std::unique_ptr<AdamW>> Create(Backend* backend, int64_t numel,
                                                        std::vector<DecayRange> ranges,
                                                        AdamWOptions options = {});
-  absl::Status Step(float* param, const float* grad) override;
+  absl::Status Step(View param, View grad) override;
   std::vector<OptimizerState> state() override;
   const AdamWOptions& options() const { return options_; }
 
@@ -104,7 +107,7 @@ class Sgd final : public Optimizer {
   static absl::StatusOr<std::unique_ptr<Sgd>> Create(Backend* backend, int64_t numel,
                                                      std::vector<DecayRange> ranges,
                                                      SgdOptions options = {});
-  absl::Status Step(float* param, const float* grad) override;
+  absl::Status Step(View param, View grad) override;
   std::vector<OptimizerState> state() override;
   const SgdOptions& options() const { return options_; }
 

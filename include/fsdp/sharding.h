@@ -38,6 +38,7 @@
 
 #include "fsdp/backend.h"
 #include "fsdp/communicator.h"
+#include "fsdp/data_plane.h"
 #include "fsdp/optim.h"
 #include "fsdp/status.h"
 
@@ -116,7 +117,8 @@ struct ShardingOptions {
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;
 };
 
-// A parameter of a unit as seen through a view: data + offset is its first element.
+// A parameter of a unit as seen through a view: element `offset` of the unit's flat buffer is
+// its first element.
 struct TensorSlot {
   std::string name;
   std::vector<int64_t> shape;
@@ -124,16 +126,28 @@ struct TensorSlot {
   int64_t numel = 0;
 };
 
-// What a hook hands the model: the unit's gathered parameters (all of them, padding at the
-// end) and, in backward, the gradient buffer of the same layout to accumulate into.
+// What a hook hands the model: the unit's gathered parameters (numel elements in `dtype`) and,
+// in backward, the f32 gradient buffer of the same layout to accumulate into, as views of the
+// backend's memory. On a host backend (the CPU) the same memory is also reachable through the
+// host pointers; on a device they are nullptr.
 struct UnitView {
   int unit = -1;
-  const float* params = nullptr;  // f32 parameters; nullptr when param_dtype is not f32
-  float* grads = nullptr;         // f32 gradients; nullptr in forward
-  int64_t numel = 0;              // unpadded
+  int64_t numel = 0;  // unpadded
   const std::vector<TensorSlot>* tensors = nullptr;
-  const void* data = nullptr;  // the parameters in `dtype` (== params when f32)
   DType dtype = DType::kF32;
+  View data_view;   // the parameters in `dtype`
+  View grads_view;  // f32 gradients; empty in forward
+  // Host pointers (host backends only): the parameters in `dtype`, as f32 when dtype is f32,
+  // and the gradients.
+  const void* data = nullptr;
+  const float* params = nullptr;
+  float* grads = nullptr;
+  View param_view(int i) const {
+    return data_view.Slice((*tensors)[i].offset, (*tensors)[i].numel);
+  }
+  View grad_view(int i) const {
+    return grads_view.Slice((*tensors)[i].offset, (*tensors)[i].numel);
+  }
   const float* param(int i) const { return params + (*tensors)[i].offset; }
   float* grad(int i) const { return grads + (*tensors)[i].offset; }
 };
@@ -169,6 +183,11 @@ struct StepStats {
   bool skipped = false;        // inf/NaN gradients on some rank: no update
   bool nonfinite = false;      // the gradients held an inf or NaN (then skipped is true)
   float loss_scale = 1.0f;     // the scale the next backward pass uses
+  // Since the previous Step(): times the host waited for the backend to read a value (the
+  // loss of each forward, the global norm here, and any CopyToHost), and times it waited for
+  // the device to bound the memory held (a host running ahead of an asynchronous device).
+  int64_t host_syncs = 0;
+  int64_t throttle_waits = 0;
 };
 
 class ShardingRuntime {
@@ -218,11 +237,11 @@ class ShardingRuntime {
   const std::vector<TensorSlot>& unit_tensors(int unit) const;
   int64_t unit_numel(int unit) const;        // unpadded
   int64_t unit_shard_numel(int unit) const;  // elements per rank (padded / shard size)
-  // The local shard of a unit's parameters (fp32 master) and of its gradient (the sum over
-  // the backward passes since the last step of the reduced gradients, times loss_scale()).
-  const float* param_shard(int unit) const;
-  float* mutable_param_shard(int unit);
-  const float* grad_shard(int unit) const;
+  // The local shard (unit_shard_numel() f32 elements) of a unit's parameters (fp32 master) and
+  // of its gradient (the sum over the backward passes since the last step of the reduced
+  // gradients, times loss_scale()).
+  View param_shard(int unit) const;
+  View grad_shard(int unit) const;
   Optimizer& optimizer(int unit);
   // Collective over the shard group: the whole unit's parameters (numel floats) into `out`.
   absl::Status GatherUnit(int unit, float* out);
@@ -235,6 +254,8 @@ class ShardingRuntime {
   Communicator& world() const;
   Communicator& shard_group() const;
   Communicator& replicate_group() const;
+  // The data plane of the shard group (collectives on the backend's memory).
+  DataPlane& shard_plane() const;
   int64_t steps() const;
   // What the model multiplies the loss gradient by (1 without dynamic loss scaling).
   float loss_scale() const;

@@ -206,8 +206,9 @@ absl::Status ImportSafetensors(ShardingRuntime& rt, const std::string& path,
   FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), staged.status()));
   absl::Status local;
   for (int u = 0; u < rt.num_units() && local.ok(); ++u) {
-    local = rt.backend()->CopyFromHost(rt.mutable_param_shard(u), (*staged)[u].data(),
-                                       (*staged)[u].size() * sizeof(float));
+    local = rt.backend()->CopyFromHost(
+        rt.param_shard(u).Slice(0, static_cast<int64_t>((*staged)[u].size())),
+        (*staged)[u].data());
   }
   return AgreeOnStatus(rt.world(), local);
 }

@@ -227,13 +227,13 @@ absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
 absl::Status Apply(ShardingRuntime& rt, const Staged& st, const LoadOptions& options) {
   Backend* backend = rt.backend();
   for (int u = 0; u < rt.num_units(); ++u) {
-    const size_t bytes = st.params[u].size() * sizeof(float);
-    FSDP_RETURN_IF_ERROR(
-        backend->CopyFromHost(rt.mutable_param_shard(u), st.params[u].data(), bytes));
+    const int64_t n = static_cast<int64_t>(st.params[u].size());
+    FSDP_RETURN_IF_ERROR(backend->CopyFromHost(rt.param_shard(u).Slice(0, n), st.params[u].data()));
     if (!options.load_optimizer_state) continue;
     std::vector<OptimizerState> states = rt.optimizer(u).state();
     for (size_t j = 0; j < states.size(); ++j) {
-      FSDP_RETURN_IF_ERROR(backend->CopyFromHost(states[j].data, st.states[u][j].data(), bytes));
+      FSDP_RETURN_IF_ERROR(
+          backend->CopyFromHost(states[j].data.Slice(0, n), st.states[u][j].data()));
     }
     rt.optimizer(u).set_step(st.meta.optimizer_step);
   }

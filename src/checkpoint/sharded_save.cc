@@ -48,9 +48,9 @@ absl::StatusOr<FileInfo> WriteShardFile(ShardingRuntime& rt, const std::string& 
   uint64_t at = kShardHeaderBytes;
   uint32_t crc = 0;
   std::vector<float> buf;
-  auto put = [&](const void* device, int64_t n, const std::string& what) -> absl::Status {
+  auto put = [&](View device, int64_t n, const std::string& what) -> absl::Status {
     buf.resize(n);
-    FSDP_RETURN_IF_ERROR(backend->CopyToHost(buf.data(), device, n * sizeof(float)));
+    FSDP_RETURN_IF_ERROR(backend->CopyToHost(buf.data(), device.Slice(0, n)));
     if (!allow_nonfinite) {
       FSDP_RETURN_IF_ERROR(CheckFinite(
           buf.data(), n, absl::StrCat(what, " on rank ", rt.world().rank()),

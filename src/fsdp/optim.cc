@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/ops.h"
 
 namespace fsdp {
 namespace {
@@ -29,15 +30,8 @@ std::vector<DecayRange> Normalize(std::vector<DecayRange> ranges) {
 
 absl::StatusOr<Buffer> ZeroedState(Backend* backend, int64_t numel) {
   FSDP_ASSIGN_OR_RETURN(Buffer b, Buffer::Create(backend, static_cast<size_t>(numel) * 4));
-  FSDP_RETURN_IF_ERROR(backend->Memset(b.data(), 0, b.bytes()));
+  FSDP_RETURN_IF_ERROR(backend->Memset(b.view(), 0));
   return b;
-}
-
-absl::Status CheckPointers(const float* param, const float* grad) {
-  if (param == nullptr || grad == nullptr) {
-    return absl::InvalidArgumentError("Optimizer::Step: param or grad is null");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -50,6 +44,17 @@ std::vector<DecayRange> SliceDecayRanges(const std::vector<DecayRange>& ranges, 
     if (b < e) out.push_back({b - lo, e - lo, r.weight_decay});
   }
   return out;
+}
+
+absl::Status Optimizer::CheckViews(const View& param, const View& grad) const {
+  if (param.count < numel_ || grad.count < numel_ || param.dtype != DType::kF32 ||
+      grad.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Optimizer::Step: param and grad must hold ", numel_, " f32 elements, got ",
+        param.count, " ", std::string(DTypeName(param.dtype)), " and ", grad.count, " ",
+        std::string(DTypeName(grad.dtype))));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Optimizer::ValidateRanges(const std::vector<DecayRange>& ranges, int64_t numel) {
@@ -91,21 +96,22 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(Backend* backend, int64_t n
   return opt;
 }
 
-absl::Status AdamW::Step(float* param, const float* grad) {
-  FSDP_RETURN_IF_ERROR(CheckPointers(param, grad));
+absl::Status AdamW::Step(View param, View grad) {
+  FSDP_RETURN_IF_ERROR(CheckViews(param, grad));
   ++step_;
-  const Ops& ops = backend_->ops();
+  Ops& ops = backend_->ops();
+  const View m = m_.view(), v = v_.view();
   for (const DecayRange& r : ranges_) {
-    ops.adamw_update(param + r.begin, grad + r.begin, m_.as<float>() + r.begin,
-                     v_.as<float>() + r.begin, r.end - r.begin, lr_, options_.beta1,
-                     options_.beta2, options_.eps, r.weight_decay ? options_.weight_decay : 0.0f,
-                     step_);
+    const int64_t n = r.end - r.begin;
+    ops.AdamW(Stream::kCompute, param.Slice(r.begin, n), grad.Slice(r.begin, n),
+              m.Slice(r.begin, n), v.Slice(r.begin, n), lr_, options_.beta1, options_.beta2,
+              options_.eps, r.weight_decay ? options_.weight_decay : 0.0f, step_);
   }
   return absl::OkStatus();
 }
 
 std::vector<OptimizerState> AdamW::state() {
-  return {{"exp_avg", m_.as<float>(), m_.bytes()}, {"exp_avg_sq", v_.as<float>(), v_.bytes()}};
+  return {{"exp_avg", m_.view(), m_.bytes()}, {"exp_avg_sq", v_.view(), v_.bytes()}};
 }
 
 // ---- SGD -------------------------------------------------------------------------------------
@@ -133,23 +139,24 @@ absl::StatusOr<std::unique_ptr<Sgd>> Sgd::Create(Backend* backend, int64_t numel
   return opt;
 }
 
-absl::Status Sgd::Step(float* param, const float* grad) {
-  FSDP_RETURN_IF_ERROR(CheckPointers(param, grad));
+absl::Status Sgd::Step(View param, View grad) {
+  FSDP_RETURN_IF_ERROR(CheckViews(param, grad));
   ++step_;
-  const Ops& ops = backend_->ops();
-  float* buf = momentum_.as<float>();
+  Ops& ops = backend_->ops();
+  const View buf = momentum_.view();
   for (const DecayRange& r : ranges_) {
-    ops.sgd_update(param + r.begin, grad + r.begin, buf == nullptr ? nullptr : buf + r.begin,
-                   r.end - r.begin, lr_, options_.momentum, options_.dampening,
-                   r.weight_decay ? options_.weight_decay : 0.0f, options_.nesterov,
-                   step_ == 1);
+    const int64_t n = r.end - r.begin;
+    ops.Sgd(Stream::kCompute, param.Slice(r.begin, n), grad.Slice(r.begin, n),
+            buf.empty() ? View{} : buf.Slice(r.begin, n), lr_, options_.momentum,
+            options_.dampening, r.weight_decay ? options_.weight_decay : 0.0f, options_.nesterov,
+            step_ == 1);
   }
   return absl::OkStatus();
 }
 
 std::vector<OptimizerState> Sgd::state() {
-  if (momentum_.data() == nullptr) return {};
-  return {{"momentum_buffer", momentum_.as<float>(), momentum_.bytes()}};
+  if (momentum_.bytes() == 0) return {};
+  return {{"momentum_buffer", momentum_.view(), momentum_.bytes()}};
 }
 
 // ---- schedules and clipping ------------------------------------------------------------------

@@ -1,54 +1,27 @@
-// ShardingRuntime: the per-unit state machine, gathers and reductions of the FSDP strategies,
-// the sharded optimizer step with global-norm clipping, and memory accounting.
+// ShardingRuntime: the per-unit state machine (the hooks), Finalize, the sharded optimizer
+// step with global-norm clipping computed on the device, and inspection. Gathers are in
+// gather.cc, reductions in reduce.cc, the unit record and memory book in unit.h.
 //
-// Every strategy is one mesh (replicate R x shard S) plus one flag:
-//   FULL_SHARD 1 x N, SHARD_GRAD_OP 1 x N (params kept from forward to backward),
-//   NO_SHARD N x 1 (a shard is the whole unit: no gathers, gradients all-reduced),
-//   HYBRID_* R x S.
 // Gradients: reduce-scatter (avg) in the shard group, then all-reduce (avg) of the shard in
-// the replicate group, then accumulate into the gradient shard.
+// the replicate group, then added into the gradient shard.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
-#include <set>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/agreement.h"
-#include "fsdp/mesh.h"
-#include "fsdp/sharding.h"
 #include "fsdp/trace.h"
-#include "src/fsdp/flat_layout.h"
 #include "src/fsdp/rank_agreement.h"
+#include "src/fsdp/runtime_impl.h"
+#include "src/fsdp/strategy.h"
 
 namespace fsdp {
 
-std::string_view StrategyName(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::kFullShard: return "FULL_SHARD";
-    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::kNoShard: return "NO_SHARD";
-    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
-    case ShardingStrategy::kHybridShardGradOp: return "HYBRID_SHARD_GRAD_OP";
-  }
-  return "?";
-}
-
-absl::StatusOr<ShardingStrategy> ParseStrategy(std::string_view name) {
-  std::string n = absl::AsciiStrToUpper(absl::string_view(name.data(), name.size()));
-  std::replace(n.begin(), n.end(), '-', '_');
-  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
-                 ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard,
-                 ShardingStrategy::kHybridShardGradOp}) {
-    if (n == StrategyName(s)) return s;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown sharding strategy '", std::string(name),
-      "'; use FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP"));
-}
+using internal::Accounted;
+using internal::Unit;
+using internal::UnitState;
 
 std::string FormatMemoryReport(const MemoryReport& m) {
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
@@ -61,532 +34,131 @@ std::string FormatMemoryReport(const MemoryReport& m) {
       mib(m.grad_buffer_bytes), mib(m.grad_buffer_peak_bytes), mib(m.activation_peak_bytes));
 }
 
-namespace {
+// ---- Impl: errors, allocation, views ------------------------------------------------------------
 
-enum class UnitState { kIdle, kForward, kForwardDone, kBackward, kBackwardDone };
-
-absl::string_view StateName(UnitState s) {
-  switch (s) {
-    case UnitState::kIdle: return "idle";
-    case UnitState::kForward: return "in forward (after PreForward)";
-    case UnitState::kForwardDone: return "after PostForward";
-    case UnitState::kBackward: return "in backward (after PreBackward)";
-    case UnitState::kBackwardDone: return "after PostBackward";
+absl::Status ShardingRuntime::Impl::Fail(absl::Status s) {
+  if (!s.ok() && failure.ok()) {
+    failure = absl::Status(s.code(), absl::StrCat("rank ", world->rank(), ": ", s.message()));
+    if (shard_plane) shard_plane->Abort(failure);
+    if (replicate_plane) replicate_plane->Abort(failure);
+    if (mesh) {
+      mesh->shard_group().Abort(failure);
+      mesh->replicate_group().Abort(failure);
+    }
+    world->Abort(failure);
   }
-  return "?";
+  return s;
 }
 
-// Bytes of one category, now and at peak.
-struct Gauge {
-  int64_t now = 0, peak = 0;
-  void Add(int64_t b) {
-    now += b;
-    peak = std::max(peak, now);
-  }
-  void Sub(int64_t b) { now -= b; }
-};
-
-// The runtime's allocations by category, and all of them together (with the model's
-// activations) for the combined peak.
-struct MemoryBook {
-  Gauge params, grads, optimizer, gathered, grad_buffers, total;
-  int64_t activations = 0;
-  void Add(Gauge& g, int64_t b) {
-    g.Add(b);
-    total.Add(b);
-  }
-  void Sub(Gauge& g, int64_t b) {
-    g.Sub(b);
-    total.Sub(b);
-  }
-};
-
-// A backend allocation counted in one category of the book for as long as it lives, so the
-// report cannot drift from what is allocated.
-class Accounted {
- public:
-  Accounted() = default;
-  Accounted(Buffer buffer, MemoryBook* book, Gauge* gauge)
-      : buffer_(std::move(buffer)), book_(book), gauge_(gauge) {
-    book_->Add(*gauge_, static_cast<int64_t>(buffer_.bytes()));
-  }
-  Accounted(Accounted&& o) noexcept { *this = std::move(o); }
-  Accounted& operator=(Accounted&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      buffer_ = std::move(o.buffer_);
-      book_ = o.book_;
-      gauge_ = o.gauge_;
-    }
-    return *this;
-  }
-  ~Accounted() { Reset(); }
-  void Reset() {
-    if (buffer_.data() != nullptr) book_->Sub(*gauge_, static_cast<int64_t>(buffer_.bytes()));
-    buffer_.Reset();
-  }
-  void* data() const { return buffer_.data(); }
-  template <typename T>
-  T* as() const { return buffer_.as<T>(); }
-  size_t bytes() const { return buffer_.bytes(); }
-
- private:
-  Buffer buffer_;
-  MemoryBook* book_ = nullptr;
-  Gauge* gauge_ = nullptr;
-};
-
-// Where a unit's gradient reduction stands after PostBackward.
-enum class Reduction {
-  kNone,          // nothing in flight (or no_sync accumulation kept locally)
-  kShardGroup,    // reduce-scatter in the shard group (NO_SHARD: the all-reduce) in flight
-  kReplicaGroup,  // HYBRID: the reduced shard's all-reduce across replicas in flight
-};
-
-struct Unit {
-  std::string name;
-  std::vector<ParamInfo> params;
-  internal::FlatLayout layout;
-  std::vector<TensorSlot> slots;
-  std::vector<std::pair<int64_t, int64_t>> frozen;  // flat ranges without gradient
-  Accounted param_shard, grad_shard;
-  Accounted gathered;    // padded unit parameters in param_dtype while gathered
-  Accounted cast_shard;  // the shard cast to a low param_dtype, while its all-gather runs
-  Accounted full_grad;   // padded unit gradient (f32), from PreBackward until reduced
-  Accounted lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
-  Accounted reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)
-  std::unique_ptr<Optimizer> optimizer;
-  UnitState state = UnitState::kIdle;
-  Work gather_work;         // all-gather in flight into `gathered`
-  int64_t gather_issued_ns = 0;
-  bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
-  bool unsynced = false;    // full_grad holds no_sync accumulation not yet reduced
-  Reduction reduction = Reduction::kNone;
-  Work reduce_work;
-  int64_t reduce_issued_ns = 0;
-};
-
-// Records a span on the in-flight lane: from when the runtime issued `work` to when it
-// completed (the collective's own spans on the comm lane show when the transport ran it).
-void RecordInflight(const Work& work, std::string_view name, int64_t issued_ns,
-                    const std::string& unit, bool prefetched) {
-  Tracer& tracer = Tracer::Global();
-  if (!tracer.enabled() || issued_ns == 0) return;
-  const auto done = work.completed_at();
-  Span span;
-  span.name = std::string(name);
-  span.stream = std::string(kInflightStream);
-  span.rank = TraceRank();
-  span.begin_ns = issued_ns;
-  span.end_ns = done ? tracer.ToTraceNs(*done) : tracer.NowNs();
-  span.args = {{"unit", unit}, {"prefetch", prefetched ? 1 : 0}};
-  tracer.Record(std::move(span));
-}
-
-int64_t NowIfTracing() {
-  Tracer& tracer = Tracer::Global();
-  return tracer.enabled() ? tracer.NowNs() : 0;
-}
-
-}  // namespace
-
-struct ShardingRuntime::Impl {
-  Backend* backend;
-  Communicator* world;
-  ShardingOptions options;
-  std::optional<DeviceMesh> mesh;
-  MemoryBook book;  // before the units: their buffers give their bytes back to it when freed
-  std::vector<Unit> units;
-  std::set<std::string> param_names;
-  bool finalized = false;
-  bool sync_gradients = true;
-  absl::Status failure;  // set once a hook failed: the runtime is then unusable
-  int64_t passes_since_step = 0;
-  // Unit order of the first forward and backward pass, for prefetching.
-  std::vector<int> forward_order, backward_order;
-  bool forward_recorded = false, backward_recorded = false;
-  bool in_backward = false;
-  int prefetched_units = 0;
-  // Units whose gradient reduction is in flight, in the order issued: first in the shard
-  // group, then (HYBRID) across replicas. Both advance strictly in order, so every rank issues
-  // the replica all-reduces in the same order whatever the timing.
-  std::deque<int> shard_reductions, replica_reductions;
-  // Dynamic loss scaling.
-  float loss_scale = 1.0f;
-  int good_steps = 0;
-  int64_t skipped_steps = 0;
-  int64_t steps = 0;
-
-  int S() const { return mesh->shard_size(); }
-  int R() const { return mesh->replicate_size(); }
-  bool reshard_after_forward() const {
-    return options.strategy == ShardingStrategy::kFullShard ||
-           options.strategy == ShardingStrategy::kHybridShard;
-  }
-
-  // Fails the runtime and every group, so that peers blocked in (or later entering) a
-  // collective get this rank's error instead of waiting for their deadline.
-  absl::Status Fail(absl::Status s) {
-    if (!s.ok() && failure.ok()) {
-      failure = absl::Status(s.code(), absl::StrCat("rank ", world->rank(), ": ", s.message()));
-      if (mesh) {
-        mesh->shard_group().Abort(failure);
-        mesh->replicate_group().Abort(failure);
-      }
-      world->Abort(failure);
-    }
-    return s;
-  }
-
-  absl::Status CheckUsable(absl::string_view what) const {
-    if (!failure.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": the sharding runtime failed earlier and cannot continue: ",
-          failure.message()));
-    }
-    if (!finalized) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": call Finalize() after registering the units first"));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<Unit*> GetUnit(int u, absl::string_view what) {
-    FSDP_RETURN_IF_ERROR(CheckUsable(what));
-    if (u < 0 || u >= static_cast<int>(units.size())) {
-      return absl::OutOfRangeError(absl::StrCat(what, ": unit ", u, " does not exist (",
-                                                units.size(), " units registered)"));
-    }
-    return &units[u];
-  }
-
-  absl::Status ExpectState(const Unit& unit, absl::string_view what,
-                           std::initializer_list<UnitState> allowed) const {
-    for (UnitState s : allowed) {
-      if (unit.state == s) return absl::OkStatus();
-    }
+absl::Status ShardingRuntime::Impl::CheckUsable(absl::string_view what) const {
+  if (!failure.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, "(unit '", unit.name, "') called out of order: the unit is ",
-        StateName(unit.state),
-        "; each micro-batch must call PreForward, PostForward, PreBackward, PostBackward per "
-        "unit, then FinishBackward"));
+        what, ": the sharding runtime failed earlier and cannot continue: ", failure.message()));
   }
+  if (!finalized) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": call Finalize() after registering the units first"));
+  }
+  return absl::OkStatus();
+}
 
-  // Every buffer of the runtime comes from here: counted in `category` while it lives. An
-  // allocation that fails names what it was for.
-  absl::StatusOr<Accounted> Alloc(Gauge& category, absl::string_view what, const Unit* unit,
-                                  int64_t numel, DType dtype = DType::kF32) {
-    const size_t bytes = static_cast<size_t>(numel) * DTypeSize(dtype);
-    absl::StatusOr<Buffer> b = Buffer::Create(backend, bytes);
-    if (!b.ok()) {
-      return absl::Status(b.status().code(),
-                          absl::StrCat("allocating ", what,
-                                       unit != nullptr ? absl::StrCat(" of unit '", unit->name, "'")
-                                                       : std::string(),
-                                       " (", bytes, " bytes): ", b.status().message()));
-    }
-    return Accounted(*std::move(b), &book, &category);
+absl::StatusOr<Unit*> ShardingRuntime::Impl::GetUnit(int u, absl::string_view what) {
+  FSDP_RETURN_IF_ERROR(CheckUsable(what));
+  if (u < 0 || u >= static_cast<int>(units.size())) {
+    return absl::OutOfRangeError(absl::StrCat(what, ": unit ", u, " does not exist (",
+                                              units.size(), " units registered)"));
   }
-  DType param_dtype() const { return options.mixed_precision.param_dtype; }
-  DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
+  return &units[u];
+}
 
-  // f32 -> bf16/f16 and back through the backend's kernels.
-  void CastDown(DType to, const float* in, void* out, int64_t n) const {
-    const Ops& ops = backend->ops();
-    (to == DType::kBF16 ? ops.cast_f32_to_bf16 : ops.cast_f32_to_f16)(
-        static_cast<uint16_t*>(out), in, n);
+absl::Status ShardingRuntime::Impl::ExpectState(const Unit& unit, absl::string_view what,
+                                                std::initializer_list<UnitState> allowed) const {
+  for (UnitState s : allowed) {
+    if (unit.state == s) return absl::OkStatus();
   }
-  void CastUp(DType from, const void* in, float* out, int64_t n) const {
-    const Ops& ops = backend->ops();
-    (from == DType::kBF16 ? ops.cast_bf16_to_f32 : ops.cast_f16_to_f32)(
-        out, static_cast<const uint16_t*>(in), n);
-  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, "(unit '", unit.name, "') called out of order: the unit is ",
+      internal::StateName(unit.state),
+      "; each micro-batch must call PreForward, PostForward, PreBackward, PostBackward per "
+      "unit, then FinishBackward"));
+}
 
-  // Starts the all-gather of a unit's parameters unless they are gathered or on their way.
-  // In f32 with a shard group of one, the shard is the unit: nothing to gather.
-  absl::Status IssueGather(Unit& unit) {
-    const DType pd = param_dtype();
-    if (unit.gathered.data() != nullptr || (S() == 1 && pd == DType::kF32)) {
-      return absl::OkStatus();
-    }
-    const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
-    FSDP_ASSIGN_OR_RETURN(unit.gathered,
-                          Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
-    const void* send = unit.param_shard.data();
-    if (pd != DType::kF32) {  // cast the fp32 master shard, then gather the low precision copy
-      if (S() == 1) {
-        CastDown(pd, unit.param_shard.as<const float>(), unit.gathered.data(), sn);
-        return absl::OkStatus();
-      }
-      FSDP_ASSIGN_OR_RETURN(unit.cast_shard,
-                            Alloc(book.gathered, "the low-precision shard", &unit, sn, pd));
-      CastDown(pd, unit.param_shard.as<const float>(), unit.cast_shard.data(), sn);
-      send = unit.cast_shard.data();
-    }
-    unit.gather_issued_ns = NowIfTracing();
-    unit.gather_work =
-        mesh->shard_group().AllGatherAsync(send, unit.gathered.data(), sn, pd);
-    return absl::OkStatus();
+absl::StatusOr<Accounted> ShardingRuntime::Impl::Alloc(internal::Gauge& category,
+                                                       absl::string_view what, const Unit* unit,
+                                                       int64_t numel, DType dtype) {
+  const size_t bytes = static_cast<size_t>(numel) * DTypeSize(dtype);
+  absl::StatusOr<Buffer> b = Buffer::Create(backend, bytes);
+  if (!b.ok()) {
+    return absl::Status(b.status().code(),
+                        absl::StrCat("allocating ", what,
+                                     unit != nullptr ? absl::StrCat(" of unit '", unit->name, "'")
+                                                     : std::string(),
+                                     " (", bytes, " bytes): ", b.status().message()));
   }
+  return Accounted(*std::move(b), &book, &category);
+}
 
-  // Makes unit `u` gathered for use now, and prefetches the units that follow it in `order`
-  // (recorded in the first pass) within the rate limit. Prefetch decisions depend only on
-  // the order and the units' states, so every rank issues the same collectives.
-  absl::Status Acquire(int u, std::vector<int>& order, bool recording, bool prefetch) {
-    Unit& unit = units[u];
-    if (recording) order.push_back(u);
-    const bool was_prefetched = unit.prefetched;
-    if (unit.prefetched) {
-      unit.prefetched = false;
-      --prefetched_units;
-    }
-    FSDP_RETURN_IF_ERROR(IssueGather(unit));
-    if (prefetch && !recording && S() > 1) {
-      auto pos = std::find(order.begin(), order.end(), u);
-      for (auto it = pos == order.end() ? pos : pos + 1;
-           it != order.end() && prefetched_units < options.max_prefetch_units; ++it) {
-        Unit& next = units[*it];
-        if (next.gathered.data() != nullptr || next.state != NextState(next)) continue;
-        FSDP_RETURN_IF_ERROR(IssueGather(next));
-        next.prefetched = true;
-        ++prefetched_units;
-        break;  // one unit ahead per use; the next use prefetches the next one
-      }
-    }
-    return WaitGather(unit, was_prefetched);
+UnitView ShardingRuntime::Impl::MakeView(int u, bool with_grads) const {
+  const Unit& unit = units[u];
+  UnitView v;
+  v.unit = u;
+  v.dtype = param_dtype();
+  const Accounted& params = unit.gathered.allocated() ? unit.gathered : unit.param_shard;
+  v.numel = unit.layout.numel;
+  v.data_view = params.view(v.dtype).Slice(0, v.numel);
+  v.data = v.data_view.host();
+  v.params = v.dtype == DType::kF32 ? static_cast<const float*>(v.data) : nullptr;
+  if (with_grads) {
+    v.grads_view = unit.full_grad.view().Slice(0, v.numel);
+    v.grads = v.grads_view.host_as<float>();
   }
+  v.tensors = &unit.slots;
+  return v;
+}
 
-  // FULL_SHARD keeps two units gathered from forward into backward, as FSDP does with the
-  // root and FSDP2 recommends for the last block: the first unit of the forward order (the
-  // root, which runs again at the head and starts backward) and the last one (whose backward
-  // comes first). Regathering them would be exposed: nothing runs to overlap with.
-  bool NeededFirstInBackward(int u) const {
-    if (forward_order.empty()) return false;
-    return u == forward_order.front() || (forward_recorded && u == forward_order.back());
+absl::Status ShardingRuntime::Impl::GatherToHost(const Unit& unit, const Accounted& shard,
+                                                 absl::string_view what, float* out) {
+  const int64_t numel = unit.layout.numel;
+  if (S() == 1) return backend->CopyToHost(out, shard.view().Slice(0, numel));
+  FSDP_ASSIGN_OR_RETURN(Accounted tmp, Alloc(book.gathered, what, &unit,
+                                             unit.layout.padded_numel));
+  FSDP_ASSIGN_OR_RETURN(Event done, shard_plane->AllGather(shard.view(), tmp.view()));
+  FSDP_RETURN_IF_ERROR(backend->Wait(Stream::kCompute, done));
+  absl::Status s = backend->CopyToHost(out, tmp.view().Slice(0, numel));
+  pending.Add(std::move(tmp), {backend->Record(Stream::kCompute)});
+  pending.Collect();
+  return s;
+}
+
+absl::Status ShardingRuntime::Impl::StreamWait(Stream s, const Event& e, absl::string_view name,
+                                               const std::string& unit) {
+  if (backend->is_host() && !e.Done()) {
+    TraceSpan span(std::string_view(name.data(), name.size()), kWaitStream, {{"unit", unit}});
+    return backend->Wait(s, e);
   }
+  return backend->Wait(s, e);
+}
 
-  // The state a unit is in right before the hook that the current direction calls next.
-  UnitState NextState(const Unit& unit) const {
-    return in_backward ? UnitState::kForwardDone : UnitState::kIdle;
+void ShardingRuntime::Impl::Quiesce() {
+  // Collectives and device work still in flight use our buffers: let them finish (or fail)
+  // before the buffers go.
+  for (Unit& u : units) {
+    u.reduce_event.Wait().IgnoreError();
+    u.gather_event.Wait().IgnoreError();
   }
+  if (backend != nullptr) backend->Synchronize().IgnoreError();
+  pending.Drain();
+}
 
-  absl::Status WaitGather(Unit& unit, bool prefetched) {
-    if (!unit.gather_work.valid()) return absl::OkStatus();
-    absl::Status s;
-    if (unit.gather_work.Test()) {
-      s = unit.gather_work.Wait();
-    } else {  // the compute thread is blocked: exposed communication on the timeline
-      TraceSpan span("all_gather", kWaitStream, {{"unit", unit.name}});
-      s = unit.gather_work.Wait();
-    }
-    RecordInflight(unit.gather_work, "all_gather", unit.gather_issued_ns, unit.name, prefetched);
-    unit.gather_work = Work();
-    unit.cast_shard.Reset();
-    return s;
-  }
-
-  void FreeGathered(Unit& unit) {
-    if (unit.gathered.data() == nullptr) return;
-    if (unit.gather_work.valid()) {  // a prefetch never used: let it land before freeing
-      unit.gather_work.Wait().IgnoreError();
-      unit.gather_work = Work();
-    }
-    unit.cast_shard.Reset();
-    if (unit.prefetched) {
-      unit.prefetched = false;
-      --prefetched_units;
-    }
-    unit.gathered.Reset();
-  }
-
-  const void* GatheredParams(const Unit& unit) const {
-    return unit.gathered.data() != nullptr ? unit.gathered.data() : unit.param_shard.data();
-  }
-
-  UnitView View(int u, bool with_grads) const {
-    const Unit& unit = units[u];
-    UnitView v;
-    v.unit = u;
-    v.data = GatheredParams(unit);
-    v.dtype = param_dtype();
-    v.params = v.dtype == DType::kF32 ? static_cast<const float*>(v.data) : nullptr;
-    v.grads = with_grads ? unit.full_grad.as<float>() : nullptr;
-    v.numel = unit.layout.numel;
-    v.tensors = &unit.slots;
-    return v;
-  }
-
-  // ---- gradient reduction: issued per unit in PostBackward, finished as it completes -------
-
-  // Issues the unit's gradient reduction: reduce-scatter in the shard group, or (NO_SHARD)
-  // the all-reduce across replicas directly; a single rank has nothing to reduce.
-  absl::Status IssueReduction(Unit& unit) {
-    for (auto [b, e] : unit.frozen) {
-      FSDP_RETURN_IF_ERROR(backend->Memset(unit.full_grad.as<float>() + b, 0, (e - b) * 4));
-    }
-    const DType rd = reduce_dtype();
-    const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
-    unit.unsynced = false;
-    if (S() == 1 && R() == 1) return AccumulateShard(unit, unit.full_grad.as<float>());
-    void* send = unit.full_grad.data();
-    if (rd != DType::kF32) {  // reduce the low-precision copy; the f32 gradient is done
-      FSDP_ASSIGN_OR_RETURN(unit.lowp_grad, Alloc(book.grad_buffers,
-                                                  "the low-precision gradient", &unit, padded, rd));
-      CastDown(rd, unit.full_grad.as<const float>(), unit.lowp_grad.data(), padded);
-      unit.full_grad.Reset();
-      send = unit.lowp_grad.data();
-    }
-    unit.reduce_issued_ns = NowIfTracing();
-    if (S() > 1) {
-      FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(book.grad_buffers, "the reduce-scatter output",
-                                                &unit, sn, rd));
-      unit.reduce_work = mesh->shard_group().ReduceScatterAsync(send, unit.reduced.data(), sn,
-                                                                rd, ReduceOp::kAvg);
-    } else {
-      unit.reduce_work =
-          mesh->replicate_group().AllReduceAsync(send, send, padded, rd, ReduceOp::kAvg);
-    }
-    unit.reduction = Reduction::kShardGroup;
-    shard_reductions.push_back(static_cast<int>(&unit - units.data()));
-    return absl::OkStatus();
-  }
-
-  // grad_shard += the reduced shard `add` (f32), then frees every gradient buffer of the unit.
-  absl::Status AccumulateShard(Unit& unit, const float* add) {
-    backend->ops().residual_forward(unit.grad_shard.as<float>(), unit.grad_shard.as<float>(),
-                                    add, unit.layout.shard_numel);
-    unit.reduced.Reset();
-    unit.lowp_grad.Reset();
-    unit.full_grad.Reset();
-    unit.reduction = Reduction::kNone;
-    return absl::OkStatus();
-  }
-
-  // The reduced shard of the unit in reduce_dtype (the reduce-scatter output, or for NO_SHARD
-  // the all-reduced buffer), widened to f32 if needed, accumulated into grad_shard.
-  absl::Status FinishReduction(Unit& unit) {
-    const DType rd = reduce_dtype();
-    const int64_t sn = unit.layout.shard_numel;
-    const Accounted& src = S() > 1 ? unit.reduced : rd == DType::kF32 ? unit.full_grad
-                                                                       : unit.lowp_grad;
-    if (rd == DType::kF32) return AccumulateShard(unit, src.as<const float>());
-    FSDP_ASSIGN_OR_RETURN(Accounted wide,
-                          Alloc(book.grad_buffers, "the widened gradient shard", &unit, sn));
-    CastUp(rd, src.data(), wide.as<float>(), sn);
-    return AccumulateShard(unit, wide.as<const float>());
-  }
-
-  // Waits for (or, with block false, only checks) the reduction of unit `u` in its current
-  // group, records it on the timeline, and moves it on: to the replica all-reduce (HYBRID) or
-  // into the gradient shard. Frees the unsharded gradient as soon as the shard group is done.
-  absl::StatusOr<bool> AdvanceReduction(Unit& unit, bool block) {
-    if (!block && !unit.reduce_work.Test()) return false;
-    absl::Status s;
-    if (unit.reduce_work.Test()) {
-      s = unit.reduce_work.Wait();
-    } else {
-      TraceSpan span(unit.reduction == Reduction::kShardGroup ? "reduce" : "replica all_reduce",
-                     kWaitStream, {{"unit", unit.name}});
-      s = unit.reduce_work.Wait();
-    }
-    const bool shard_step = unit.reduction == Reduction::kShardGroup;
-    RecordInflight(unit.reduce_work,
-                   shard_step ? (S() > 1 ? "reduce_scatter" : "all_reduce") : "replica all_reduce",
-                   unit.reduce_issued_ns, unit.name, false);
-    unit.reduce_work = Work();
-    FSDP_RETURN_IF_ERROR(s);
-    if (shard_step && S() > 1) {  // the unsharded gradient is no longer read
-      unit.full_grad.Reset();
-      unit.lowp_grad.Reset();
-      if (R() > 1) {
-        unit.reduce_issued_ns = NowIfTracing();
-        unit.reduce_work = mesh->replicate_group().AllReduceAsync(
-            unit.reduced.data(), unit.reduced.data(), unit.layout.shard_numel, reduce_dtype(),
-            ReduceOp::kAvg);
-        unit.reduction = Reduction::kReplicaGroup;
-        replica_reductions.push_back(static_cast<int>(&unit - units.data()));
-        return true;
-      }
-    }
-    FSDP_RETURN_IF_ERROR(FinishReduction(unit));
-    return true;
-  }
-
-  // Moves the queues forward in order. Without `drain`, only what has completed, except that
-  // at most max(1, max_prefetch_units) reductions stay in flight in the shard group (the
-  // oldest is waited for). With the unit in backward and the root unit (open for the whole
-  // backward pass) that bounds the unsharded gradients held at once by 2 + that many units.
-  // With `drain`, all.
-  absl::Status ProgressReductions(bool drain) {
-    const size_t in_flight =
-        drain ? 0 : static_cast<size_t>(std::max(1, options.max_prefetch_units));
-    while (!shard_reductions.empty()) {
-      const bool block = shard_reductions.size() > in_flight;
-      FSDP_ASSIGN_OR_RETURN(bool moved, AdvanceReduction(units[shard_reductions.front()], block));
-      if (!moved) break;
-      shard_reductions.pop_front();
-    }
-    while (!replica_reductions.empty()) {
-      FSDP_ASSIGN_OR_RETURN(bool moved, AdvanceReduction(units[replica_reductions.front()], drain));
-      if (!moved) break;
-      replica_reductions.pop_front();
-    }
-    return absl::OkStatus();
-  }
-
-  // The whole of `shard` (the unit's f32 shard on each rank of the shard group) into host
-  // `out` (numel floats), through a temporary gathered buffer when the group has several ranks.
-  absl::Status GatherToHost(const Unit& unit, const Accounted& shard, absl::string_view what,
-                            float* out) {
-    const int64_t numel = unit.layout.numel;
-    if (S() == 1) return backend->CopyToHost(out, shard.data(), numel * 4);
-    FSDP_ASSIGN_OR_RETURN(Accounted tmp, Alloc(book.gathered, what, &unit,
-                                               unit.layout.padded_numel));
-    FSDP_RETURN_IF_ERROR(mesh->shard_group().AllGather(shard.data(), tmp.data(),
-                                                       unit.layout.shard_numel, DType::kF32));
-    return backend->CopyToHost(out, tmp.data(), numel * 4);
-  }
-
-  // Lets every collective still in flight finish (or fail) before its buffers go.
-  void QuiesceCollectives() {
-    for (Unit& u : units) {
-      if (u.reduce_work.valid()) u.reduce_work.Wait().IgnoreError();
-      if (u.gather_work.valid()) u.gather_work.Wait().IgnoreError();
-    }
-  }
-};
+// ---- creation -----------------------------------------------------------------------------------
 
 ShardingRuntime::ShardingRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ShardingRuntime::~ShardingRuntime() {
-  // Collectives still in flight read our buffers: let them finish (or fail) first.
-  impl_->QuiesceCollectives();
-}
+ShardingRuntime::~ShardingRuntime() { impl_->Quiesce(); }
 
 absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
     Backend* backend, Communicator& world, ShardingOptions options) {
   if (backend == nullptr) return absl::InvalidArgumentError("ShardingRuntime: backend is null");
-  const int n = world.size();
-  int replicate = 1, shard = n;
-  switch (options.strategy) {
-    case ShardingStrategy::kFullShard:
-    case ShardingStrategy::kShardGradOp:
-      break;
-    case ShardingStrategy::kNoShard:
-      replicate = n;
-      shard = 1;
-      break;
-    case ShardingStrategy::kHybridShard:
-    case ShardingStrategy::kHybridShardGradOp:
-      if (options.hybrid_shard_size < 1 || n % options.hybrid_shard_size != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            std::string(StrategyName(options.strategy)), ": hybrid_shard_size (", options.hybrid_shard_size,
-            ") must be >= 1 and divide the world size (", n,
-            "); it is the number of ranks in a shard group, e.g. the ranks of one host"));
-      }
-      shard = options.hybrid_shard_size;
-      replicate = n / shard;
-      break;
-  }
+  FSDP_ASSIGN_OR_RETURN(internal::MeshShape shape, internal::StrategyMesh(options, world.size()));
   if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_grad_norm must be >= 0 (0 disables clipping), got ", options.max_grad_norm));
@@ -597,6 +169,12 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
         options.max_prefetch_units));
   }
   const MixedPrecision& mp = options.mixed_precision;
+  for (DType d : {mp.param_dtype, mp.reduce_dtype}) {
+    if (!IsFloat16Or32(d)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mixed precision dtypes must be f32, bf16 or f16, got ", std::string(DTypeName(d))));
+    }
+  }
   if (mp.dynamic_loss_scale &&
       !(mp.initial_loss_scale > 0 && std::isfinite(mp.initial_loss_scale) &&
         mp.growth_factor >= 1 && mp.backoff_factor > 0 && mp.backoff_factor < 1 &&
@@ -607,12 +185,16 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
   }
   SetTraceRank(world.rank());
   auto impl = std::make_unique<Impl>();
-  impl->loss_scale = mp.dynamic_loss_scale ? mp.initial_loss_scale : 1.0f;
+  impl->scaler.Init(mp);
   impl->backend = backend;
   impl->world = &world;
   impl->options = options;
-  FSDP_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(world, replicate, shard));
+  FSDP_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(world, shape.replicate, shape.shard));
   impl->mesh.emplace(std::move(mesh));
+  FSDP_ASSIGN_OR_RETURN(impl->shard_plane, backend->CreateDataPlane(impl->mesh->shard_group()));
+  FSDP_ASSIGN_OR_RETURN(impl->replicate_plane,
+                        backend->CreateDataPlane(impl->mesh->replicate_group()));
+  impl->host_syncs_at_step = backend->host_syncs();
   return std::unique_ptr<ShardingRuntime>(new ShardingRuntime(std::move(impl)));
 }
 
@@ -738,7 +320,7 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
       const int64_t sn = u.layout.shard_numel;
       FSDP_ASSIGN_OR_RETURN(u.param_shard, m.Alloc(m.book.params, "the parameter shard", &u, sn));
       FSDP_ASSIGN_OR_RETURN(u.grad_shard, m.Alloc(m.book.grads, "the gradient shard", &u, sn));
-      FSDP_RETURN_IF_ERROR(m.backend->Memset(u.grad_shard.data(), 0, sn * 4));
+      FSDP_RETURN_IF_ERROR(m.backend->Memset(u.grad_shard.view(), 0));
       // Initialise on the host and copy once, so any backend works the same way.
       std::vector<float> host(sn, 0.0f);
       for (const internal::ShardPiece& p : u.layout.Pieces(shard_rank)) {
@@ -747,7 +329,7 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
                p.tensor_end, host.data() + p.shard_offset);
         }
       }
-      FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.data(), host.data(), sn * 4));
+      FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.view(), host.data()));
       std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
       absl::StatusOr<std::unique_ptr<Optimizer>> opt;
       if (m.options.optimizer == OptimizerKind::kAdamW) {
@@ -775,17 +357,20 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
   return absl::OkStatus();
 }
 
+// ---- hooks --------------------------------------------------------------------------------------
+
 absl::StatusOr<UnitView> ShardingRuntime::PreForward(int u) {
   Impl& m = *impl_;
   FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PreForward"));
   absl::Status s = m.ExpectState(*unit, "PreForward", {UnitState::kIdle});
   m.in_backward = false;
+  m.pending.Collect();
   if (s.ok()) {
     s = m.Acquire(u, m.forward_order, !m.forward_recorded, m.options.forward_prefetch);
   }
   if (!s.ok()) return m.Fail(s);
   unit->state = UnitState::kForward;
-  return m.View(u, false);
+  return m.MakeView(u, false);
 }
 
 absl::Status ShardingRuntime::PostForward(int u) {
@@ -805,21 +390,22 @@ absl::StatusOr<UnitView> ShardingRuntime::PreBackward(int u) {
     m.in_backward = true;
     m.forward_recorded = true;
   }
+  m.pending.Collect();
   if (s.ok()) {
     s = m.Acquire(u, m.backward_order, !m.backward_recorded, m.options.backward_prefetch);
   }
-  if (s.ok() && unit->full_grad.data() == nullptr) {
+  if (s.ok() && !unit->full_grad.allocated()) {
     const int64_t padded = unit->layout.padded_numel;
     auto b = m.Alloc(m.book.grad_buffers, "the unsharded gradient", unit, padded);
     s = b.status();
     if (s.ok()) {
       unit->full_grad = std::move(*b);
-      s = m.backend->Memset(unit->full_grad.data(), 0, padded * 4);
+      s = m.backend->Memset(unit->full_grad.view(), 0);
     }
   }
   if (!s.ok()) return m.Fail(s);
   unit->state = UnitState::kBackward;
-  return m.View(u, true);
+  return m.MakeView(u, true);
 }
 
 absl::Status ShardingRuntime::PostBackward(int u) {
@@ -847,7 +433,7 @@ absl::Status ShardingRuntime::FinishBackward() {
                                    "PostBackward",
                              {UnitState::kBackwardDone})));
   }
-  // Wait for the reductions still in flight; each lands in its gradient shard.
+  // The reductions still in flight land in their gradient shards (ordered by events).
   FSDP_RETURN_IF_ERROR(m.Fail(m.ProgressReductions(true)));
   for (Unit& unit : m.units) {
     unit.state = UnitState::kIdle;
@@ -871,9 +457,12 @@ absl::Status ShardingRuntime::FinishForwardOnly() {
     m.FreeGathered(unit);
     unit.state = UnitState::kIdle;
   }
+  m.pending.Collect();
   m.forward_recorded = true;
   return absl::OkStatus();
 }
+
+// ---- the optimizer step -------------------------------------------------------------------------
 
 absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   Impl& m = *impl_;
@@ -881,7 +470,7 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   for (const Unit& unit : m.units) {
     if (unit.state != UnitState::kIdle) {
       return m.Fail(absl::FailedPreconditionError(absl::StrCat(
-          "Step(): unit '", unit.name, "' is ", StateName(unit.state),
+          "Step(): unit '", unit.name, "' is ", internal::StateName(unit.state),
           "; finish the backward pass (PostBackward for every unit, then FinishBackward)")));
     }
     if (unit.unsynced) {
@@ -899,78 +488,112 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
     return m.Fail(absl::InvalidArgumentError(
         absl::StrCat("Step(): the learning rate must be finite and >= 0, got ", lr)));
   }
-  const Ops& ops = m.backend->ops();
+  Ops& ops = m.ops();
+  const Stream cs = Stream::kCompute;
   TraceSpan span("optimizer step", kComputeStream);
   StepStats stats;
   stats.lr = lr;
-  // Global norm: each element of the padded flat buffers lives on exactly one rank of the
-  // shard group (replicas hold equal copies), so summing over the shard group counts each
-  // once. Every rank gets the same sum, so the decisions below are the same everywhere.
-  double local = 0;
-  std::vector<std::string> nonfinite_here;
-  for (const Unit& unit : m.units) {
-    const double sq =
-        ops.sum_squares(unit.grad_shard.as<const float>(), unit.layout.shard_numel);
-    if (!std::isfinite(sq)) nonfinite_here.push_back(unit.name);
-    local += sq;
+  // The global norm, on the device: each rank sums the squares of its shards (each element of
+  // the padded flat buffers lives on exactly one rank of the shard group; replicas hold equal
+  // copies), the sums are gathered over the shard group and added in rank order. Every rank
+  // gets the same sum, so the decisions below are the same everywhere. Gradients hold the sum
+  // over k backward passes of loss_scale times the mean gradient.
+  const double k = static_cast<double>(m.passes_since_step) * m.scaler.scale();
+  FSDP_ASSIGN_OR_RETURN(Accounted scratch,
+                        m.Alloc(m.book.grad_buffers, "the global norm's scratch", nullptr,
+                                4 + 2 * m.S() + 3));
+  // f32 elements: [0, 2) this rank's sum (f64), [2, 4) the total (f64), then the S ranks'
+  // sums as f32 pairs, this rank's pair, the factor.
+  const View scr = scratch.view();
+  const View local = scr.Slice(0, 2).As(DType::kF64), total = scr.Slice(2, 2).As(DType::kF64);
+  const View factor = scr.Slice(4 + 2 * m.S() + 2, 1);
+  FSDP_RETURN_IF_ERROR(m.backend->Memset(local, 0, cs));
+  for (const Unit& unit : m.units) ops.SumSquares(cs, local, unit.grad_shard.view());
+  if (m.S() > 1) {
+    const View mine = scr.Slice(4 + 2 * m.S(), 2), partials = scr.Slice(4, 2 * m.S());
+    ops.SplitF64(cs, mine, local);
+    FSDP_ASSIGN_OR_RETURN(Event gathered, m.shard_plane->AllGather(mine, partials, cs));
+    absl::Status w = m.StreamWait(cs, gathered, "gradient norm", "");
+    if (!w.ok()) return m.Fail(w);
+    ops.GlobalNormClip(cs, total, factor, partials, k, m.options.max_grad_norm);
+  } else {
+    ops.GlobalNormClip(cs, total, factor, local, k, m.options.max_grad_norm);
   }
-  FSDP_ASSIGN_OR_RETURN(double total_sq, internal::SumAcrossRanks(m.mesh->shard_group(), local));
-  // Gradients hold the sum over k backward passes of loss_scale times the mean gradient.
-  const double k = static_cast<double>(m.passes_since_step) * m.loss_scale;
-  if (!std::isfinite(total_sq)) {
-    // Skip the step on every rank: drop the gradients, back the loss scale off. Every rank
-    // decides the same (from the same global sum), so no rank waits for another.
-    for (Unit& unit : m.units) {
-      FSDP_RETURN_IF_ERROR(
-          m.backend->Memset(unit.grad_shard.data(), 0, unit.layout.shard_numel * 4));
+  // The one value the host needs: whether to step at all, and the norm to report.
+  double total_sq = 0;
+  {
+    absl::Status r = m.backend->CopyToHost(&total_sq, total, cs);
+    if (!r.ok()) return m.Fail(r);
+  }
+  // Units whose local shards hold inf or NaN, for the message (a host read only then).
+  auto nonfinite_here = [&]() -> std::vector<std::string> {
+    std::vector<std::string> out;
+    for (const Unit& unit : m.units) {
+      std::vector<float> g(unit.layout.shard_numel);
+      if (!m.backend->CopyToHost(g.data(), unit.grad_shard.view()).ok()) continue;
+      if (!std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); })) {
+        out.push_back(unit.name);
+      }
     }
+    return out;
+  };
+  if (!std::isfinite(total_sq)) {
+    // Skip the step on every rank: drop the gradients, back the loss scale off.
+    const bool scaling = m.scaler.enabled();
+    const std::vector<std::string> here =
+        !scaling && m.options.nonfinite == NonFinitePolicy::kError ? nonfinite_here()
+                                                                    : std::vector<std::string>();
+    for (Unit& unit : m.units) FSDP_RETURN_IF_ERROR(m.backend->Memset(unit.grad_shard.view(), 0));
     m.passes_since_step = 0;
-    const bool scaling = m.options.mixed_precision.dynamic_loss_scale;
+    m.pending.Add(std::move(scratch), {m.backend->Record(cs)});
     if (!scaling && m.options.nonfinite == NonFinitePolicy::kError) {
       return absl::OutOfRangeError(absl::StrCat(
           "Step(): the gradients of step ", m.steps + 1, " hold inf or NaN (global norm ",
           std::sqrt(total_sq), "; ",
-          nonfinite_here.empty()
-              ? std::string("in other ranks' shards")
-              : absl::StrCat("in rank ", m.world->rank(), "'s shard of unit(s) ",
-                             absl::StrJoin(nonfinite_here, ", ")),
+          here.empty() ? std::string("in other ranks' shards")
+                       : absl::StrCat("in rank ", m.world->rank(), "'s shard of unit(s) ",
+                                      absl::StrJoin(here, ", ")),
           "). The parameters were not updated and the gradients were dropped. Lower the "
           "learning rate, clip gradients (max_grad_norm), use dynamic loss scaling for f16, "
           "or set nonfinite = kSkip to skip such steps"));
     }
-    ++m.skipped_steps;
-    if (scaling) {
-      m.good_steps = 0;
-      m.loss_scale *= m.options.mixed_precision.backoff_factor;
-    }
+    m.scaler.OnSkipped();
     stats.skipped = stats.nonfinite = true;
     stats.grad_norm = std::sqrt(total_sq) / k;
     stats.clip_coefficient = 0;
     stats.step = m.steps;
-    stats.loss_scale = m.loss_scale;
-    return stats;
+    stats.loss_scale = m.scaler.scale();
+  } else {
+    stats.grad_norm = std::sqrt(total_sq) / k;
+    stats.clip_coefficient = ClipCoefficient(stats.grad_norm, m.options.max_grad_norm);
+    // The factor (clip coefficient / k) was computed on the device; it is 1 exactly when
+    // there is no clipping and nothing to average.
+    const bool scale = m.options.max_grad_norm > 0 || k != 1.0;
+    for (Unit& unit : m.units) {
+      const View g = unit.grad_shard.view();
+      if (scale) ops.ScaleBy(cs, g, factor);
+      unit.optimizer->set_lr(lr);
+      absl::Status s = unit.optimizer->Step(unit.param_shard.view(), g);
+      if (!s.ok()) return m.Fail(s);
+      FSDP_RETURN_IF_ERROR(m.backend->Memset(g, 0, cs));
+    }
+    m.passes_since_step = 0;
+    stats.step = ++m.steps;
+    m.scaler.OnGoodStep();
+    stats.loss_scale = m.scaler.scale();
+    m.pending.Add(std::move(scratch), {m.backend->Record(cs)});
   }
-  stats.grad_norm = std::sqrt(total_sq) / k;
-  stats.clip_coefficient = ClipCoefficient(stats.grad_norm, m.options.max_grad_norm);
-  const float scale = static_cast<float>(stats.clip_coefficient / k);
-  for (Unit& unit : m.units) {
-    float* g = unit.grad_shard.as<float>();
-    if (scale != 1.0f) ops.scale_inplace(g, scale, unit.layout.shard_numel);
-    unit.optimizer->set_lr(lr);
-    absl::Status s = unit.optimizer->Step(unit.param_shard.as<float>(), g);
-    if (!s.ok()) return m.Fail(s);
-    FSDP_RETURN_IF_ERROR(m.backend->Memset(g, 0, unit.layout.shard_numel * 4));
-  }
-  m.passes_since_step = 0;
-  stats.step = ++m.steps;
-  if (m.options.mixed_precision.dynamic_loss_scale &&
-      ++m.good_steps >= m.options.mixed_precision.growth_interval) {
-    m.loss_scale *= m.options.mixed_precision.growth_factor;
-    m.good_steps = 0;
-  }
-  stats.loss_scale = m.loss_scale;
+  // Everything of this step is issued: what the device still holds is given back once done.
+  m.pending.Drain();
+  const int64_t syncs = m.backend->host_syncs();
+  stats.host_syncs = syncs - m.host_syncs_at_step;
+  stats.throttle_waits = m.throttle_waits - m.throttle_waits_at_step;
+  m.host_syncs_at_step = syncs;
+  m.throttle_waits_at_step = m.throttle_waits;
   return stats;
 }
+
+// ---- inspection ---------------------------------------------------------------------------------
 
 void ShardingRuntime::set_sync_gradients(bool sync) { impl_->sync_gradients = sync; }
 bool ShardingRuntime::sync_gradients() const { return impl_->sync_gradients; }
@@ -982,31 +605,24 @@ int64_t ShardingRuntime::unit_numel(int u) const { return impl_->units.at(u).lay
 int64_t ShardingRuntime::unit_shard_numel(int u) const {
   return impl_->units.at(u).layout.shard_numel;
 }
-const float* ShardingRuntime::param_shard(int u) const {
-  return impl_->units.at(u).param_shard.as<const float>();
-}
-float* ShardingRuntime::mutable_param_shard(int u) {
-  return impl_->units.at(u).param_shard.as<float>();
-}
-const float* ShardingRuntime::grad_shard(int u) const {
-  return impl_->units.at(u).grad_shard.as<const float>();
-}
+View ShardingRuntime::param_shard(int u) const { return impl_->units.at(u).param_shard.view(); }
+View ShardingRuntime::grad_shard(int u) const { return impl_->units.at(u).grad_shard.view(); }
 Optimizer& ShardingRuntime::optimizer(int u) { return *impl_->units.at(u).optimizer; }
 ShardingStrategy ShardingRuntime::strategy() const { return impl_->options.strategy; }
 Communicator& ShardingRuntime::world() const { return *impl_->world; }
 Communicator& ShardingRuntime::shard_group() const { return impl_->mesh->shard_group(); }
 Communicator& ShardingRuntime::replicate_group() const { return impl_->mesh->replicate_group(); }
+DataPlane& ShardingRuntime::shard_plane() const { return *impl_->shard_plane; }
 int64_t ShardingRuntime::steps() const { return impl_->steps; }
-float ShardingRuntime::loss_scale() const { return impl_->loss_scale; }
-int64_t ShardingRuntime::skipped_steps() const { return impl_->skipped_steps; }
+float ShardingRuntime::loss_scale() const { return impl_->scaler.scale(); }
+int64_t ShardingRuntime::skipped_steps() const { return impl_->scaler.skipped_steps(); }
 void ShardingRuntime::set_steps(int64_t steps) { impl_->steps = steps; }
 ShardingRuntime::LossScaleState ShardingRuntime::loss_scale_state() const {
-  return {impl_->loss_scale, impl_->good_steps, impl_->skipped_steps};
+  const internal::LossScaler& s = impl_->scaler;
+  return {s.scale(), s.good_steps(), s.skipped_steps()};
 }
 void ShardingRuntime::set_loss_scale_state(const LossScaleState& state) {
-  impl_->loss_scale = state.scale;
-  impl_->good_steps = state.good_steps;
-  impl_->skipped_steps = state.skipped_steps;
+  impl_->scaler.Restore(state.scale, state.good_steps, state.skipped_steps);
 }
 Backend* ShardingRuntime::backend() const { return impl_->backend; }
 
@@ -1025,13 +641,13 @@ absl::Status ShardingRuntime::GatherUnitGradient(int u, float* out) {
         "call it between FinishBackward() and Step()");
   }
   FSDP_RETURN_IF_ERROR(m.GatherToHost(*unit, unit->grad_shard, "GatherUnitGradient", out));
-  const double k = static_cast<double>(m.passes_since_step) * m.loss_scale;
+  const double k = static_cast<double>(m.passes_since_step) * m.scaler.scale();
   for (int64_t i = 0; i < unit->layout.numel; ++i) out[i] = static_cast<float>(out[i] / k);
   return absl::OkStatus();
 }
 
 MemoryReport ShardingRuntime::memory() const {
-  const MemoryBook& b = impl_->book;
+  const internal::MemoryBook& b = impl_->book;
   MemoryReport r;
   r.param_shard_bytes = b.params.now;
   r.grad_shard_bytes = b.grads.now;
@@ -1050,7 +666,7 @@ void ShardingRuntime::SetActivationBytes(int64_t bytes) {
 }
 
 void ShardingRuntime::ResetPeaks() {
-  MemoryBook& b = impl_->book;
+  internal::MemoryBook& b = impl_->book;
   b.gathered.peak = b.gathered.now;
   b.grad_buffers.peak = b.grad_buffers.now;
   b.total.peak = b.total.now;

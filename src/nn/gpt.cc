@@ -7,13 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/nn/gpt.h"
+#include "fsdp/ops.h"
 #include "src/nn/gpt_layout.h"
 
 namespace fsdp::nn {
 
 using internal::BlockDefs;
 using internal::Carve;
-using internal::CarveTyped;
 using internal::RootDefs;
 namespace t = internal;
 
@@ -33,7 +33,7 @@ struct Gpt::Activations {
   BlockActs shared;               // the checkpointed blocks' one set (empty when none)
   int shared_holds = -1;          // the block whose activations `shared` holds; -1: none
   Buffer proj;  // [B,T,C] output of a c_proj, consumed at once by the residual add
-  Buffer lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+  Buffer lnf, lnf_mean, lnf_rstd, logits, probs, losses, loss;
   // Gradient scratch, reused by every block. dx is the gradient of the residual stream: the
   // residual adds pass it through unchanged, so one buffer accumulates it across blocks.
   // dbranch [B,T,8C] holds the branch gradients: the mlp's dfch_gelu and dfch (4C each), then,
@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, Backen
   FSDP_RETURN_IF_ERROR(alloc(a.pos, BT));
   std::vector<int32_t> pos(BT);
   for (int64_t i = 0; i < BT; ++i) pos[i] = static_cast<int32_t>(i % T);
-  FSDP_RETURN_IF_ERROR(backend->CopyFromHost(a.pos.data(), pos.data(), BT * sizeof(int32_t)));
+  FSDP_RETURN_IF_ERROR(backend->CopyFromHost(a.pos.view(DType::kI32).Slice(0, BT), pos.data()));
 
   a.resid.resize(L + 1);
   for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT * C));
@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, Backen
   if (any_checkpointed) FSDP_RETURN_IF_ERROR(alloc_block(a.shared));
   for (Buffer* buf : {&a.proj, &a.lnf, &a.dx, &a.dln}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT * C));
   for (Buffer* buf : {&a.lnf_mean, &a.lnf_rstd, &a.losses}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
+  FSDP_RETURN_IF_ERROR(alloc(a.loss, 1));
   FSDP_RETURN_IF_ERROR(alloc(a.logits, BT * V));
   FSDP_RETURN_IF_ERROR(alloc(a.probs, BT * V));
   FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT * 8 * C));
@@ -162,7 +163,7 @@ std::vector<const ParamSpec*> Gpt::unit_params(int unit) const {
 
 int64_t Gpt::unit_numel(int unit) const { return GptUnitNumel(config_, unit); }
 int64_t Gpt::activation_bytes() const { return acts_->bytes; }
-const float* Gpt::logits() const { return acts_->logits.as<float>(); }
+View Gpt::logits() const { return acts_->logits.view(); }
 
 bool Gpt::layer_checkpointed(int i) const {
   return i >= 0 && static_cast<size_t>(i) < options_.checkpoint_layers.size() &&
@@ -173,57 +174,31 @@ Gpt::BlockActs& Gpt::Acts(int layer) const {
   return layer_checkpointed(layer) ? acts_->shared : acts_->blocks[layer];
 }
 
-absl::Status Gpt::Zero(float* p, int64_t n) const {
-  return backend_->Memset(p, 0, static_cast<size_t>(n) * sizeof(float));
-}
+absl::Status Gpt::Zero(View v) const { return backend_->Memset(v, 0); }
 
 // ---- compute dtype -----------------------------------------------------------------------------
 
-const float* Gpt::ParamF32(const void* p, int64_t n, int64_t slot) const {
-  const DType d = compute_dtype();
-  if (d == DType::kF32) return static_cast<const float*>(p);
-  float* out = acts_->params32.as<float>() + slot;
-  const Ops& ops = backend_->ops();
-  if (d == DType::kBF16) {
-    ops.cast_bf16_to_f32(out, static_cast<const uint16_t*>(p), n);
-  } else {
-    ops.cast_f16_to_f32(out, static_cast<const uint16_t*>(p), n);
-  }
+View Gpt::ParamF32(View p, int64_t slot) const {
+  if (p.dtype == DType::kF32) return p;
+  const View out = acts_->params32.view().Slice(slot, p.count);
+  backend_->ops().Cast(Stream::kCompute, out, p);
   return out;
 }
 
-void Gpt::LinearForward(float* out, const float* inp, const void* weight, const void* bias,
-                        int64_t M, int64_t K, int64_t N) const {
-  const Ops& ops = backend_->ops();
-  if (compute_dtype() == DType::kF32) {
-    ops.matmul_forward(out, inp, static_cast<const float*>(weight),
-                       static_cast<const float*>(bias), M, K, N);
-  } else {
-    ops.matmul_forward_lowp(out, inp, weight, bias, M, K, N, compute_dtype());
-  }
-}
-
-void Gpt::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         const float* inp, const void* weight, int64_t M, int64_t K,
-                         int64_t N) const {
-  const Ops& ops = backend_->ops();
-  if (compute_dtype() == DType::kF32) {
-    ops.matmul_backward(dinp, dweight, dbias, dout, inp, static_cast<const float*>(weight), M, K,
-                        N);
-  } else {
-    ops.matmul_backward_lowp(dinp, dweight, dbias, dout, inp, weight, M, K, N, compute_dtype());
-  }
-}
-
-absl::Status Gpt::CheckTokens(const int32_t* tokens, const char* what) const {
+absl::Status Gpt::CheckTokens(View tokens, const char* what) const {
   const int64_t n = static_cast<int64_t>(B_) * T_;
   std::vector<int32_t> host(n);
-  FSDP_RETURN_IF_ERROR(backend_->CopyToHost(host.data(), tokens, n * sizeof(int32_t)));
+  FSDP_RETURN_IF_ERROR(backend_->CopyToHost(host.data(), tokens.Slice(0, n)));
+  return CheckTokenIds(host.data(), n, config_.vocab_size, T_, what);
+}
+
+absl::Status CheckTokenIds(const int32_t* ids, int64_t n, int vocab_size, int T,
+                           const char* what) {
   for (int64_t i = 0; i < n; ++i) {
-    if (host[i] < 0 || host[i] >= config_.vocab_size) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Gpt: ", what, "[", i / T_, ", ", i % T_, "] = ", host[i],
-                       " is not a token id in [0, ", config_.vocab_size, ")"));
+          absl::StrCat("Gpt: ", what, "[", i / T, ", ", i % T, "] = ", ids[i],
+                       " is not a token id in [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();
@@ -231,23 +206,32 @@ absl::Status Gpt::CheckTokens(const int32_t* tokens, const char* what) const {
 
 // ---- forward ---------------------------------------------------------------------------------
 
-absl::Status Gpt::ForwardEmbed(const void* root, const int32_t* idx) {
-  if (root == nullptr) return NullArgument("ForwardEmbed", "root");
-  if (idx == nullptr) return NullArgument("ForwardEmbed", "idx");
-  FSDP_RETURN_IF_ERROR(CheckTokens(idx, "idx"));
-  const Ops& ops = backend_->ops();
+absl::Status Gpt::ForwardEmbed(View root, View idx) {
+  if (root.empty()) return NullArgument("ForwardEmbed", "root");
+  if (idx.empty()) return NullArgument("ForwardEmbed", "idx");
+  if (idx.count < static_cast<int64_t>(B_) * T_ || idx.dtype != DType::kI32) {
+    return absl::InvalidArgumentError(absl::StrCat("Gpt::ForwardEmbed: idx must be ", B_ * T_,
+                                                   " i32 token ids, got ", idx.count));
+  }
+  // Host memory is checked where it lies (free); device tokens are the caller's to check.
+  if (backend_->is_host()) {
+    FSDP_RETURN_IF_ERROR(
+        CheckTokenIds(idx.host_as<int32_t>(), int64_t{B_} * T_, config_.vocab_size, T_, "idx"));
+  }
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
   const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
   const int64_t V = config_.vocab_size;
-  const auto p = CarveTyped(root, DTypeSize(compute_dtype()),
-                            RootDefs(V, config_.block_size, C));
-  const float* wte = ParamF32(p[t::kWte], V * C, 0);
-  const float* wpe = ParamF32(p[t::kWpe], T_ * C, V * C);  // positions 0..T-1 only
+  const auto p = Carve(root, RootDefs(V, config_.block_size, C));
+  const View wte = ParamF32(p[t::kWte], 0);
+  const View wpe = ParamF32(p[t::kWpe].Slice(0, T_ * C), V * C);  // positions 0..T-1 only
   Activations& a = *acts_;
-  float* x = a.resid[0].as<float>();
+  const View x = a.resid[0].view().Slice(0, BT * C);
+  const View proj = a.proj.view().Slice(0, BT * C);
   // x = wte[idx] + wpe[pos]
-  ops.embedding_forward(x, idx, wte, BT, C);
-  ops.embedding_forward(a.proj.as<float>(), a.pos.as<int32_t>(), wpe, BT, C);
-  ops.residual_forward(x, x, a.proj.as<float>(), BT * C);
+  ops.EmbeddingForward(cs, x, idx, wte, BT, C);
+  ops.EmbeddingForward(cs, proj, a.pos.view(DType::kI32), wpe, BT, C);
+  ops.Add(cs, x, x, proj);
   idx_ = idx;
   forward_blocks_done_ = 0;
   head_done_ = false;
@@ -256,12 +240,12 @@ absl::Status Gpt::ForwardEmbed(const void* root, const int32_t* idx) {
   return absl::OkStatus();
 }
 
-absl::Status Gpt::ForwardBlock(int layer, const void* block) {
+absl::Status Gpt::ForwardBlock(int layer, View block) {
   if (layer < 0 || layer >= config_.num_layers) {
     return absl::OutOfRangeError(absl::StrCat("Gpt::ForwardBlock: layer ", layer,
                                               " is not in [0, ", config_.num_layers, ")"));
   }
-  if (block == nullptr) return NullArgument("ForwardBlock", "block");
+  if (block.empty()) return NullArgument("ForwardBlock", "block");
   if (forward_blocks_done_ < layer) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Gpt::ForwardBlock(", layer, "): its input is not computed yet (",
@@ -269,72 +253,80 @@ absl::Status Gpt::ForwardBlock(int layer, const void* block) {
                                  : absl::StrCat("next block is ", forward_blocks_done_),
         ")"));
   }
-  const Ops& ops = backend_->ops();
-  const auto p = CarveTyped(block, DTypeSize(compute_dtype()), BlockDefs(config_.channels));
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
+  const auto p = Carve(block, BlockDefs(config_.channels));
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, NH = config_.num_heads;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
-  const float* x = a.resid[layer].as<float>();
-  float* proj = a.proj.as<float>();
-  const float* ln1w = ParamF32(p[t::kLn1W], C, 0);
-  const float* ln1b = ParamF32(p[t::kLn1B], C, C);
-  const float* ln2w = ParamF32(p[t::kLn2W], C, 2 * C);
-  const float* ln2b = ParamF32(p[t::kLn2B], C, 3 * C);
+  const View x = a.resid[layer].view();
+  const View proj = a.proj.view();
+  const View ln1w = ParamF32(p[t::kLn1W], 0), ln1b = ParamF32(p[t::kLn1B], C);
+  const View ln2w = ParamF32(p[t::kLn2W], 2 * C), ln2b = ParamF32(p[t::kLn2B], 3 * C);
   // x + attn(ln_1(x))
-  ops.layernorm_forward(b.ln1.as<float>(), b.ln1_mean.as<float>(), b.ln1_rstd.as<float>(), x,
-                        ln1w, ln1b, BT, C, 1e-5f);
-  LinearForward(b.qkv.as<float>(), b.ln1.as<float>(), p[t::kAttnW], p[t::kAttnB], BT, C, 3 * C);
-  ops.attention_forward(b.atty.as<float>(), b.att.as<float>(), b.qkv.as<float>(), B, T, C, NH);
-  LinearForward(proj, b.atty.as<float>(), p[t::kAttnProjW], p[t::kAttnProjB], BT, C, C);
-  ops.residual_forward(b.resid2.as<float>(), x, proj, BT * C);
+  ops.LayernormForward(cs, b.ln1.view(), b.ln1_mean.view(), b.ln1_rstd.view(), x, ln1w, ln1b,
+                       BT, C, 1e-5f);
+  ops.MatmulForward(cs, b.qkv.view(), b.ln1.view(), p[t::kAttnW], p[t::kAttnB], BT, C, 3 * C);
+  ops.AttentionForward(cs, b.atty.view(), b.att.view(), b.qkv.view(), B, T, C, NH);
+  ops.MatmulForward(cs, proj, b.atty.view(), p[t::kAttnProjW], p[t::kAttnProjB], BT, C, C);
+  ops.Add(cs, b.resid2.view(), x, proj);
   // + mlp(ln_2(.))
-  ops.layernorm_forward(b.ln2.as<float>(), b.ln2_mean.as<float>(), b.ln2_rstd.as<float>(),
-                        b.resid2.as<float>(), ln2w, ln2b, BT, C, 1e-5f);
-  LinearForward(b.fch.as<float>(), b.ln2.as<float>(), p[t::kFcW], p[t::kFcB], BT, C, 4 * C);
-  ops.gelu_forward(b.fch_gelu.as<float>(), b.fch.as<float>(), BT * 4 * C);
-  LinearForward(proj, b.fch_gelu.as<float>(), p[t::kFcProjW], p[t::kFcProjB], BT, 4 * C, C);
-  ops.residual_forward(a.resid[layer + 1].as<float>(), b.resid2.as<float>(), proj, BT * C);
+  ops.LayernormForward(cs, b.ln2.view(), b.ln2_mean.view(), b.ln2_rstd.view(), b.resid2.view(),
+                       ln2w, ln2b, BT, C, 1e-5f);
+  ops.MatmulForward(cs, b.fch.view(), b.ln2.view(), p[t::kFcW], p[t::kFcB], BT, C, 4 * C);
+  ops.GeluForward(cs, b.fch_gelu.view(), b.fch.view());
+  ops.MatmulForward(cs, proj, b.fch_gelu.view(), p[t::kFcProjW], p[t::kFcProjB], BT, 4 * C, C);
+  ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
   forward_blocks_done_ = std::max(forward_blocks_done_, layer + 1);
   if (layer_checkpointed(layer)) a.shared_holds = layer;
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> Gpt::ForwardHead(const void* root, const int32_t* targets) {
-  if (root == nullptr) return NullArgument("ForwardHead", "root");
+absl::StatusOr<float> Gpt::ForwardHead(View root, View targets) {
+  if (root.empty()) return NullArgument("ForwardHead", "root");
   if (forward_blocks_done_ < config_.num_layers) {
     return absl::FailedPreconditionError(
         "Gpt::ForwardHead: run ForwardEmbed and every ForwardBlock first");
   }
-  if (targets != nullptr) FSDP_RETURN_IF_ERROR(CheckTokens(targets, "targets"));
-  const Ops& ops = backend_->ops();
+  if (!targets.empty()) {
+    if (targets.count < static_cast<int64_t>(B_) * T_ || targets.dtype != DType::kI32) {
+      return absl::InvalidArgumentError(absl::StrCat("Gpt::ForwardHead: targets must be ",
+                                                     B_ * T_, " i32 token ids, got ",
+                                                     targets.count));
+    }
+    if (backend_->is_host()) {
+      FSDP_RETURN_IF_ERROR(CheckTokenIds(targets.host_as<int32_t>(), int64_t{B_} * T_,
+                                         config_.vocab_size, T_, "targets"));
+    }
+  }
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
   const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
   const int64_t V = config_.vocab_size;
-  const auto p = CarveTyped(root, DTypeSize(compute_dtype()),
-                            RootDefs(V, config_.block_size, C));
+  const auto p = Carve(root, RootDefs(V, config_.block_size, C));
   Activations& a = *acts_;
-  ops.layernorm_forward(a.lnf.as<float>(), a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(),
-                        a.resid[config_.num_layers].as<float>(), ParamF32(p[t::kLnfW], C, 0),
-                        ParamF32(p[t::kLnfB], C, C), BT, C, 1e-5f);
+  ops.LayernormForward(cs, a.lnf.view(), a.lnf_mean.view(), a.lnf_rstd.view(),
+                       a.resid[config_.num_layers].view(), ParamF32(p[t::kLnfW], 0),
+                       ParamF32(p[t::kLnfB], C), BT, C, 1e-5f);
   // The lm_head is tied to wte: logits = ln_f(x) wte^T.
-  LinearForward(a.logits.as<float>(), a.lnf.as<float>(), p[t::kWte], nullptr, BT, C, V);
+  ops.MatmulForward(cs, a.logits.view(), a.lnf.view(), p[t::kWte], View{}, BT, C, V);
   targets_ = targets;
-  head_done_ = targets != nullptr;
+  head_done_ = !targets.empty();
   backward_next_ = -2;
-  if (targets == nullptr) return 0.0f;
-  ops.softmax_crossentropy_forward(a.losses.as<float>(), a.probs.as<float>(),
-                                   a.logits.as<float>(), targets, BT, V);
-  std::vector<float> losses(BT);
-  FSDP_RETURN_IF_ERROR(
-      backend_->CopyToHost(losses.data(), a.losses.data(), BT * sizeof(float)));
-  double sum = 0;
-  for (float l : losses) sum += l;
-  return static_cast<float>(sum / static_cast<double>(BT));
+  if (targets.empty()) return 0.0f;
+  ops.SoftmaxCrossEntropyForward(cs, a.losses.view(), a.probs.view(), a.logits.view(), targets,
+                                 BT, V);
+  // The mean loss on the device, then read: the one host synchronisation of a forward.
+  ops.Mean(cs, a.loss.view(), a.losses.view());
+  float loss = 0;
+  FSDP_RETURN_IF_ERROR(backend_->CopyToHost(&loss, a.loss.view()));
+  return loss;
 }
 
 // ---- backward --------------------------------------------------------------------------------
 
-absl::Status Gpt::BackwardHead(const void* root, float* droot, float loss_scale) {
-  if (root == nullptr) return NullArgument("BackwardHead", "root");
+absl::Status Gpt::BackwardHead(View root, View droot, float loss_scale) {
+  if (root.empty()) return NullArgument("BackwardHead", "root");
   if (!(loss_scale > 0.0f) || !std::isfinite(loss_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gpt::BackwardHead: loss_scale must be finite and > 0, got ", loss_scale));
@@ -343,35 +335,36 @@ absl::Status Gpt::BackwardHead(const void* root, float* droot, float loss_scale)
     return absl::FailedPreconditionError(
         "Gpt::BackwardHead: no ForwardHead with targets since the last backward");
   }
-  const Ops& ops = backend_->ops();
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
   const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
   const int64_t V = config_.vocab_size;
   const auto defs = RootDefs(V, config_.block_size, C);
-  const auto p = CarveTyped(root, DTypeSize(compute_dtype()), defs);
+  const auto p = Carve(root, defs);
   const auto g = Carve(droot, defs);
   Activations& a = *acts_;
-  float* dlogits = a.logits.as<float>();  // the logits are no longer needed
-  FSDP_RETURN_IF_ERROR(Zero(dlogits, BT * V));
-  ops.softmax_crossentropy_backward(dlogits, a.probs.as<float>(), targets_,
-                                    loss_scale / static_cast<float>(BT), BT, V);
-  FSDP_RETURN_IF_ERROR(Zero(a.dln.as<float>(), BT * C));
-  LinearBackward(a.dln.as<float>(), g[t::kWte], nullptr, dlogits, a.lnf.as<float>(), p[t::kWte],
-                 BT, C, V);
-  FSDP_RETURN_IF_ERROR(Zero(a.dx.as<float>(), BT * C));
-  ops.layernorm_backward(a.dx.as<float>(), g[t::kLnfW], g[t::kLnfB], a.dln.as<float>(),
-                         a.resid[config_.num_layers].as<float>(), ParamF32(p[t::kLnfW], C, 0),
-                         a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), BT, C);
+  const View dlogits = a.logits.view();  // the logits are no longer needed
+  FSDP_RETURN_IF_ERROR(Zero(dlogits));
+  ops.SoftmaxCrossEntropyBackward(cs, dlogits, a.probs.view(), targets_,
+                                  loss_scale / static_cast<float>(BT), BT, V);
+  FSDP_RETURN_IF_ERROR(Zero(a.dln.view()));
+  ops.MatmulBackward(cs, a.dln.view(), g[t::kWte], View{}, dlogits, a.lnf.view(), p[t::kWte], BT,
+                     C, V);
+  FSDP_RETURN_IF_ERROR(Zero(a.dx.view()));
+  ops.LayernormBackward(cs, a.dx.view(), g[t::kLnfW], g[t::kLnfB], a.dln.view(),
+                        a.resid[config_.num_layers].view(), ParamF32(p[t::kLnfW], 0),
+                        a.lnf_mean.view(), a.lnf_rstd.view(), BT, C);
   head_done_ = false;
   backward_next_ = config_.num_layers - 1;
   return absl::OkStatus();
 }
 
-absl::Status Gpt::BackwardBlock(int layer, const void* block, float* dblock) {
+absl::Status Gpt::BackwardBlock(int layer, View block, View dblock) {
   if (layer < 0 || layer >= config_.num_layers) {
     return absl::OutOfRangeError(absl::StrCat("Gpt::BackwardBlock: layer ", layer,
                                               " is not in [0, ", config_.num_layers, ")"));
   }
-  if (block == nullptr) return NullArgument("BackwardBlock", "block");
+  if (block.empty()) return NullArgument("BackwardBlock", "block");
   if (backward_next_ != layer) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Gpt::BackwardBlock(", layer, "): ",
@@ -388,82 +381,83 @@ absl::Status Gpt::BackwardBlock(int layer, const void* block, float* dblock) {
         "); recompute them first: call ForwardBlock(", layer, ", params) right before ",
         "BackwardBlock(", layer, ")"));
   }
-  const Ops& ops = backend_->ops();
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
   const auto defs = BlockDefs(config_.channels);
-  const auto p = CarveTyped(block, DTypeSize(compute_dtype()), defs);
+  const auto p = Carve(block, defs);
   const auto g = Carve(dblock, defs);
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, NH = config_.num_heads;
   BlockActs& b = Acts(layer);
-  float* dx = a.dx.as<float>();  // in: d resid[layer + 1]; out: d resid[layer]
-  float* dln = a.dln.as<float>();
-  float* dfch_gelu = a.dbranch.as<float>();  // mlp part
-  float* dfch = dfch_gelu + BT * 4 * C;
-  float* datty = a.dbranch.as<float>();  // attention part, after the mlp's are dead
-  float* dqkv = datty + BT * C;
+  const View dx = a.dx.view();  // in: d resid[layer + 1]; out: d resid[layer]
+  const View dln = a.dln.view();
+  const View dbranch = a.dbranch.view();
+  const View dfch_gelu = dbranch.Slice(0, BT * 4 * C);  // mlp part
+  const View dfch = dbranch.Slice(BT * 4 * C, BT * 4 * C);
+  const View datty = dbranch.Slice(0, BT * C);  // attention part, after the mlp's are dead
+  const View dqkv = dbranch.Slice(BT * C, BT * 3 * C);
   // mlp: dx is also the gradient of its output (residual add)
-  FSDP_RETURN_IF_ERROR(Zero(dfch_gelu, BT * 4 * C));
-  LinearBackward(dfch_gelu, g[t::kFcProjW], g[t::kFcProjB], dx, b.fch_gelu.as<float>(),
-                 p[t::kFcProjW], BT, 4 * C, C);
-  FSDP_RETURN_IF_ERROR(Zero(dfch, BT * 4 * C));
-  ops.gelu_backward(dfch, b.fch.as<float>(), dfch_gelu, BT * 4 * C);
-  FSDP_RETURN_IF_ERROR(Zero(dln, BT * C));
-  LinearBackward(dln, g[t::kFcW], g[t::kFcB], dfch, b.ln2.as<float>(), p[t::kFcW], BT, C, 4 * C);
-  ops.layernorm_backward(dx, g[t::kLn2W], g[t::kLn2B], dln, b.resid2.as<float>(),
-                         ParamF32(p[t::kLn2W], C, 0), b.ln2_mean.as<float>(),
-                         b.ln2_rstd.as<float>(), BT, C);
+  FSDP_RETURN_IF_ERROR(Zero(dfch_gelu));
+  ops.MatmulBackward(cs, dfch_gelu, g[t::kFcProjW], g[t::kFcProjB], dx, b.fch_gelu.view(),
+                     p[t::kFcProjW], BT, 4 * C, C);
+  FSDP_RETURN_IF_ERROR(Zero(dfch));
+  ops.GeluBackward(cs, dfch, b.fch.view(), dfch_gelu);
+  FSDP_RETURN_IF_ERROR(Zero(dln));
+  ops.MatmulBackward(cs, dln, g[t::kFcW], g[t::kFcB], dfch, b.ln2.view(), p[t::kFcW], BT, C,
+                     4 * C);
+  ops.LayernormBackward(cs, dx, g[t::kLn2W], g[t::kLn2B], dln, b.resid2.view(),
+                        ParamF32(p[t::kLn2W], 0), b.ln2_mean.view(), b.ln2_rstd.view(), BT, C);
   // attention: dx is now d resid2, the gradient of the attention branch's output
-  FSDP_RETURN_IF_ERROR(Zero(datty, BT * C));
-  LinearBackward(datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, b.atty.as<float>(),
-                 p[t::kAttnProjW], BT, C, C);
-  FSDP_RETURN_IF_ERROR(Zero(dqkv, BT * 3 * C));
-  ops.attention_backward(dqkv, datty, b.qkv.as<float>(), b.att.as<float>(), B, T, C, NH);
-  FSDP_RETURN_IF_ERROR(Zero(dln, BT * C));
-  LinearBackward(dln, g[t::kAttnW], g[t::kAttnB], dqkv, b.ln1.as<float>(), p[t::kAttnW], BT, C,
-                 3 * C);
-  ops.layernorm_backward(dx, g[t::kLn1W], g[t::kLn1B], dln, a.resid[layer].as<float>(),
-                         ParamF32(p[t::kLn1W], C, 0), b.ln1_mean.as<float>(),
-                         b.ln1_rstd.as<float>(), BT, C);
+  FSDP_RETURN_IF_ERROR(Zero(datty));
+  ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, b.atty.view(),
+                     p[t::kAttnProjW], BT, C, C);
+  FSDP_RETURN_IF_ERROR(Zero(dqkv));
+  ops.AttentionBackward(cs, dqkv, datty, b.qkv.view(), b.att.view(), B, T, C, NH);
+  FSDP_RETURN_IF_ERROR(Zero(dln));
+  ops.MatmulBackward(cs, dln, g[t::kAttnW], g[t::kAttnB], dqkv, b.ln1.view(), p[t::kAttnW], BT,
+                     C, 3 * C);
+  ops.LayernormBackward(cs, dx, g[t::kLn1W], g[t::kLn1B], dln, a.resid[layer].view(),
+                        ParamF32(p[t::kLn1W], 0), b.ln1_mean.view(), b.ln1_rstd.view(), BT, C);
   backward_next_ = layer - 1;
   return absl::OkStatus();
 }
 
-absl::Status Gpt::BackwardEmbed(float* droot) {
+absl::Status Gpt::BackwardEmbed(View droot) {
   if (backward_next_ != -1) {
     return absl::FailedPreconditionError(
         "Gpt::BackwardEmbed: run BackwardHead and every BackwardBlock first");
   }
   backward_next_ = -2;
-  if (droot == nullptr) return absl::OkStatus();
-  const Ops& ops = backend_->ops();
+  if (droot.empty()) return absl::OkStatus();
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
   const auto g = Carve(droot, RootDefs(config_.vocab_size, config_.block_size, config_.channels));
   const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
   Activations& a = *acts_;
   // wte also received the lm_head's gradient in BackwardHead: the two add up.
-  ops.embedding_backward(g[t::kWte], a.dx.as<float>(), idx_, BT, C);
-  ops.embedding_backward(g[t::kWpe], a.dx.as<float>(), a.pos.as<int32_t>(), BT, C);
+  ops.EmbeddingBackward(cs, g[t::kWte], a.dx.view(), idx_, BT, C);
+  ops.EmbeddingBackward(cs, g[t::kWpe], a.dx.view(), a.pos.view(DType::kI32), BT, C);
   return absl::OkStatus();
 }
 
 // ---- whole model -----------------------------------------------------------------------------
 
-absl::StatusOr<float> Gpt::Forward(const std::vector<const void*>& units, const int32_t* idx,
-                                   const int32_t* targets) {
+absl::StatusOr<float> Gpt::Forward(const std::vector<View>& units, View idx, View targets) {
   if (static_cast<int>(units.size()) != num_units()) {
     return absl::InvalidArgumentError(absl::StrCat("Gpt::Forward: got ", units.size(),
                                                    " unit buffers, the model has ", num_units()));
+  }
+  if (idx.empty()) return NullArgument("Forward", "idx");
+  if (!backend_->is_host()) {  // the stages check host memory themselves
+    FSDP_RETURN_IF_ERROR(CheckTokens(idx, "idx"));
+    if (!targets.empty()) FSDP_RETURN_IF_ERROR(CheckTokens(targets, "targets"));
   }
   FSDP_RETURN_IF_ERROR(ForwardEmbed(units[0], idx));
   for (int i = 0; i < config_.num_layers; ++i) FSDP_RETURN_IF_ERROR(ForwardBlock(i, units[1 + i]));
   return ForwardHead(units[0], targets);
 }
 
-absl::StatusOr<float> Gpt::Forward(const std::vector<const float*>& units, const int32_t* idx,
-                                   const int32_t* targets) {
-  return Forward(std::vector<const void*>(units.begin(), units.end()), idx, targets);
-}
-
-absl::Status Gpt::Backward(const std::vector<const void*>& units,
-                           const std::vector<float*>& grads, float loss_scale) {
+absl::Status Gpt::Backward(const std::vector<View>& units, const std::vector<View>& grads,
+                           float loss_scale) {
   if (static_cast<int>(units.size()) != num_units() ||
       static_cast<int>(grads.size()) != num_units()) {
     return absl::InvalidArgumentError(
@@ -479,11 +473,6 @@ absl::Status Gpt::Backward(const std::vector<const void*>& units,
     FSDP_RETURN_IF_ERROR(BackwardBlock(i, units[1 + i], grads[1 + i]));
   }
   return BackwardEmbed(grads[0]);
-}
-
-absl::Status Gpt::Backward(const std::vector<const float*>& units,
-                           const std::vector<float*>& grads, float loss_scale) {
-  return Backward(std::vector<const void*>(units.begin(), units.end()), grads, loss_scale);
 }
 
 }  // namespace fsdp::nn

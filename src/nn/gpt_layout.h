@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fsdp/backend.h"
+
 namespace fsdp::nn::internal {
 
 // A 2-D tensor [rows, cols], or a 1-D tensor [rows] when cols == 0.
@@ -35,29 +37,14 @@ inline std::array<TensorDef, kNumBlockTensors> BlockDefs(int64_t C) {
            {"mlp.c_proj.weight", C, 4 * C}, {"mlp.c_proj.bias", C, 0}}};
 }
 
-// Pointers to each tensor of a flat buffer (F = float for gradients, const float for params).
-template <typename F, size_t N>
-std::array<F*, N> Carve(F* flat, const std::array<TensorDef, N>& defs) {
-  std::array<F*, N> out{};
-  int64_t offset = 0;
-  for (size_t i = 0; i < N; ++i) {
-    out[i] = flat == nullptr ? nullptr : flat + offset;
-    offset += defs[i].numel();
-  }
-  return out;
-}
-
-// The same for parameters in the compute dtype: elements of `elem_bytes` bytes, at the same
-// element offsets as in f32.
+// Each tensor of a unit's flat buffer as a view (dtype and all come from `flat`; an empty
+// `flat` gives empty views: a gradient that is not computed).
 template <size_t N>
-std::array<const void*, N> CarveTyped(const void* flat, size_t elem_bytes,
-                                      const std::array<TensorDef, N>& defs) {
-  std::array<const void*, N> out{};
+std::array<View, N> Carve(const View& flat, const std::array<TensorDef, N>& defs) {
+  std::array<View, N> out{};
   int64_t offset = 0;
   for (size_t i = 0; i < N; ++i) {
-    out[i] = flat == nullptr ? nullptr
-                             : static_cast<const char*>(flat) +
-                                   offset * static_cast<int64_t>(elem_bytes);
+    if (!flat.empty()) out[i] = flat.Slice(offset, defs[i].numel());
     offset += defs[i].numel();
   }
   return out;

@@ -73,9 +73,12 @@ absl::StatusOr<std::vector<int>> GroupBlocks(const GptConfig& config, const Wrap
   return group;
 }
 
-// Element `offset` of a view's parameters, in the view's dtype.
-const void* ParamsAt(const UnitView& v, int64_t offset) {
-  return static_cast<const char*>(v.data) + offset * static_cast<int64_t>(DTypeSize(v.dtype));
+// A model unit's parameters (numel elements from `offset`) inside a runtime unit's view.
+View ParamsAt(const UnitView& v, int64_t offset, int64_t numel) {
+  return v.data_view.Slice(offset, numel);
+}
+View GradsAt(const UnitView& v, int64_t offset, int64_t numel) {
+  return v.grads_view.Slice(offset, numel);
 }
 
 }  // namespace
@@ -185,9 +188,14 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
 
 absl::Status ShardedGpt::CopyTokens(const int32_t* inputs, const int32_t* targets) {
   if (inputs == nullptr) return absl::InvalidArgumentError("ShardedGpt: inputs is null");
-  FSDP_RETURN_IF_ERROR(backend_->CopyFromHost(inputs_.data(), inputs, inputs_.bytes()));
+  const int64_t n = static_cast<int64_t>(model_->batch_size()) * model_->seq_len();
+  // The ids are checked here, where they are host data, before they go to the device.
+  FSDP_RETURN_IF_ERROR(CheckTokenIds(inputs, n, config_.vocab_size, model_->seq_len(), "idx"));
+  FSDP_RETURN_IF_ERROR(backend_->CopyFromHost(inputs_.view(DType::kI32), inputs));
   if (targets != nullptr) {
-    FSDP_RETURN_IF_ERROR(backend_->CopyFromHost(targets_.data(), targets, targets_.bytes()));
+    FSDP_RETURN_IF_ERROR(
+        CheckTokenIds(targets, n, config_.vocab_size, model_->seq_len(), "targets"));
+    FSDP_RETURN_IF_ERROR(backend_->CopyFromHost(targets_.view(DType::kI32), targets));
   }
   return absl::OkStatus();
 }
@@ -196,8 +204,8 @@ absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
   ShardingRuntime& rt = *runtime_;
   const int root = module_unit_[0];
   FSDP_ASSIGN_OR_RETURN(UnitView root_view, rt.PreForward(root));
-  const void* root_params = ParamsAt(root_view, module_offset_[0]);
-  FSDP_RETURN_IF_ERROR(model_->ForwardEmbed(root_params, inputs_.as<const int32_t>()));
+  const View root_params = ParamsAt(root_view, module_offset_[0], model_->unit_numel(0));
+  FSDP_RETURN_IF_ERROR(model_->ForwardEmbed(root_params, inputs_.view(DType::kI32)));
   UnitView view = root_view;
   for (int i = 0; i < config_.num_layers; ++i) {
     const int u = module_unit_[1 + i];
@@ -208,13 +216,14 @@ absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
     }
     {
       TraceSpan span("forward", kComputeStream, {{"block", i}});
-      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, ParamsAt(view, module_offset_[1 + i])));
+      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(
+          i, ParamsAt(view, module_offset_[1 + i], model_->unit_numel(1 + i))));
     }
     if (u != root && last_block_[u] == i) FSDP_RETURN_IF_ERROR(rt.PostForward(u));
   }
-  FSDP_ASSIGN_OR_RETURN(float loss, model_->ForwardHead(
-                                        root_params,
-                                        with_targets ? targets_.as<const int32_t>() : nullptr));
+  FSDP_ASSIGN_OR_RETURN(float loss,
+                        model_->ForwardHead(root_params, with_targets ? targets_.view(DType::kI32)
+                                                                      : View{}));
   FSDP_RETURN_IF_ERROR(rt.PostForward(root));
   return loss;
 }
@@ -222,9 +231,10 @@ absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
 absl::Status ShardedGpt::RunBackward() {
   ShardingRuntime& rt = *runtime_;
   const int root = module_unit_[0];
+  const int64_t root_numel = model_->unit_numel(0);
   FSDP_ASSIGN_OR_RETURN(UnitView root_view, rt.PreBackward(root));
-  FSDP_RETURN_IF_ERROR(model_->BackwardHead(ParamsAt(root_view, module_offset_[0]),
-                                            root_view.grads + module_offset_[0],
+  FSDP_RETURN_IF_ERROR(model_->BackwardHead(ParamsAt(root_view, module_offset_[0], root_numel),
+                                            GradsAt(root_view, module_offset_[0], root_numel),
                                             rt.loss_scale()));
   UnitView view = root_view;
   for (int i = config_.num_layers - 1; i >= 0; --i) {
@@ -234,18 +244,19 @@ absl::Status ShardedGpt::RunBackward() {
     } else if (last_block_[u] == i) {
       FSDP_ASSIGN_OR_RETURN(view, rt.PreBackward(u));
     }
-    const int64_t off = module_offset_[1 + i];
+    const int64_t off = module_offset_[1 + i], numel = model_->unit_numel(1 + i);
     if (model_->layer_checkpointed(i)) {  // recompute the activations it did not keep
       TraceSpan span("recompute", kComputeStream, {{"block", i}});
-      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, ParamsAt(view, off)));
+      FSDP_RETURN_IF_ERROR(model_->ForwardBlock(i, ParamsAt(view, off, numel)));
     }
     {
       TraceSpan span("backward", kComputeStream, {{"block", i}});
-      FSDP_RETURN_IF_ERROR(model_->BackwardBlock(i, ParamsAt(view, off), view.grads + off));
+      FSDP_RETURN_IF_ERROR(
+          model_->BackwardBlock(i, ParamsAt(view, off, numel), GradsAt(view, off, numel)));
     }
     if (u != root && first_block_[u] == i) FSDP_RETURN_IF_ERROR(rt.PostBackward(u));
   }
-  FSDP_RETURN_IF_ERROR(model_->BackwardEmbed(root_view.grads + module_offset_[0]));
+  FSDP_RETURN_IF_ERROR(model_->BackwardEmbed(GradsAt(root_view, module_offset_[0], root_numel)));
   FSDP_RETURN_IF_ERROR(rt.PostBackward(root));
   return rt.FinishBackward();
 }
@@ -268,6 +279,7 @@ absl::StatusOr<float> ShardedGpt::Forward(const int32_t* inputs, const int32_t* 
 absl::StatusOr<StepStats> ShardedGpt::Step(float lr) { return runtime_->Step(lr); }
 
 absl::StatusOr<float> ShardedGpt::MeanOverRanks(float value) {
+  // A host scalar: the control plane (the world's host communicator) carries it.
   float out = 0;
   FSDP_RETURN_IF_ERROR(runtime_->world().AllReduce(&value, &out, 1, DType::kF32, ReduceOp::kAvg));
   return out;

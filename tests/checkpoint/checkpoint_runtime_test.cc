@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/checkpoint.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 
 namespace fsdp {

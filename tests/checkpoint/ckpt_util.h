@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/communicator.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_gpt.h"

@@ -238,8 +238,7 @@ absl::Status SetUnits(nn::ShardedGpt& model, const std::vector<std::vector<float
       const int64_t g = k * sn + i;
       if (g < static_cast<int64_t>(units[m].size())) shard[i] = units[m][g];
     }
-    FSDP_RETURN_IF_ERROR(
-        rt.backend()->CopyFromHost(rt.mutable_param_shard(u), shard.data(), sn * sizeof(float)));
+    FSDP_RETURN_IF_ERROR(rt.backend()->CopyFromHost(rt.param_shard(u), shard.data()));
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/cpu_backend.h"
+#include "fsdp/ops.h"
 #include "gtest/gtest.h"
 
 namespace fsdp {
@@ -43,17 +45,19 @@ TEST(CpuBackend, AllocateIsAlignedAndAccounted) {
   auto be = MakeBackend();
   auto zero = be->Allocate(0);
   ASSERT_TRUE(zero.ok());
-  EXPECT_EQ(*zero, nullptr);
+  EXPECT_EQ(zero->address, nullptr);
   EXPECT_EQ(be->memory_stats().bytes_in_use, 0);
 
-  std::vector<void*> ptrs;
+  std::vector<Allocation> ptrs;
   int64_t expected = 0;
   for (size_t bytes : {1u, 3u, 64u, 100u, 4096u, 12345u}) {
     auto p = be->Allocate(bytes);
     ASSERT_TRUE(p.ok()) << p.status();
-    ASSERT_NE(*p, nullptr);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 64, 0u) << bytes << " bytes";
-    std::memset(*p, 0xab, bytes);  // the whole requested size is usable (ASan checks this)
+    ASSERT_NE(p->address, nullptr);
+    EXPECT_EQ(p->address, p->storage);  // host memory: the address is the bytes
+    EXPECT_EQ(p->bytes, bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p->address) % 64, 0u) << bytes << " bytes";
+    std::memset(p->address, 0xab, bytes);  // the whole requested size is usable (ASan checks this)
     ptrs.push_back(*p);
     expected += static_cast<int64_t>(bytes);
     EXPECT_EQ(be->memory_stats().bytes_in_use, expected);
@@ -69,8 +73,8 @@ TEST(CpuBackend, AllocateIsAlignedAndAccounted) {
   EXPECT_EQ(s.peak_bytes, expected);  // the peak remembers
   be->ResetPeak();
   EXPECT_EQ(be->memory_stats().peak_bytes, expected - 12345);
-  for (void* p : ptrs) be->Free(p);
-  be->Free(nullptr);  // allowed, no effect
+  for (const Allocation& p : ptrs) be->Free(p);
+  be->Free(Allocation{});  // allowed, no effect
   s = be->memory_stats();
   EXPECT_EQ(s.bytes_in_use, 0);
   EXPECT_EQ(s.num_allocs, 6);
@@ -115,39 +119,58 @@ TEST(CpuBackend, CopiesAndMemset) {
   ASSERT_TRUE(buf.ok());
   std::vector<float> src(16), dst(16, -1.0f);
   for (int i = 0; i < 16; ++i) src[i] = 0.5f * static_cast<float>(i);
-  ASSERT_TRUE(be->CopyFromHost(buf->data(), src.data(), 16 * sizeof(float)).ok());
-  ASSERT_TRUE(be->CopyToHost(dst.data(), buf->data(), 16 * sizeof(float)).ok());
+  const int64_t syncs = be->host_syncs();
+  ASSERT_TRUE(be->CopyFromHost(buf->view(), src.data()).ok());
+  ASSERT_TRUE(be->CopyToHost(dst.data(), buf->view()).ok());
   EXPECT_EQ(src, dst);
-  ASSERT_TRUE(be->Memset(buf->data(), 0, 8 * sizeof(float)).ok());
-  ASSERT_TRUE(be->CopyToHost(dst.data(), buf->data(), 16 * sizeof(float)).ok());
+  ASSERT_TRUE(be->Memset(buf->view().Slice(0, 8), 0).ok());
+  ASSERT_TRUE(be->CopyToHost(dst.data(), buf->view()).ok());
   for (int i = 0; i < 16; ++i) EXPECT_EQ(dst[i], i < 8 ? 0.0f : src[i]);
-  // Zero-byte copies accept null pointers.
-  EXPECT_TRUE(be->CopyToHost(nullptr, nullptr, 0).ok());
-  EXPECT_TRUE(be->CopyFromHost(nullptr, nullptr, 0).ok());
+  // A view addresses (buffer, byte offset): elements 4..7 seen as bytes, then as f32 again.
+  const View v = buf->view().Slice(4, 4);
+  EXPECT_EQ(v.offset, 16);
+  EXPECT_EQ(v.As(DType::kU8).count, 16);
+  EXPECT_EQ(v.host_as<float>(), buf->as<float>() + 4);
+  ASSERT_TRUE(be->Copy(buf->view().Slice(0, 4), buf->view().Slice(12, 4)).ok());
+  ASSERT_TRUE(be->CopyToHost(dst.data(), buf->view()).ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(dst[i], src[12 + i]);
+  // Zero-element copies accept empty views and null pointers.
+  EXPECT_TRUE(be->CopyToHost(nullptr, View{}).ok());
+  EXPECT_TRUE(be->CopyFromHost(View{}, nullptr).ok());
   EXPECT_TRUE(be->Synchronize().ok());
+  EXPECT_EQ(be->host_syncs() - syncs, 5);  // 4 CopyToHost and one Synchronize
 }
 
-TEST(CpuBackend, OpsTableIsComplete) {
+TEST(CpuBackend, OpsRunTheKernelsAndReduceIntoDeviceScalars) {
   auto be = MakeBackend();
-  const Ops& ops = be->ops();
-  // Every entry is a function pointer; view the struct as an array of them.
-  static_assert(sizeof(Ops) % sizeof(void (*)()) == 0);
-  const auto* entries = reinterpret_cast<const unsigned char*>(&ops);
-  for (size_t i = 0; i < sizeof(Ops) / sizeof(void (*)()); ++i) {
-    void (*fn)() = nullptr;
-    std::memcpy(&fn, entries + i * sizeof(fn), sizeof(fn));
-    EXPECT_NE(fn, nullptr) << "entry " << i;
-  }
-  EXPECT_EQ(ops.matmul_forward, &kernels::cpu::matmul_forward);
-  EXPECT_EQ(ops.all_finite, &kernels::cpu::all_finite);
-
-  // Calling through the table runs the kernel.
-  const float a[4] = {1, 2, 3, 4};
-  const float b[4] = {10, 20, 30, 40};
-  float out[4];
-  ops.residual_forward(out, a, b, 4);
+  Ops& ops = be->ops();
+  std::vector<float> a = {1, 2, 3, 4}, b = {10, 20, 30, 40}, out(4);
+  const View va = *WrapHostMemory(be.get(), a.data(), 4, DType::kF32);
+  const View vb = *WrapHostMemory(be.get(), b.data(), 4, DType::kF32);
+  const View vo = *WrapHostMemory(be.get(), out.data(), 4, DType::kF32);
+  ops.Add(Stream::kCompute, vo, va, vb);
   EXPECT_EQ(out[3], 44.0f);
-  EXPECT_DOUBLE_EQ(ops.sum_squares(a, 4), 30.0);
+  // Sums of squares accumulate into a device f64; nothing returns to the host.
+  double sq = 1.0;
+  const View vsq = *WrapHostMemory(be.get(), &sq, 1, DType::kF64);
+  ops.SumSquares(Stream::kCompute, vsq, va);
+  EXPECT_DOUBLE_EQ(sq, 31.0);
+  float split[2];
+  ops.SplitF64(Stream::kCompute, *WrapHostMemory(be.get(), split, 2, DType::kF32), vsq);
+  EXPECT_EQ(static_cast<double>(split[0]) + split[1], 31.0);
+}
+
+TEST(CpuBackend, WrapHostMemory) {
+  auto be = MakeBackend();
+  std::vector<int32_t> ids = {3, 1, 4};
+  auto v = WrapHostMemory(be.get(), ids.data(), 3, DType::kI32);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->host_as<int32_t>(), ids.data());
+  EXPECT_EQ(v->bytes(), 12);
+  EXPECT_EQ(WrapHostMemory(be.get(), nullptr, 3, DType::kI32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WrapHostMemory(nullptr, ids.data(), 3, DType::kI32).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(CpuBackend, BindCurrentThreadIsPerThread) {

@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "tests/fsdp/parity_util.h"
 

@@ -16,6 +16,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/trace.h"
 #include "tests/fsdp/parity_util.h"

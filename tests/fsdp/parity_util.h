@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/communicator.h"
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_gpt.h"
 #include "fsdp/optim.h"
 #include "gtest/gtest.h"
+#include "tests/test_backend.h"
 
 namespace fsdp::testing {
 
@@ -76,8 +78,7 @@ inline nn::Batch RankBatch(const TrainSpec& spec, int rank, int world, int64_t s
 inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainSpec& spec,
                                                 ShardingOptions sharding, int threads_per_rank) {
   FSDP_ASSIGN_OR_RETURN(nn::GptConfig config, nn::GptConfig::FromName(spec.config));
-  FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = threads_per_rank}));
-  backend->BindCurrentThread();
+  FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(threads_per_rank));
   nn::ShardedGptOptions o;
   sharding.max_grad_norm = spec.max_grad_norm;
   o.sharding = sharding;
@@ -123,12 +124,14 @@ inline absl::StatusOr<TrainResult> TrainReference(const TrainSpec& spec, int wor
   backend->BindCurrentThread();
   FSDP_ASSIGN_OR_RETURN(auto model, nn::Gpt::Create(config, backend.get(), B, spec.seq_len));
   const int U = model->num_units();
-  std::vector<std::vector<float>> params(U), grads(U);
+  // The reference runs on the CPU backend, whose buffers the host reads and writes directly.
+  std::vector<Buffer> params(U), grads(U);
   std::vector<std::unique_ptr<AdamW>> opts;
   for (int u = 0; u < U; ++u) {
-    params[u].resize(model->unit_numel(u));
-    grads[u].resize(model->unit_numel(u));
-    nn::InitUnit(config, u, 1337, params[u].data());
+    const size_t bytes = static_cast<size_t>(model->unit_numel(u)) * sizeof(float);
+    FSDP_ASSIGN_OR_RETURN(params[u], Buffer::Create(backend.get(), bytes));
+    FSDP_ASSIGN_OR_RETURN(grads[u], Buffer::Create(backend.get(), bytes));
+    nn::InitUnit(config, u, 1337, params[u].as<float>());
     std::vector<DecayRange> ranges;
     for (const nn::ParamSpec* p : model->unit_params(u)) {
       bool frozen = false;
@@ -138,49 +141,58 @@ inline absl::StatusOr<TrainResult> TrainReference(const TrainSpec& spec, int wor
     FSDP_ASSIGN_OR_RETURN(auto opt, AdamW::Create(backend.get(), model->unit_numel(u), ranges));
     opts.push_back(std::move(opt));
   }
+  FSDP_ASSIGN_OR_RETURN(Buffer in, Buffer::Create(backend.get(), sizeof(int32_t) * B * spec.seq_len));
+  FSDP_ASSIGN_OR_RETURN(Buffer tg, Buffer::Create(backend.get(), sizeof(int32_t) * B * spec.seq_len));
   TrainResult result;
   const int rows = spec.batch_size * spec.seq_len;
+  auto unit = [&](std::vector<Buffer>& v, int u) { return v[u].as<float>(); };
+  auto numel = [&](int u) { return model->unit_numel(u); };
   for (int s = 0; s < spec.steps; ++s) {
-    std::vector<int32_t> in, tg;
+    int32_t* pin = in.as<int32_t>();
+    int32_t* ptg = tg.as<int32_t>();
     for (int j = 0; j < spec.micro_batches; ++j) {
       for (int r = 0; r < world; ++r) {
         nn::Batch b = RankBatch(spec, r, world, s, j);
-        in.insert(in.end(), b.inputs.begin(), b.inputs.begin() + rows);
-        tg.insert(tg.end(), b.targets.begin(), b.targets.begin() + rows);
+        pin = std::copy_n(b.inputs.begin(), rows, pin);
+        ptg = std::copy_n(b.targets.begin(), rows, ptg);
       }
     }
-    std::vector<const float*> pu;
-    std::vector<float*> gu;
+    std::vector<View> pu, gu;
     for (int u = 0; u < U; ++u) {
-      std::fill(grads[u].begin(), grads[u].end(), 0.0f);
-      pu.push_back(params[u].data());
-      gu.push_back(grads[u].data());
+      std::fill_n(unit(grads, u), numel(u), 0.0f);
+      pu.push_back(params[u].view());
+      gu.push_back(grads[u].view());
     }
-    FSDP_ASSIGN_OR_RETURN(float loss, model->Forward(pu, in.data(), tg.data()));
+    FSDP_ASSIGN_OR_RETURN(float loss,
+                          model->Forward(pu, in.view(DType::kI32), tg.view(DType::kI32)));
     FSDP_RETURN_IF_ERROR(model->Backward(pu, gu));
     result.losses.push_back(loss);
     for (const std::string& f : spec.frozen) {
       for (const nn::ParamSpec& p : model->params()) {
-        if (p.name == f) std::fill_n(grads[p.unit].begin() + p.offset, p.numel, 0.0f);
+        if (p.name == f) std::fill_n(unit(grads, p.unit) + p.offset, p.numel, 0.0f);
       }
     }
     double sq = 0;
     for (int u = 0; u < U; ++u) {
-      for (float g : grads[u]) sq += double(g) * g;
+      for (int64_t i = 0; i < numel(u); ++i) sq += double(unit(grads, u)[i]) * unit(grads, u)[i];
     }
     result.grad_norms.push_back(std::sqrt(sq));
-    if (s == 0) result.first_grads = grads;
+    if (s == 0) {
+      for (int u = 0; u < U; ++u) {
+        result.first_grads.emplace_back(unit(grads, u), unit(grads, u) + numel(u));
+      }
+    }
     const float coef = ClipCoefficient(std::sqrt(sq), spec.max_grad_norm);
     if (coef < 1.0f) ++result.clipped_steps;
     for (int u = 0; u < U; ++u) {
       if (coef != 1.0f) {
-        for (float& g : grads[u]) g *= coef;
+        for (int64_t i = 0; i < numel(u); ++i) unit(grads, u)[i] *= coef;
       }
       opts[u]->set_lr(spec.lr);
-      FSDP_RETURN_IF_ERROR(opts[u]->Step(params[u].data(), grads[u].data()));
+      FSDP_RETURN_IF_ERROR(opts[u]->Step(params[u].view(), grads[u].view()));
     }
   }
-  result.params = std::move(params);
+  for (int u = 0; u < U; ++u) result.params.emplace_back(unit(params, u), unit(params, u) + numel(u));
   return result;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/mpi_world.h"
 #include "tests/fsdp/parity_util.h"
 #include "tests/mpi_test_main.h"

@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "fsdp/cpu_backend.h"
 #include "fsdp/kernels_cpu.h"
 #include "tests/kernels/reference.h"
 

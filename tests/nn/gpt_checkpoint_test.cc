@@ -38,16 +38,18 @@ std::vector<Step> RunSteps(Gpt& gpt, const LowpUnits& params, UnitBuffers& u, bo
   const int n = gpt.batch_size() * gpt.seq_len();
   std::vector<Step> out;
   u.ZeroGrads();
-  const auto p = params.ptrs();
-  const auto g = u.grad_ptrs();
+  const auto p = params.views();
+  const auto g = u.grad_views();
   for (uint64_t seed : {11, 12}) {
     const auto idx = RandomTokens(n, c.vocab_size, seed);
     const auto tgt = RandomTokens(n, c.vocab_size, seed + 100);
     Step s;
-    auto loss = gpt.Forward(p, idx.data(), tgt.data());
+    auto loss = gpt.Forward(p, testing::I32(u.grads[0].backend(), idx),
+                            testing::I32(u.grads[0].backend(), tgt));
     EXPECT_TRUE(loss.ok()) << loss.status();
     s.loss = loss.value_or(-1.0f);
-    s.logits.assign(gpt.logits(), gpt.logits() + static_cast<int64_t>(n) * c.vocab_size);
+    const float* logits = gpt.logits().host_as<float>();
+    s.logits.assign(logits, logits + static_cast<int64_t>(n) * c.vocab_size);
     if (staged) {
       EXPECT_TRUE(gpt.BackwardHead(p[0], g[0]).ok());
       for (int i = c.num_layers - 1; i >= 0; --i) {
@@ -125,10 +127,10 @@ TEST_P(CheckpointTest, BitwiseEqualToTheModelWithoutCheckpointing) {
 
 TEST_P(CheckpointTest, BackwardWithoutRecomputationIsAnError) {
   auto gpt = Make({true, true});
-  const auto p = params_.ptrs();
-  const auto g = u_.grad_ptrs();
+  const auto p = params_.views();
+  const auto g = u_.grad_views();
   const auto idx = RandomTokens(4 * 32, config_.vocab_size, 1);
-  ASSERT_TRUE(gpt->Forward(p, idx.data(), idx.data()).ok());
+  ASSERT_TRUE(gpt->Forward(p, testing::I32(backend_, idx), testing::I32(backend_, idx)).ok());
   ASSERT_TRUE(gpt->BackwardHead(p[0], g[0]).ok());
   // The scratch still holds block 1's activations (its forward ran last): no recompute needed.
   ASSERT_TRUE(gpt->BackwardBlock(1, p[2], g[2]).ok());
@@ -142,7 +144,7 @@ TEST_P(CheckpointTest, BackwardWithoutRecomputationIsAnError) {
   ASSERT_TRUE(gpt->BackwardEmbed(g[0]).ok());
 
   // Recomputing the wrong block replaces the right one's activations.
-  ASSERT_TRUE(gpt->Forward(p, idx.data(), idx.data()).ok());
+  ASSERT_TRUE(gpt->Forward(p, testing::I32(backend_, idx), testing::I32(backend_, idx)).ok());
   ASSERT_TRUE(gpt->BackwardHead(p[0], g[0]).ok());
   ASSERT_TRUE(gpt->ForwardBlock(0, p[1]).ok());
   s = gpt->BackwardBlock(1, p[2], g[2]);
@@ -158,11 +160,11 @@ TEST_P(CheckpointTest, BackwardWithoutRecomputationIsAnError) {
   ASSERT_TRUE(gpt->BackwardEmbed(g[0]).ok());
 
   // A new step starts with nothing in the scratch.
-  ASSERT_TRUE(gpt->ForwardEmbed(p[0], idx.data()).ok());
+  ASSERT_TRUE(gpt->ForwardEmbed(p[0], testing::I32(backend_, idx)).ok());
   ASSERT_TRUE(gpt->ForwardBlock(0, p[1]).ok());
   ASSERT_TRUE(gpt->ForwardBlock(1, p[2]).ok());
-  ASSERT_TRUE(gpt->ForwardEmbed(p[0], idx.data()).ok());
-  EXPECT_EQ(gpt->ForwardHead(p[0], idx.data()).status().code(),
+  ASSERT_TRUE(gpt->ForwardEmbed(p[0], testing::I32(backend_, idx)).ok());
+  EXPECT_EQ(gpt->ForwardHead(p[0], testing::I32(backend_, idx)).status().code(),
             absl::StatusCode::kFailedPrecondition);  // blocks not run for this ForwardEmbed
 }
 

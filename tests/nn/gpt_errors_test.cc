@@ -54,49 +54,49 @@ class GptStageErrorsTest : public ::testing::Test {
 };
 
 TEST_F(GptStageErrorsTest, TokenIdsOutsideTheVocabulary) {
-  auto p = units_.param_ptrs();
+  auto p = units_.param_views();
   tokens_[9] = 256;
-  auto s = gpt_->ForwardEmbed(p[0], tokens_.data());
+  auto s = gpt_->ForwardEmbed(p[0], testing::I32(backend_, tokens_));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("idx[1, 1] = 256"));
   tokens_[9] = -1;
-  EXPECT_FALSE(gpt_->ForwardEmbed(p[0], tokens_.data()).ok());
+  EXPECT_FALSE(gpt_->ForwardEmbed(p[0], testing::I32(backend_, tokens_)).ok());
   tokens_[9] = 0;
   std::vector<int32_t> targets(16, 300);
-  auto loss = gpt_->Forward(p, tokens_.data(), targets.data());
+  auto loss = gpt_->Forward(p, testing::I32(backend_, tokens_), testing::I32(backend_, targets));
   EXPECT_THAT(loss.status().message(), HasSubstr("targets"));
 }
 
 TEST_F(GptStageErrorsTest, LayerOutOfRange) {
-  auto p = units_.param_ptrs();
-  auto g = units_.grad_ptrs();
-  ASSERT_TRUE(gpt_->ForwardEmbed(p[0], tokens_.data()).ok());
+  auto p = units_.param_views();
+  auto g = units_.grad_views();
+  ASSERT_TRUE(gpt_->ForwardEmbed(p[0], testing::I32(backend_, tokens_)).ok());
   EXPECT_EQ(gpt_->ForwardBlock(2, p[1]).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(gpt_->ForwardBlock(-1, p[1]).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(gpt_->BackwardBlock(2, p[1], g[1]).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(gpt_->ForwardBlock(0, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpt_->ForwardBlock(0, View{}).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(GptStageErrorsTest, StagesOutOfOrder) {
-  auto p = units_.param_ptrs();
-  auto g = units_.grad_ptrs();
+  auto p = units_.param_views();
+  auto g = units_.grad_views();
   // Nothing has run yet.
   EXPECT_EQ(gpt_->ForwardBlock(0, p[1]).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(gpt_->ForwardHead(p[0], tokens_.data()).status().code(),
+  EXPECT_EQ(gpt_->ForwardHead(p[0], testing::I32(backend_, tokens_)).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(gpt_->BackwardHead(p[0], g[0]).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(gpt_->Backward(p, g).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(gpt_->BackwardEmbed(g[0]).code(), absl::StatusCode::kFailedPrecondition);
   // Block 1 before block 0.
-  ASSERT_TRUE(gpt_->ForwardEmbed(p[0], tokens_.data()).ok());
+  ASSERT_TRUE(gpt_->ForwardEmbed(p[0], testing::I32(backend_, tokens_)).ok());
   EXPECT_THAT(gpt_->ForwardBlock(1, p[2]).message(), HasSubstr("next block is 0"));
   // Logits only (no targets): there is no loss to differentiate.
   ASSERT_TRUE(gpt_->ForwardBlock(0, p[1]).ok());
   ASSERT_TRUE(gpt_->ForwardBlock(1, p[2]).ok());
-  ASSERT_TRUE(gpt_->ForwardHead(p[0], nullptr).ok());
+  ASSERT_TRUE(gpt_->ForwardHead(p[0], View{}).ok());
   EXPECT_EQ(gpt_->BackwardHead(p[0], g[0]).code(), absl::StatusCode::kFailedPrecondition);
   // Backward blocks must go L-1 .. 0, and the embedding last.
-  ASSERT_TRUE(gpt_->ForwardHead(p[0], tokens_.data()).ok());
+  ASSERT_TRUE(gpt_->ForwardHead(p[0], testing::I32(backend_, tokens_)).ok());
   ASSERT_TRUE(gpt_->BackwardHead(p[0], g[0]).ok());
   EXPECT_THAT(gpt_->BackwardBlock(0, p[1], g[1]).message(), HasSubstr("next block"));
   EXPECT_EQ(gpt_->BackwardEmbed(g[0]).code(), absl::StatusCode::kFailedPrecondition);
@@ -108,9 +108,9 @@ TEST_F(GptStageErrorsTest, StagesOutOfOrder) {
 }
 
 TEST_F(GptStageErrorsTest, WrongNumberOfUnits) {
-  auto p = units_.param_ptrs();
+  auto p = units_.param_views();
   p.pop_back();
-  EXPECT_EQ(gpt_->Forward(p, tokens_.data(), tokens_.data()).status().code(),
+  EXPECT_EQ(gpt_->Forward(p, testing::I32(backend_, tokens_), testing::I32(backend_, tokens_)).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

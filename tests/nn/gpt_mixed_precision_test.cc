@@ -44,10 +44,10 @@ class MixedPrecisionTest : public ::testing::Test {
     params.CastFrom(*backend_, master_);
     master_.ZeroGrads();
     Result r;
-    auto loss = (*gpt)->Forward(params.ptrs(), idx_.data(), tgt_.data());
+    auto loss = (*gpt)->Forward(params.views(), testing::I32(backend_, idx_), testing::I32(backend_, tgt_));
     EXPECT_TRUE(loss.ok()) << loss.status();
     r.loss = loss.value_or(0.0f);
-    auto s = (*gpt)->Backward(params.ptrs(), master_.grad_ptrs(), loss_scale);
+    auto s = (*gpt)->Backward(params.views(), master_.grad_views(), loss_scale);
     EXPECT_TRUE(s.ok()) << s;
     r.grads = master_.grad_values();
     return r;
@@ -157,7 +157,7 @@ TEST_F(MixedPrecisionTest, ParametersAreReadInTheComputeDtype) {
     }
   }
   auto f32 = *Gpt::Create(config_, backend_.get(), kB, kT);
-  const float f32_loss = *f32->Forward(rounded.param_ptrs(), idx_.data(), tgt_.data());
+  const float f32_loss = *f32->Forward(rounded.param_views(), testing::I32(backend_, idx_), testing::I32(backend_, tgt_));
   const float bf16_loss = Run(DType::kBF16).loss;
   // Only the activations' rounding to bf16 in the Linear layers differs.
   EXPECT_NEAR(bf16_loss, f32_loss, 5e-3);
@@ -180,13 +180,13 @@ TEST(GptOptionsTest, BadOptionsAndLossScales) {
   LowpUnits p = LowpUnits::Create(backend.get(), c, DType::kF16);
   p.CastFrom(*backend, master);
   const std::vector<int32_t> tokens(8, 65);
-  ASSERT_TRUE(gpt->Forward(p.ptrs(), tokens.data(), tokens.data()).ok());
+  ASSERT_TRUE(gpt->Forward(p.views(), testing::I32(backend, tokens), testing::I32(backend, tokens)).ok());
   for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
-    auto s = gpt->BackwardHead(p.ptrs()[0], master.grad_ptrs()[0], bad);
+    auto s = gpt->BackwardHead(p.views()[0], master.grad_views()[0], bad);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(s.message(), HasSubstr("loss_scale"));
   }
-  EXPECT_TRUE(gpt->Backward(p.ptrs(), master.grad_ptrs(), 1024.0f).ok());
+  EXPECT_TRUE(gpt->Backward(p.views(), master.grad_views(), 1024.0f).ok());
 }
 
 }  // namespace

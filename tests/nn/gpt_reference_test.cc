@@ -60,7 +60,7 @@ TEST(GptReferenceTest, LossAndLogitsMatchDoubleReference) {
   RandomParams(c.config, u, 1);
   auto gpt = Gpt::Create(c.config, backend.get(), c.B, c.T);
   ASSERT_TRUE(gpt.ok()) << gpt.status();
-  auto loss = (*gpt)->Forward(u.param_ptrs(), c.idx.data(), c.tgt.data());
+  auto loss = (*gpt)->Forward(u.param_views(), testing::I32(backend, c.idx), testing::I32(backend, c.tgt));
   ASSERT_TRUE(loss.ok()) << loss.status();
 
   std::vector<double> ref_logits;
@@ -68,7 +68,7 @@ TEST(GptReferenceTest, LossAndLogitsMatchDoubleReference) {
                                                  &ref_logits);
   EXPECT_NEAR(*loss, ref, 1e-5 * std::abs(ref));
   EXPECT_GT(ref, 1.0);  // far from a trivial model
-  const float* logits = (*gpt)->logits();
+  const float* logits = (*gpt)->logits().host_as<float>();
   for (size_t i = 0; i < ref_logits.size(); ++i) {
     ASSERT_NEAR(logits[i], ref_logits[i], 1e-5 * (1 + std::abs(ref_logits[i]))) << "logit " << i;
   }
@@ -79,8 +79,8 @@ void ModelGradients(Backend* backend, const Case& c, UnitBuffers& u) {
   auto gpt = Gpt::Create(c.config, backend, c.B, c.T);
   ASSERT_TRUE(gpt.ok()) << gpt.status();
   u.ZeroGrads();
-  ASSERT_TRUE((*gpt)->Forward(u.param_ptrs(), c.idx.data(), c.tgt.data()).ok());
-  ASSERT_TRUE((*gpt)->Backward(u.param_ptrs(), u.grad_ptrs()).ok());
+  ASSERT_TRUE((*gpt)->Forward(u.param_views(), testing::I32(backend, c.idx), testing::I32(backend, c.tgt)).ok());
+  ASSERT_TRUE((*gpt)->Backward(u.param_views(), u.grad_views()).ok());
 }
 
 // Central difference of the reference loss in parameter (unit, j).
@@ -163,7 +163,7 @@ TEST(GptReferenceTest, BackwardAccumulatesSkipsNullAndAllowsRecompute) {
   UnitBuffers u = UnitBuffers::Create(backend.get(), c.config);
   RandomParams(c.config, u, 4);
   auto gpt = *Gpt::Create(c.config, backend.get(), c.B, c.T);
-  auto params = u.param_ptrs();
+  auto params = u.param_views();
   auto snapshot = [&] {
     std::vector<std::vector<float>> g;
     for (int i = 0; i < gpt->num_units(); ++i) {
@@ -172,13 +172,13 @@ TEST(GptReferenceTest, BackwardAccumulatesSkipsNullAndAllowsRecompute) {
     }
     return g;
   };
-  ASSERT_TRUE(gpt->Forward(params, c.idx.data(), c.tgt.data()).ok());
-  ASSERT_TRUE(gpt->Backward(params, u.grad_ptrs()).ok());
+  ASSERT_TRUE(gpt->Forward(params, testing::I32(backend, c.idx), testing::I32(backend, c.tgt)).ok());
+  ASSERT_TRUE(gpt->Backward(params, u.grad_views()).ok());
   const auto once = snapshot();
 
   // A second step without zeroing adds the same gradient again.
-  ASSERT_TRUE(gpt->Forward(params, c.idx.data(), c.tgt.data()).ok());
-  ASSERT_TRUE(gpt->Backward(params, u.grad_ptrs()).ok());
+  ASSERT_TRUE(gpt->Forward(params, testing::I32(backend, c.idx), testing::I32(backend, c.tgt)).ok());
+  ASSERT_TRUE(gpt->Backward(params, u.grad_views()).ok());
   const auto twice = snapshot();
   for (size_t i = 0; i < once.size(); ++i) {
     for (size_t j = 0; j < once[i].size(); ++j) {
@@ -189,13 +189,13 @@ TEST(GptReferenceTest, BackwardAccumulatesSkipsNullAndAllowsRecompute) {
   // Staged, recomputing block 1 and then block 0 just before their backward (activation
   // checkpointing), with block 0's gradient skipped: the other gradients are unchanged.
   u.ZeroGrads();
-  auto grads = u.grad_ptrs();
-  ASSERT_TRUE(gpt->Forward(params, c.idx.data(), c.tgt.data()).ok());
+  auto grads = u.grad_views();
+  ASSERT_TRUE(gpt->Forward(params, testing::I32(backend, c.idx), testing::I32(backend, c.tgt)).ok());
   ASSERT_TRUE(gpt->BackwardHead(params[0], grads[0]).ok());
   ASSERT_TRUE(gpt->ForwardBlock(1, params[2]).ok());
   ASSERT_TRUE(gpt->BackwardBlock(1, params[2], grads[2]).ok());
   ASSERT_TRUE(gpt->ForwardBlock(0, params[1]).ok());
-  ASSERT_TRUE(gpt->BackwardBlock(0, params[1], nullptr).ok());
+  ASSERT_TRUE(gpt->BackwardBlock(0, params[1], View{}).ok());
   ASSERT_TRUE(gpt->BackwardEmbed(grads[0]).ok());
   const auto staged = snapshot();
   for (int i : {0, 2}) EXPECT_EQ(staged[i], once[i]) << "unit " << i;

@@ -46,27 +46,28 @@ TrainRun TrainNano(DType dtype, float loss_scale) {
   auto split = *SplitTrainVal(TokenDataset::FromText(EmbeddedCorpus()));
   auto loader = *DataLoader::Create(&split.train, {.batch_size = kB, .seq_len = kT, .seed = 1});
   auto gpt = *Gpt::Create(config, backend.get(), kB, kT, {.compute_dtype = dtype});
-  const Ops& ops = backend->ops();
-
+  
   TrainRun run;
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < kSteps; ++step) {
     const Batch batch = loader.Next();
     compute.CastFrom(*backend, u);
-    auto loss = gpt->Forward(compute.ptrs(), batch.inputs.data(), batch.targets.data());
+    auto loss = gpt->Forward(compute.views(), testing::I32(backend, batch.inputs), testing::I32(backend, batch.targets));
     EXPECT_TRUE(loss.ok()) << loss.status();
     if (!loss.ok()) return run;
     run.losses.push_back(*loss);
     u.ZeroGrads();
-    auto s = gpt->Backward(compute.ptrs(), u.grad_ptrs(), loss_scale);
+    auto s = gpt->Backward(compute.views(), u.grad_views(), loss_scale);
     EXPECT_TRUE(s.ok()) << s;
     bool finite = true;
     double sum_sq = 0;
     for (int i = 0; i < gpt->num_units(); ++i) {
       float* g = u.grads[i].as<float>();
-      if (loss_scale != 1.0f) ops.scale_inplace(g, 1.0f / loss_scale, gpt->unit_numel(i));
-      finite = finite && ops.all_finite(g, gpt->unit_numel(i));
-      sum_sq += ops.sum_squares(g, gpt->unit_numel(i));
+      for (int64_t j = 0; j < gpt->unit_numel(i); ++j) {
+        if (loss_scale != 1.0f) g[j] /= loss_scale;
+        finite = finite && std::isfinite(g[j]);
+        sum_sq += static_cast<double>(g[j]) * g[j];
+      }
     }
     if (!finite) {
       ++run.skipped;
@@ -74,9 +75,9 @@ TrainRun TrainNano(DType dtype, float loss_scale) {
     }
     const float clip = ClipCoefficient(std::sqrt(sum_sq), 1.0f);
     for (int i = 0; i < gpt->num_units(); ++i) {
-      ops.scale_inplace(u.grads[i].as<float>(), clip, gpt->unit_numel(i));
+      backend->ops().Scale(Stream::kCompute, u.grads[i].view(), clip);
       opts[i]->set_lr(schedule.At(step));
-      EXPECT_TRUE(opts[i]->Step(u.params[i].as<float>(), u.grads[i].as<float>()).ok());
+      EXPECT_TRUE(opts[i]->Step(u.params[i].view(), u.grads[i].view()).ok());
     }
   }
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -38,7 +38,7 @@ TEST(OptimTest, AdamWMatchesPyTorchSemanticsPerElement) {
     const std::vector<float> g = RandomVector(rng, 0.5f);
     const float lr = 1e-2f / t;  // as a schedule would change it
     (*opt)->set_lr(lr);
-    ASSERT_TRUE((*opt)->Step(p.data(), g.data()).ok());
+    ASSERT_TRUE((*opt)->Step(nn::testing::F32(backend, p), nn::testing::F32(backend, g)).ok());
     for (int64_t i = 0; i < kN; ++i) {
       if (!Covered(i)) continue;
       if (Decays(i)) rp[i] -= static_cast<double>(lr) * o.weight_decay * rp[i];
@@ -55,8 +55,8 @@ TEST(OptimTest, AdamWMatchesPyTorchSemanticsPerElement) {
   EXPECT_EQ(state[0].name, "exp_avg");
   for (int64_t i = 0; i < kN; ++i) {
     EXPECT_NEAR(p[i], rp[i], 2e-6 * (1 + std::abs(rp[i]))) << "param " << i;
-    EXPECT_NEAR(state[0].data[i], rm[i], 1e-6) << "m " << i;
-    EXPECT_NEAR(state[1].data[i], rv[i], 1e-6) << "v " << i;
+    EXPECT_NEAR(state[0].data.host_as<float>()[i], rm[i], 1e-6) << "m " << i;
+    EXPECT_NEAR(state[1].data.host_as<float>()[i], rv[i], 1e-6) << "v " << i;
   }
 }
 
@@ -75,7 +75,7 @@ TEST(OptimTest, SgdMatchesPyTorchSemanticsPerElement) {
     std::vector<double> rp(p.begin(), p.end()), buf(kN, 0.0);
     for (int t = 1; t <= 4; ++t) {
       const std::vector<float> g = RandomVector(rng, 0.5f);
-      ASSERT_TRUE((*opt)->Step(p.data(), g.data()).ok());
+      ASSERT_TRUE((*opt)->Step(nn::testing::F32(backend, p), nn::testing::F32(backend, g)).ok());
       for (int64_t i = 0; i < kN; ++i) {
         if (!Covered(i)) continue;
         double d = g[i] + (Decays(i) ? o.weight_decay * rp[i] : 0.0);
@@ -103,7 +103,7 @@ TEST(OptimTest, RejectsBadRangesAndOptions) {
                                                    .nesterov = true}).ok());
   auto ok = AdamW::Create(backend.get(), 10, {{0, 10, true}});
   ASSERT_TRUE(ok.ok());
-  EXPECT_FALSE((*ok)->Step(nullptr, nullptr).ok());
+  EXPECT_FALSE((*ok)->Step(View{}, View{}).ok());
   EXPECT_EQ((*ok)->options().lr, 3e-4f);  // MODEL_SPEC.md defaults
   EXPECT_EQ((*ok)->options().beta2, 0.95f);
   EXPECT_EQ((*ok)->options().weight_decay, 0.1f);

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/dtype.h"
+#include "fsdp/ops.h"
 #include "fsdp/nn/gpt.h"
 #include "gtest/gtest.h"
 
@@ -45,14 +47,14 @@ struct UnitBuffers {
   void ZeroGrads() {
     for (Buffer& g : grads) std::fill_n(g.as<float>(), g.bytes() / sizeof(float), 0.0f);
   }
-  std::vector<const float*> param_ptrs() const {
-    std::vector<const float*> p;
-    for (const Buffer& b : params) p.push_back(b.as<float>());
+  std::vector<View> param_views() const {
+    std::vector<View> p;
+    for (const Buffer& b : params) p.push_back(b.view());
     return p;
   }
-  std::vector<float*> grad_ptrs() const {
-    std::vector<float*> p;
-    for (const Buffer& b : grads) p.push_back(b.as<float>());
+  std::vector<View> grad_views() const {
+    std::vector<View> p;
+    for (const Buffer& b : grads) p.push_back(b.view());
     return p;
   }
   // A copy of every gradient, unit by unit.
@@ -80,25 +82,35 @@ struct LowpUnits {
     }
     return u;
   }
-  void CastFrom(const Backend& backend, const UnitBuffers& master) {
-    const Ops& ops = backend.ops();
+  void CastFrom(Backend& backend, const UnitBuffers& master) {
     for (size_t i = 0; i < params.size(); ++i) {
-      const float* src = master.params[i].as<float>();
-      const int64_t n = static_cast<int64_t>(master.params[i].bytes() / sizeof(float));
-      switch (dtype) {
-        case DType::kF32: std::copy_n(src, n, params[i].as<float>()); break;
-        case DType::kBF16: ops.cast_f32_to_bf16(params[i].as<uint16_t>(), src, n); break;
-        case DType::kF16: ops.cast_f32_to_f16(params[i].as<uint16_t>(), src, n); break;
-        default: break;
-      }
+      backend.ops().Cast(Stream::kCompute, params[i].view(dtype), master.params[i].view());
     }
   }
-  std::vector<const void*> ptrs() const {
-    std::vector<const void*> p;
-    for (const Buffer& b : params) p.push_back(b.data());
+  std::vector<View> views() const {
+    std::vector<View> p;
+    for (const Buffer& b : params) p.push_back(b.view(dtype));
     return p;
   }
 };
+
+// A host vector of token ids as an i32 view of the (host) backend.
+// The model only reads token ids.
+template <typename BackendPtr>  // Backend* or a smart pointer to one
+inline View I32(const BackendPtr& backend, const std::vector<int32_t>& v) {
+  return *WrapHostMemory(&*backend, const_cast<int32_t*>(v.data()), static_cast<int64_t>(v.size()),
+                         DType::kI32);
+}
+
+// A host vector of floats as an f32 view of the (host) backend.
+template <typename BackendPtr>
+inline View F32(const BackendPtr& backend, std::vector<float>& v) {
+  return *WrapHostMemory(&*backend, v.data(), static_cast<int64_t>(v.size()), DType::kF32);
+}
+template <typename BackendPtr>
+inline View F32(const BackendPtr& backend, const std::vector<float>& v) {
+  return F32(backend, const_cast<std::vector<float>&>(v));  // only read through
+}
 
 // n token ids in [0, V), a function of the seed.
 inline std::vector<int32_t> RandomTokens(int n, int V, uint64_t seed) {

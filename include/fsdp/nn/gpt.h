@@ -6,14 +6,14 @@
 // transformer.ln_f.bias) and unit 1 + i is transformer block i. A unit's parameters are stored
 // as one flat buffer, the concatenation of its tensors in the order of unit_params(u), in the
 // model's compute dtype (GptOptions; f32 by default). Gradients are always f32, in the same
-// layout. The model never owns parameters: every stage takes pointers to the flat buffers it
+// layout. The model never owns parameters: every stage takes views of the flat buffers it
 // needs, so a sharding runtime can point them into gathered buffers (and gradients into its
-// own).
+// own). Every op is issued on the backend's compute stream.
 //
 // Mixed precision (compute_dtype bf16 or f16): every Linear (c_attn, c_proj, c_fc, the mlp's
 // c_proj and the tied lm_head) multiplies in that dtype with f32 accumulation
-// (matmul_*_lowp); everything else (embeddings, LayerNorm, attention, GELU, softmax) runs in
-// f32 on f32 activations, on upcast copies of the parameters it reads.
+// (Ops::Matmul* with bf16/f16 weights); everything else (embeddings, LayerNorm, attention,
+// GELU, softmax) runs in f32 on f32 activations, on upcast copies of the parameters it reads.
 //
 // Activation checkpointing (GptOptions::checkpoint_layers): a checkpointed block keeps only its
 // input after ForwardBlock; its other activations live in one scratch set shared by all
@@ -83,6 +83,11 @@ void InitParamSlice(const GptConfig& config, const ParamSpec& spec, uint64_t see
 // Initialises a whole unit's flat buffer in host memory (GptUnitNumel floats).
 void InitUnit(const GptConfig& config, int unit, uint64_t seed, float* flat);
 
+// OK when the n host token ids are in [0, vocab_size); else InvalidArgument naming the first
+// bad one as what[row, column] (T columns per row).
+absl::Status CheckTokenIds(const int32_t* ids, int64_t n, int vocab_size, int T,
+                           const char* what);
+
 struct GptOptions {
   // The dtype of the parameter buffers handed to the stages, and of the Linear layers'
   // multiplications: kF32, kBF16 or kF16 (2-byte elements at the same element offsets).
@@ -92,7 +97,9 @@ struct GptOptions {
 };
 
 // Stage order is checked: a backward stage before its forward, or blocks out of order, is a
-// FailedPrecondition error. Token ids are checked against [0, V) (a copy to the host).
+// FailedPrecondition error. The whole-model Forward checks token ids against [0, V) (a copy to
+// the host); the staged API does not (the caller checks them where they are host data, as
+// ShardedGpt does with CheckTokenIds).
 // ForwardBlock(i) may run again between BackwardHead and BackwardBlock(i) (recomputation for
 // activation checkpointing): each block's input is kept. BackwardBlock(i) of a checkpointed
 // block is a FailedPrecondition error unless the shared scratch holds block i's activations,
@@ -119,62 +126,51 @@ class Gpt {
   DType compute_dtype() const { return options_.compute_dtype; }
   bool layer_checkpointed(int i) const;
 
-  // ---- staged API (pointers are device pointers of the backend) -----------------------------
-  // Parameter pointers (root, block) point to a unit's flat buffer in the compute dtype (so an
-  // f32 model takes float pointers as before); gradient pointers to f32 buffers.
-  // idx and targets are [B, T] token ids in [0, V); the model keeps the pointers (not a copy)
-  // until the matching backward stage, so they must stay valid until then.
-  absl::Status ForwardEmbed(const void* root, const int32_t* idx);
-  absl::Status ForwardBlock(int layer, const void* block);
-  // Returns the mean cross-entropy over the B*T positions; targets may be nullptr (no loss,
-  // logits only, as in sampling) and then 0 is returned.
-  absl::StatusOr<float> ForwardHead(const void* root, const int32_t* targets);
+  // ---- staged API (views of this backend's memory) ------------------------------------------
+  // Parameter views (root, block) cover a unit's flat buffer in the compute dtype; gradient
+  // views f32 buffers of the same layout. idx and targets are [B, T] i32 token ids in [0, V);
+  // the model keeps the views (not a copy) until the matching backward stage.
+  absl::Status ForwardEmbed(View root, View idx);
+  absl::Status ForwardBlock(int layer, View block);
+  // Returns the mean cross-entropy over the B*T positions (read back to the host: a host
+  // synchronisation); with empty targets (logits only, as in sampling) returns 0 and reads
+  // nothing.
+  absl::StatusOr<float> ForwardHead(View root, View targets);
   // Backward accumulates (+=) into the gradient buffers (same flat layout as the parameters);
-  // a nullptr gradient buffer skips that unit's parameter gradients. Every gradient is of
+  // an empty gradient view skips that unit's parameter gradients. Every gradient is of
   // loss_scale * loss (d loss / d loss[n] = loss_scale / (B*T)): loss scaling for f16, whose
   // small gradients would otherwise underflow; the caller unscales. loss_scale must be > 0.
-  absl::Status BackwardHead(const void* root, float* droot, float loss_scale = 1.0f);
-  absl::Status BackwardBlock(int layer, const void* block, float* dblock);
-  absl::Status BackwardEmbed(float* droot);
+  absl::Status BackwardHead(View root, View droot, float loss_scale = 1.0f);
+  absl::Status BackwardBlock(int layer, View block, View dblock);
+  absl::Status BackwardEmbed(View droot);
 
   // ---- whole-model convenience over resident units (units[u] = unit u's flat buffer) --------
   // Backward recomputes each checkpointed block (ForwardBlock) right before its backward.
-  absl::StatusOr<float> Forward(const std::vector<const void*>& units, const int32_t* idx,
-                                const int32_t* targets);
-  absl::StatusOr<float> Forward(const std::vector<const float*>& units, const int32_t* idx,
-                                const int32_t* targets);
-  absl::Status Backward(const std::vector<const void*>& units, const std::vector<float*>& grads,
-                        float loss_scale = 1.0f);
-  absl::Status Backward(const std::vector<const float*>& units, const std::vector<float*>& grads,
+  absl::StatusOr<float> Forward(const std::vector<View>& units, View idx, View targets);
+  absl::Status Backward(const std::vector<View>& units, const std::vector<View>& grads,
                         float loss_scale = 1.0f);
 
-  // Logits of the last ForwardHead, [B, T, V] on the backend. BackwardHead reuses this buffer
-  // for the logits' gradient, so they are valid until then.
-  const float* logits() const;
+  // Logits of the last ForwardHead, [B, T, V] f32 on the backend. BackwardHead reuses this
+  // buffer for the logits' gradient, so they are valid until then.
+  View logits() const;
 
  private:
   struct Activations;
   struct BlockActs;
   Gpt(GptConfig config, Backend* backend, int B, int T, GptOptions options);
-  absl::Status CheckTokens(const int32_t* tokens, const char* what) const;
-  absl::Status Zero(float* p, int64_t n) const;
+  absl::Status CheckTokens(View tokens, const char* what) const;
+  absl::Status Zero(View v) const;
   BlockActs& Acts(int layer) const;  // the block's own activations, or the shared set
-  // f32 values of n parameters: `p` itself in f32, else upcast into the scratch at `slot`.
-  const float* ParamF32(const void* p, int64_t n, int64_t slot) const;
-  // The Linear layer in the compute dtype (matmul_*_lowp unless f32).
-  void LinearForward(float* out, const float* inp, const void* weight, const void* bias,
-                     int64_t M, int64_t K, int64_t N) const;
-  void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const void* weight, int64_t M, int64_t K,
-                      int64_t N) const;
+  // f32 values of parameters: `p` itself in f32, else upcast into the scratch at `slot`.
+  View ParamF32(View p, int64_t slot) const;
   GptConfig config_;
   GptOptions options_;
   Backend* backend_;
   int B_, T_;
   std::vector<ParamSpec> specs_;
   std::unique_ptr<Activations> acts_;
-  const int32_t* idx_ = nullptr;      // inputs of the last ForwardEmbed
-  const int32_t* targets_ = nullptr;  // targets of the last ForwardHead
+  View idx_;      // inputs of the last ForwardEmbed
+  View targets_;  // targets of the last ForwardHead
   // Progress of the current step, for the stage-order checks.
   int forward_blocks_done_ = -1;  // -1: no ForwardEmbed yet; i: blocks 0..i-1 done
   bool head_done_ = false;        // a ForwardHead with targets awaits its BackwardHead

@@ -75,7 +75,7 @@ class ShardedGpt {
   // GatherModelUnits().
   absl::StatusOr<std::vector<std::vector<float>>> GatherModelGradients();
 
-  const float* logits() const { return model_->logits(); }  // [B, T, V] after a forward
+  View logits() const { return model_->logits(); }  // [B, T, V] f32 after a forward
   Gpt& model() { return *model_; }
   ShardingRuntime& runtime() { return *runtime_; }
   // Which runtime unit holds each model unit (0 = root, 1 + i = block i).

@@ -1,0 +1,253 @@
+// The op table of a backend whose memory the host CPU can execute on: the CPU backend (ops run
+// at once on the calling thread) and the simulated accelerator (ops run on the stream's worker
+// thread). Each op resolves its Views to the storage pointers and calls the CPU reference
+// kernel; `Exec` decides where and when: it provides
+//   template <class F> void Run(Stream s, const char* op, F&& work);
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "collectives/reduce.h"
+#include "fsdp/kernels_cpu.h"
+#include "fsdp/ops.h"
+#include "fsdp/optim.h"
+
+namespace fsdp::internal {
+
+// The bytes of a view of a host-executing backend (nullptr for an empty view).
+inline char* Bytes(const View& v) {
+  return v.count == 0 ? nullptr : static_cast<char*>(v.allocation.storage) + v.offset;
+}
+inline float* F32(const View& v) { return reinterpret_cast<float*>(Bytes(v)); }
+inline int32_t* I32(const View& v) { return reinterpret_cast<int32_t*>(Bytes(v)); }
+inline uint16_t* U16(const View& v) { return reinterpret_cast<uint16_t*>(Bytes(v)); }
+inline double* F64(const View& v) { return reinterpret_cast<double*>(Bytes(v)); }
+
+template <class Exec>
+class HostOps final : public Ops {
+ public:
+  explicit HostOps(Exec* exec) : exec_(exec) {}
+
+  void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
+                     int64_t N) override {
+    const DType d = weight.dtype;
+    float* o = F32(out);
+    const float* i = F32(inp);
+    const void* w = Bytes(weight);
+    const void* b = Bytes(bias);
+    exec_->Run(s, __func__, [=] {
+      if (d == DType::kF32) {
+        kernels::cpu::matmul_forward(o, i, static_cast<const float*>(w),
+                                     static_cast<const float*>(b), M, K, N);
+      } else {
+        kernels::cpu::matmul_forward_lowp(o, i, w, b, M, K, N, d);
+      }
+    });
+  }
+  void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
+                      View weight, int64_t M, int64_t K, int64_t N) override {
+    const DType d = weight.dtype;
+    float *di = F32(dinp), *dw = F32(dweight), *db = F32(dbias);
+    const float *go = F32(dout), *i = F32(inp);
+    const void* w = Bytes(weight);
+    exec_->Run(s, __func__, [=] {
+      if (d == DType::kF32) {
+        kernels::cpu::matmul_backward(di, dw, db, go, i, static_cast<const float*>(w), M, K, N);
+      } else {
+        kernels::cpu::matmul_backward_lowp(di, dw, db, go, i, w, M, K, N, d);
+      }
+    });
+  }
+  void LayernormForward(Stream s, View out, View mean, View rstd, View inp, View weight,
+                        View bias, int64_t N, int64_t C, float eps) override {
+    float *o = F32(out), *m = F32(mean), *r = F32(rstd);
+    const float *i = F32(inp), *w = F32(weight), *b = F32(bias);
+    exec_->Run(s, __func__, [=] { kernels::cpu::layernorm_forward(o, m, r, i, w, b, N, C, eps); });
+  }
+  void LayernormBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
+                         View weight, View mean, View rstd, int64_t N, int64_t C) override {
+    float *di = F32(dinp), *dw = F32(dweight), *db = F32(dbias);
+    const float *go = F32(dout), *i = F32(inp), *w = F32(weight), *m = F32(mean), *r = F32(rstd);
+    exec_->Run(s, __func__, [=] { kernels::cpu::layernorm_backward(di, dw, db, go, i, w, m, r, N, C); });
+  }
+  void GeluForward(Stream s, View out, View inp) override {
+    float* o = F32(out);
+    const float* i = F32(inp);
+    const int64_t n = inp.count;
+    exec_->Run(s, __func__, [=] { kernels::cpu::gelu_forward(o, i, n); });
+  }
+  void GeluBackward(Stream s, View dinp, View inp, View dout) override {
+    float* di = F32(dinp);
+    const float *i = F32(inp), *go = F32(dout);
+    const int64_t n = inp.count;
+    exec_->Run(s, __func__, [=] { kernels::cpu::gelu_backward(di, i, go, n); });
+  }
+  void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) override {
+    float *o = F32(out), *a = F32(att);
+    const float* q = F32(qkv);
+    exec_->Run(s, __func__, [=] { kernels::cpu::attention_forward(o, a, q, B, T, C, NH); });
+  }
+  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
+                         int64_t T, int64_t C, int64_t NH) override {
+    float* dq = F32(dqkv);
+    const float *go = F32(dout), *q = F32(qkv), *a = F32(att);
+    exec_->Run(s, __func__, [=] { kernels::cpu::attention_backward(dq, go, q, a, B, T, C, NH); });
+  }
+  void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits, View targets,
+                                  int64_t N, int64_t V) override {
+    float *l = F32(losses), *p = F32(probs);
+    const float* lg = F32(logits);
+    const int32_t* t = I32(targets);
+    exec_->Run(s, __func__, [=] { kernels::cpu::softmax_crossentropy_forward(l, p, lg, t, N, V); });
+  }
+  void SoftmaxCrossEntropyBackward(Stream s, View dlogits, View probs, View targets, float dloss,
+                                   int64_t N, int64_t V) override {
+    float* dl = F32(dlogits);
+    const float* p = F32(probs);
+    const int32_t* t = I32(targets);
+    exec_->Run(s, __func__, [=] { kernels::cpu::softmax_crossentropy_backward(dl, p, t, dloss, N, V); });
+  }
+  void EmbeddingForward(Stream s, View out, View idx, View table, int64_t N, int64_t C) override {
+    float* o = F32(out);
+    const int32_t* ix = I32(idx);
+    const float* tb = F32(table);
+    exec_->Run(s, __func__, [=] { kernels::cpu::embedding_forward(o, ix, tb, N, C); });
+  }
+  void EmbeddingBackward(Stream s, View dtable, View dout, View idx, int64_t N,
+                         int64_t C) override {
+    float* dt = F32(dtable);
+    const float* go = F32(dout);
+    const int32_t* ix = I32(idx);
+    exec_->Run(s, __func__, [=] { kernels::cpu::embedding_backward(dt, go, ix, N, C); });
+  }
+  void Add(Stream s, View out, View a, View b) override {
+    float* o = F32(out);
+    const float *x = F32(a), *y = F32(b);
+    const int64_t n = out.count;
+    exec_->Run(s, __func__, [=] { kernels::cpu::residual_forward(o, x, y, n); });
+  }
+  void AddBackward(Stream s, View da, View db, View dout) override {
+    float *x = F32(da), *y = F32(db);
+    const float* go = F32(dout);
+    const int64_t n = dout.count;
+    exec_->Run(s, __func__, [=] { kernels::cpu::residual_backward(x, y, go, n); });
+  }
+  void Cast(Stream s, View out, View in) override {
+    const DType to = out.dtype, from = in.dtype;
+    const int64_t n = in.count;
+    char* o = Bytes(out);
+    const char* i = Bytes(in);
+    exec_->Run(s, __func__, [=] {
+      if (from == to) {
+        coll::CopyBytes(o, i, static_cast<size_t>(n) * DTypeSize(to));
+      } else if (from == DType::kF32 && to == DType::kBF16) {
+        kernels::cpu::cast_f32_to_bf16(reinterpret_cast<uint16_t*>(o),
+                                       reinterpret_cast<const float*>(i), n);
+      } else if (from == DType::kF32 && to == DType::kF16) {
+        kernels::cpu::cast_f32_to_f16(reinterpret_cast<uint16_t*>(o),
+                                      reinterpret_cast<const float*>(i), n);
+      } else if (from == DType::kBF16 && to == DType::kF32) {
+        kernels::cpu::cast_bf16_to_f32(reinterpret_cast<float*>(o),
+                                       reinterpret_cast<const uint16_t*>(i), n);
+      } else if (from == DType::kF16 && to == DType::kF32) {
+        kernels::cpu::cast_f16_to_f32(reinterpret_cast<float*>(o),
+                                      reinterpret_cast<const uint16_t*>(i), n);
+      }
+    });
+  }
+  void Scale(Stream s, View x, float factor) override {
+    float* p = F32(x);
+    const int64_t n = x.count;
+    exec_->Run(s, __func__, [=] { kernels::cpu::scale_inplace(p, factor, n); });
+  }
+  void ScaleBy(Stream s, View x, View factor) override {
+    float* p = F32(x);
+    const float* f = F32(factor);
+    const int64_t n = x.count;
+    exec_->Run(s, __func__, [=] {
+      if (*f != 1.0f) kernels::cpu::scale_inplace(p, *f, n);
+    });
+  }
+  void Reduce(Stream s, View out, std::span<const View> ins, ReduceOp op) override {
+    std::vector<const void*> srcs;
+    for (const View& v : ins) srcs.push_back(Bytes(v));
+    void* o = Bytes(out);
+    const DType d = out.dtype;
+    const int64_t n = out.count;
+    exec_->Run(s, __func__, [=, srcs = std::move(srcs)] {
+      coll::ReduceBuffers(d, op, srcs.data(), static_cast<int>(srcs.size()), o, n,
+                          static_cast<int>(srcs.size()));
+    });
+  }
+  void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1, float beta2,
+             float eps, float weight_decay, int64_t step) override {
+    float *p = F32(param), *mm = F32(m), *vv = F32(v);
+    const float* g = F32(grad);
+    const int64_t n = param.count;
+    exec_->Run(s, __func__, [=] {
+      kernels::cpu::adamw_update(p, g, mm, vv, n, lr, beta1, beta2, eps, weight_decay, step);
+    });
+  }
+  void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
+           float dampening, float weight_decay, bool nesterov, bool first_step) override {
+    float *p = F32(param), *buf = F32(momentum_buf);
+    const float* g = F32(grad);
+    const int64_t n = param.count;
+    exec_->Run(s, __func__, [=] {
+      kernels::cpu::sgd_update(p, g, buf, n, lr, momentum, dampening, weight_decay, nesterov,
+                               first_step);
+    });
+  }
+  void SumSquares(Stream s, View out, View x) override {
+    double* o = F64(out);
+    const float* p = F32(x);
+    const int64_t n = x.count;
+    exec_->Run(s, __func__, [=] { *o += kernels::cpu::sum_squares(p, n); });
+  }
+  void SplitF64(Stream s, View out, View in) override {
+    float* o = F32(out);
+    const double* i = F64(in);
+    exec_->Run(s, __func__, [=] {
+      const double v = *i;
+      o[0] = static_cast<float>(v);
+      o[1] = static_cast<float>(v - o[0]);
+    });
+  }
+  void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
+                      float max_norm) override {
+    double* total = F64(total_sq);
+    float* f = F32(factor);
+    const bool wide = partials.dtype == DType::kF64;
+    const void* p = Bytes(partials);
+    const int64_t n = wide ? partials.count : partials.count / 2;
+    exec_->Run(s, __func__, [=] {
+      double sum = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        sum += wide ? static_cast<const double*>(p)[r]
+                    : static_cast<double>(static_cast<const float*>(p)[2 * r]) +
+                          static_cast<const float*>(p)[2 * r + 1];
+      }
+      *total = sum;
+      *f = static_cast<float>(ClipCoefficient(std::sqrt(sum) / k, max_norm) / k);
+    });
+  }
+  void Mean(Stream s, View out, View x) override {
+    float* o = F32(out);
+    const float* p = F32(x);
+    const int64_t n = x.count;
+    exec_->Run(s, __func__, [=] {
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) sum += p[i];
+      *o = static_cast<float>(sum / static_cast<double>(n));
+    });
+  }
+
+ private:
+  Exec* exec_;
+};
+
+}  // namespace fsdp::internal

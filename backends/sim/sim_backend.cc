@@ -1,0 +1,486 @@
+// The strict simulated accelerator (fsdp/sim_backend.h): device addresses without access rights,
+// storage elsewhere, a worker thread per stream running ops, copies and collectives in issue
+// order, events, a memory budget, injected latency, and a data plane for ranks as threads
+// that runs on the communication stream.
+#include "fsdp/sim_backend.h"
+
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backends/host/host_ops.h"
+#include "collectives/control.h"
+#include "collectives/reduce.h"
+#include "fsdp/data_plane.h"
+#include "fsdp/local_world.h"
+#include "fsdp/trace.h"
+
+namespace fsdp {
+namespace {
+
+constexpr size_t kAlignment = 256;
+
+// Device addresses: one range reserved for the process with no access rights, handed out in
+// 256-byte granules (freed ranges are reused by size).
+class AddressSpace {
+ public:
+  static AddressSpace& Get() {
+    static AddressSpace* space = new AddressSpace();
+    return *space;
+  }
+  absl::StatusOr<uintptr_t> Reserve(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (base_ == 0) {
+      return absl::ResourceExhaustedError(
+          "sim: could not reserve an address range for device addresses (mmap failed)");
+    }
+    auto it = free_.find(bytes);
+    if (it != free_.end()) {
+      const uintptr_t a = it->second;
+      free_.erase(it);
+      return a;
+    }
+    if (next_ + bytes > size_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sim: the device address range (", size_ >> 30, " GiB) is used up"));
+    }
+    const uintptr_t a = base_ + next_;
+    next_ += bytes;
+    return a;
+  }
+  void Release(uintptr_t address, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(bytes, address);
+  }
+
+ private:
+  AddressSpace() {
+    for (size_t size : {size_t{1} << 38, size_t{1} << 34}) {
+      void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p != MAP_FAILED) {
+        base_ = reinterpret_cast<uintptr_t>(p);
+        size_ = size;
+        return;
+      }
+    }
+  }
+  std::mutex mu_;
+  uintptr_t base_ = 0;
+  size_t size_ = 0, next_ = kAlignment;  // address base_ itself is never handed out
+  std::multimap<size_t, uintptr_t> free_;
+};
+
+class SimEvent final : public EventState {
+ public:
+  void Complete(absl::Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_.load(std::memory_order_relaxed)) return;
+      status_ = std::move(s);
+      at_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                std::memory_order_release);
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+  bool Done() const override { return done_.load(std::memory_order_acquire); }
+  absl::Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
+    return status_;
+  }
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const override {
+    if (!Done()) return std::nullopt;
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(at_.load(std::memory_order_acquire)));
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  std::atomic<std::chrono::steady_clock::rep> at_{0};
+  absl::Status status_;
+};
+
+// One stream: a worker thread running what is submitted, in order. A failed wait or
+// collective marks the stream failed; events recorded after that carry the error.
+class SimStream {
+ public:
+  SimStream(std::string lane, int omp_threads) : lane_(std::move(lane)) {
+    worker_ = std::thread([this, omp_threads] {
+      omp_set_num_threads(omp_threads);
+      Loop();
+    });
+  }
+  ~SimStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void Submit(const char* name, std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      items_.push_back({name, TraceRank(), std::move(fn)});
+    }
+    cv_.notify_one();
+  }
+  // Worker side.
+  void SetFailure(const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = s;
+  }
+  absl::Status failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+ private:
+  struct Item {
+    const char* name;
+    int rank;
+    std::function<void()> fn;
+  };
+  void Loop() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
+        if (items_.empty()) return;  // stopped and drained
+        item = std::move(items_.front());
+        items_.pop_front();
+      }
+      SetTraceRank(item.rank);
+      TraceSpan span(item.name, lane_);
+      item.fn();
+    }
+  }
+  const std::string lane_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+  bool stop_ = false;
+  absl::Status failure_;
+  std::thread worker_;
+};
+
+std::atomic<uint64_t> g_next_backend_id{1};
+
+// The Views of a sim backend reach their bytes through the allocation's storage.
+char* StorageOf(const View& v) { return internal::Bytes(v); }
+
+}  // namespace
+
+namespace internal {
+struct SimExec;
+}
+
+struct SimBackend::Impl {
+  SimBackendOptions options;
+  uint64_t id = g_next_backend_id.fetch_add(1);
+  std::atomic<int64_t> in_use{0}, peak{0}, allocs{0};
+  std::unique_ptr<SimStream> compute, comm;
+  std::unique_ptr<internal::SimExec> exec;
+  std::unique_ptr<Ops> ops;
+
+  SimStream& stream(Stream s) { return s == Stream::kCompute ? *compute : *comm; }
+  // The injected time of an op moving `bytes`.
+  void Delay(size_t bytes) const {
+    absl::Duration d = options.op_latency;
+    if (options.copy_bytes_per_second > 0 && bytes > 0) {
+      d += absl::Seconds(static_cast<double>(bytes) / options.copy_bytes_per_second);
+    }
+    if (d > absl::ZeroDuration()) absl::SleepFor(d);
+  }
+};
+
+// Runs the ops of HostOps on the stream's worker, after the injected latency.
+struct internal::SimExec {
+  SimBackend::Impl* impl;
+  template <class F>
+  void Run(Stream s, const char* op, F&& work) {
+    SimBackend::Impl* m = impl;
+    m->stream(s).Submit(op, [m, w = std::forward<F>(work)]() mutable {
+      m->Delay(0);
+      w();
+    });
+  }
+};
+
+namespace {
+
+// Ranks as threads of one process, each with a sim backend: a collective is an item on the
+// communication stream that waits for the stream the input came from, then runs over the
+// group's shared-memory transport on the devices' storage (with the simulated link).
+class SimDataPlane final : public DataPlane {
+ public:
+  SimDataPlane(SimBackend* backend, SimBackend::Impl* impl, std::unique_ptr<Communicator> comm)
+      : backend_(backend), impl_(impl), comm_(std::move(comm)) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  const std::string& name() const override { return comm_->name(); }
+
+  absl::StatusOr<Event> AllGather(View send, View recv, Stream after) override {
+    FSDP_RETURN_IF_ERROR(Check(send, recv));
+    return Issue("all_gather", after, [send, recv](Communicator& c) {
+      return c.AllGather(ConstBufferView{StorageOf(send), send.count, send.dtype},
+                         BufferView{StorageOf(recv), recv.count, recv.dtype});
+    });
+  }
+  absl::StatusOr<Event> ReduceScatter(View send, View recv, ReduceOp op, Stream after) override {
+    FSDP_RETURN_IF_ERROR(Check(send, recv));
+    return Issue("reduce_scatter", after, [send, recv, op](Communicator& c) {
+      return c.ReduceScatter(ConstBufferView{StorageOf(send), send.count, send.dtype},
+                             BufferView{StorageOf(recv), recv.count, recv.dtype}, op);
+    });
+  }
+  absl::StatusOr<Event> AllReduce(View send, View recv, ReduceOp op, Stream after) override {
+    FSDP_RETURN_IF_ERROR(Check(send, recv));
+    return Issue("all_reduce", after, [send, recv, op](Communicator& c) {
+      return c.AllReduce(ConstBufferView{StorageOf(send), send.count, send.dtype},
+                         BufferView{StorageOf(recv), recv.count, recv.dtype}, op);
+    });
+  }
+  void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
+
+ private:
+  absl::Status Check(const View& send, const View& recv) const {
+    for (const View* v : {&send, &recv}) {
+      if (v->count > 0 && v->backend != backend_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sim data plane '", comm_->name(), "': a buffer is not on this rank's device"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Event> Issue(const char* what, Stream after,
+                              std::function<absl::Status(Communicator&)> run) {
+    const Event ready = backend_->Record(after);
+    auto done = std::make_shared<SimEvent>();
+    Communicator* comm = comm_.get();
+    SimStream* stream = &impl_->stream(Stream::kComm);
+    stream->Submit(what, [ready, done, comm, stream, run = std::move(run)] {
+      absl::Status s = ready.Wait();
+      if (s.ok()) s = run(*comm);
+      if (!s.ok()) stream->SetFailure(s);
+      done->Complete(s);
+    });
+    return Event(done);
+  }
+
+  SimBackend* backend_;
+  SimBackend::Impl* impl_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+// The groups of sim data planes being set up: the ranks of a group meet here to share one
+// shared-memory world.
+struct PlaneRendezvous {
+  std::unique_ptr<LocalWorld> world;
+  int taken = 0;
+};
+std::mutex g_planes_mu;
+std::map<std::string, std::shared_ptr<PlaneRendezvous>>& Planes() {
+  static auto* planes = new std::map<std::string, std::shared_ptr<PlaneRendezvous>>();
+  return *planes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions options) {
+  if (options.num_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SimBackend: num_threads must be >= 1, got ", options.num_threads));
+  }
+  if (options.memory_limit_bytes < 0 || options.copy_bytes_per_second < 0 ||
+      options.op_latency < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "SimBackend: memory_limit_bytes, op_latency and copy_bytes_per_second must be >= 0");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->compute = std::make_unique<SimStream>("device compute", options.num_threads);
+  impl->comm = std::make_unique<SimStream>("device comm", 1);
+  std::unique_ptr<SimBackend> b(new SimBackend(std::move(impl)));
+  b->impl_->exec = std::make_unique<internal::SimExec>(internal::SimExec{b->impl_.get()});
+  b->impl_->ops = std::make_unique<internal::HostOps<internal::SimExec>>(b->impl_->exec.get());
+  return b;
+}
+
+SimBackend::SimBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+SimBackend::~SimBackend() {
+  // The streams drain their queues before their workers stop.
+  impl_->compute.reset();
+  impl_->comm.reset();
+}
+
+const SimBackendOptions& SimBackend::options() const { return impl_->options; }
+
+absl::StatusOr<Allocation> SimBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return Allocation{};
+  const auto n = static_cast<int64_t>(bytes);
+  const int64_t now = impl_->in_use.fetch_add(n) + n;
+  const int64_t limit = impl_->options.memory_limit_bytes;
+  if (limit > 0 && now > limit) {
+    impl_->in_use.fetch_sub(n);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of memory: ", bytes, " bytes asked for with ", now - n, " of the ", limit,
+        "-byte limit in use; reduce the batch size, checkpoint activations or shard over more "
+        "ranks"));
+  }
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  absl::StatusOr<uintptr_t> address = AddressSpace::Get().Reserve(rounded);
+  void* storage = address.ok() ? std::aligned_alloc(64, rounded) : nullptr;
+  if (storage == nullptr) {
+    if (address.ok()) AddressSpace::Get().Release(*address, rounded);
+    impl_->in_use.fetch_sub(n);
+    return address.ok() ? absl::ResourceExhaustedError(absl::StrCat(
+                              "out of memory: the system could not give ", bytes, " bytes"))
+                        : address.status();
+  }
+  int64_t peak = impl_->peak.load();
+  while (now > peak && !impl_->peak.compare_exchange_weak(peak, now)) {
+  }
+  impl_->allocs.fetch_add(1);
+  return Allocation{reinterpret_cast<void*>(*address), storage, bytes};
+}
+
+void SimBackend::Free(const Allocation& a) {
+  if (a.address == nullptr) return;
+  const size_t rounded = (a.bytes + kAlignment - 1) / kAlignment * kAlignment;
+  impl_->in_use.fetch_sub(static_cast<int64_t>(a.bytes));
+  std::free(a.storage);
+  AddressSpace::Get().Release(reinterpret_cast<uintptr_t>(a.address), rounded);
+}
+
+MemoryStats SimBackend::memory_stats() const {
+  return MemoryStats{impl_->in_use.load(), impl_->peak.load(), impl_->allocs.load()};
+}
+
+void SimBackend::ResetPeak() { impl_->peak.store(impl_->in_use.load()); }
+
+absl::Status SimBackend::DoCopyToHost(void* dst, View src, Stream s) {
+  FSDP_RETURN_IF_ERROR(Record(s).Wait());
+  impl_->Delay(static_cast<size_t>(src.bytes()));
+  if (src.count > 0) std::memcpy(dst, StorageOf(src), static_cast<size_t>(src.bytes()));
+  return absl::OkStatus();
+}
+
+absl::Status SimBackend::CopyFromHost(View dst, const void* src, Stream s) {
+  if (dst.count == 0) return absl::OkStatus();
+  // The host's bytes are taken now (the caller may reuse them), written in stream order.
+  auto staged = std::make_shared<std::string>(static_cast<const char*>(src),
+                                              static_cast<size_t>(dst.bytes()));
+  Impl* m = impl_.get();
+  char* to = StorageOf(dst);
+  m->stream(s).Submit("copy_from_host", [m, to, staged] {
+    m->Delay(staged->size());
+    std::memcpy(to, staged->data(), staged->size());
+  });
+  return absl::OkStatus();
+}
+
+absl::Status SimBackend::Copy(View dst, View src, Stream s) {
+  if (dst.bytes() != src.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("SimBackend::Copy: ", src.bytes(),
+                                                   " bytes into ", dst.bytes()));
+  }
+  if (dst.count == 0) return absl::OkStatus();
+  Impl* m = impl_.get();
+  char* to = StorageOf(dst);
+  const char* from = StorageOf(src);
+  const size_t bytes = static_cast<size_t>(dst.bytes());
+  m->stream(s).Submit("copy", [m, to, from, bytes] {
+    m->Delay(bytes);
+    coll::CopyBytes(to, from, bytes);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status SimBackend::Memset(View dst, int byte, Stream s) {
+  if (dst.count == 0) return absl::OkStatus();
+  Impl* m = impl_.get();
+  char* to = StorageOf(dst);
+  const size_t bytes = static_cast<size_t>(dst.bytes());
+  m->stream(s).Submit("memset", [m, to, byte, bytes] {
+    m->Delay(0);
+    std::memset(to, byte, bytes);
+  });
+  return absl::OkStatus();
+}
+
+Event SimBackend::Record(Stream s) {
+  auto e = std::make_shared<SimEvent>();
+  SimStream* stream = &impl_->stream(s);
+  stream->Submit("record", [e, stream] { e->Complete(stream->failure()); });
+  return Event(e);
+}
+
+absl::Status SimBackend::Wait(Stream s, const Event& e) {
+  if (!e.valid()) return absl::OkStatus();
+  if (e.Done()) return e.Wait();  // nothing to wait for; its error, if any, now
+  SimStream* stream = &impl_->stream(s);
+  const bool exposed = s == Stream::kCompute;
+  stream->Submit("wait", [e, stream, exposed] {
+    absl::Status st;
+    if (exposed && !e.Done()) {  // the compute stream stalls: exposed communication
+      TraceSpan span("wait", kWaitStream);
+      st = e.Wait();
+    } else {
+      st = e.Wait();
+    }
+    if (!st.ok()) stream->SetFailure(st);
+  });
+  return absl::OkStatus();
+}
+
+Ops& SimBackend::ops() { return *impl_->ops; }
+
+absl::StatusOr<std::unique_ptr<DataPlane>> SimBackend::CreateDataPlane(Communicator& group) {
+  // The ranks of the group find each other by their backends' ids: they must be threads of
+  // one process.
+  FSDP_ASSIGN_OR_RETURN(std::vector<uint64_t> all,
+                        internal::AllGatherU64(group, {impl_->id, static_cast<uint64_t>(getpid())}));
+  std::vector<uint64_t> ids;
+  for (int r = 0; r < group.size(); ++r) {
+    if (all[2 * r + 1] != static_cast<uint64_t>(getpid())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sim data plane of group '", group.name(), "': rank ", r, " is another process; the "
+          "sim backend connects ranks as threads of one process"));
+    }
+    ids.push_back(all[2 * r]);
+  }
+  const std::string key = absl::StrCat(group.name(), "|", absl::StrJoin(ids, ","));
+  std::unique_ptr<Communicator> comm;
+  {
+    std::lock_guard<std::mutex> lock(g_planes_mu);
+    std::shared_ptr<PlaneRendezvous>& entry = Planes()[key];
+    if (entry == nullptr) {
+      entry = std::make_shared<PlaneRendezvous>();
+      CommOptions options = impl_->options.data_plane;
+      FSDP_ASSIGN_OR_RETURN(entry->world, LocalWorld::Create(group.size(), options));
+    }
+    FSDP_ASSIGN_OR_RETURN(comm, entry->world->TakeRank(group.rank()));
+    if (++entry->taken == group.size()) Planes().erase(key);
+  }
+  return std::unique_ptr<DataPlane>(new SimDataPlane(this, impl_.get(), std::move(comm)));
+}
+
+}  // namespace fsdp

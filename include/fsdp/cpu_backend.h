@@ -1,0 +1,65 @@
+// The CPU backend: the reference that every other backend is tested against, op by op. Buffers
+// are 64-byte aligned host memory with byte accounting (and an optional limit that stands in
+// for a device's memory); every op runs at once on the calling thread with the CPU kernels
+// (fsdp/kernels_cpu.h), so its streams are always drained and events always complete; its
+// data plane is the group's own Communicator on the host bytes.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "fsdp/backend.h"
+#include "fsdp/ops.h"
+
+namespace fsdp {
+
+struct CpuBackendOptions {
+  // OpenMP threads the kernels of this backend use, for the thread that calls
+  // BindCurrentThread(). 0 = all hardware threads divided by `ranks_sharing_cores`.
+  int num_threads = 0;
+  // How many ranks share this machine's cores (ranks as threads, or processes on one host).
+  int ranks_sharing_cores = 1;
+  // Device memory of this backend, in bytes (0 = only what the system gives): an allocation
+  // past it fails with ResourceExhausted, as on an accelerator with that much memory.
+  int64_t memory_limit_bytes = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(CpuBackendOptions options = {});
+  ~CpuBackend() override;
+
+  std::string_view name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
+  absl::StatusOr<Allocation> Allocate(size_t bytes) override;
+  void Free(const Allocation& allocation) override;
+  MemoryStats memory_stats() const override;
+  void ResetPeak() override;
+  absl::Status CopyFromHost(View dst, const void* src, Stream s = Stream::kCompute) override;
+  absl::Status Copy(View dst, View src, Stream s = Stream::kCompute) override;
+  absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
+  Event Record(Stream s) override;
+  absl::Status Wait(Stream s, const Event& e) override;
+  Ops& ops() override;
+  absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) override;
+
+  int num_threads() const { return num_threads_; }
+  // Makes the kernels called from the current thread use num_threads() OpenMP threads.
+  // Each rank thread calls this once, so ranks sharing the cores do not oversubscribe them.
+  void BindCurrentThread() const;
+
+ protected:
+  absl::Status DoCopyToHost(void* dst, View src, Stream s) override;
+
+ private:
+  CpuBackend(int num_threads, int64_t limit);
+  int num_threads_;
+  int64_t limit_;
+  std::atomic<int64_t> in_use_{0}, peak_{0}, allocs_{0};
+  std::unique_ptr<Ops> ops_;
+};
+
+// Hardware threads usable by this process (affinity mask aware).
+int HardwareThreads();
+
+}  // namespace fsdp

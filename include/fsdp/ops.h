@@ -1,0 +1,100 @@
+// The op table of a backend: the compute the runtime and the bundled models issue, on device
+// memory, in stream order. Every op takes the stream it runs on and Views; semantics are those
+// of the CPU reference kernels (fsdp/kernels_cpu.h), which every backend is tested against op
+// by op (tests/backends/op_conformance_test.cc). Coarse on purpose (whole layers), so that a
+// backend running compiled programs can implement an op as one program.
+//
+// Conventions: sizes come from the arguments (B, T, C, M, K, N ...), a View holds at least
+// that many elements; *Backward ops ACCUMULATE (+=) into their gradient outputs, and an empty
+// View as a gradient output means "not computed". Reductions (sums of squares, the mean loss,
+// the global norm) write to device memory: reading them on the host is the caller's choice
+// (a CopyToHost, which synchronises).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "fsdp/backend.h"
+#include "fsdp/communicator.h"
+
+namespace fsdp {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // ---- Linear: out[M,N] = inp[M,K] . weight[N,K]^T + bias[N] --------------------------------
+  // weight and bias are f32, or bf16 / f16 (mixed-precision compute: inp and dout are rounded
+  // to that dtype, products accumulate in f32); inp, out and every gradient are f32. bias may
+  // be empty. Backward: dinp += dout . weight, dweight += dout^T . inp, dbias += sum dout.
+  virtual void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M,
+                             int64_t K, int64_t N) = 0;
+  virtual void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout,
+                              View inp, View weight, int64_t M, int64_t K, int64_t N) = 0;
+
+  // ---- LayerNorm over the last dimension (biased variance); mean[N], rstd[N] saved --------
+  virtual void LayernormForward(Stream s, View out, View mean, View rstd, View inp, View weight,
+                                View bias, int64_t N, int64_t C, float eps) = 0;
+  virtual void LayernormBackward(Stream s, View dinp, View dweight, View dbias, View dout,
+                                 View inp, View weight, View mean, View rstd, int64_t N,
+                                 int64_t C) = 0;
+
+  // ---- tanh GELU (n = inp.count) ------------------------------------------------------------
+  virtual void GeluForward(Stream s, View out, View inp) = 0;
+  virtual void GeluBackward(Stream s, View dinp, View inp, View dout) = 0;
+
+  // ---- causal multi-head attention (qkv[B,T,3C], att[B,NH,T,T], out[B,T,C]) ----------------
+  virtual void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T,
+                                int64_t C, int64_t NH) = 0;
+  virtual void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
+                                 int64_t T, int64_t C, int64_t NH) = 0;
+
+  // ---- softmax cross-entropy (targets i32; < 0 ignored) ------------------------------------
+  virtual void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits,
+                                          View targets, int64_t N, int64_t V) = 0;
+  virtual void SoftmaxCrossEntropyBackward(Stream s, View dlogits, View probs, View targets,
+                                           float dloss, int64_t N, int64_t V) = 0;
+
+  // ---- embedding (idx i32): out[n,:] = table[idx[n],:]; backward scatter-adds -------------
+  virtual void EmbeddingForward(Stream s, View out, View idx, View table, int64_t N,
+                                int64_t C) = 0;
+  virtual void EmbeddingBackward(Stream s, View dtable, View dout, View idx, int64_t N,
+                                 int64_t C) = 0;
+
+  // ---- element-wise (n = out.count) ---------------------------------------------------------
+  virtual void Add(Stream s, View out, View a, View b) = 0;  // out = a + b (may alias)
+  virtual void AddBackward(Stream s, View da, View db, View dout) = 0;  // da += dout; db += dout
+  // out = in converted between f32 and bf16 / f16 (round to nearest even), by the views' dtypes.
+  virtual void Cast(Stream s, View out, View in) = 0;
+  virtual void Scale(Stream s, View x, float factor) = 0;  // x *= factor
+  // x *= factor[0] (a f32 scalar on the device).
+  virtual void ScaleBy(Stream s, View x, View factor) = 0;
+  // out = ins[0] op ins[1] op ... in order, in f32, rounded once to out's dtype; kAvg divides
+  // the sum by ins.size(). out may be one of the inputs. f32, bf16, f16. (The device data plane
+  // of a backend can reduce its peers' buffers with it.)
+  virtual void Reduce(Stream s, View out, std::span<const View> ins, ReduceOp op) = 0;
+
+  // ---- optimizers over a flat shard (MODEL_SPEC.md; PyTorch semantics) ----------------------
+  virtual void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int64_t step) = 0;
+  // momentum_buf may be empty when momentum == 0.
+  virtual void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
+                   float dampening, float weight_decay, bool nesterov, bool first_step) = 0;
+
+  // ---- reductions into device scalars -------------------------------------------------------
+  // out[0] (f64) += sum of x^2 over f32 x, accumulated in double.
+  virtual void SumSquares(Stream s, View out, View x) = 0;
+  // out (f32 pair) = the f64 in[0] as hi + lo: hi = float(in), lo = float(in - hi).
+  virtual void SplitF64(Stream s, View out, View in) = 0;
+  // The global gradient norm and the clip factor from the shard group's partial sums of
+  // squares (partials: n f32 pairs from SplitF64, one per rank, gathered in rank order):
+  // total_sq[0] (f64) = the sum over ranks, added in rank order in double;
+  // factor[0] (f32) = ClipCoefficient(sqrt(total_sq) / k, max_norm) / k (1/k without
+  // clipping, max_norm <= 0), where k undoes the accumulation and loss scaling.
+  virtual void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
+                              float max_norm) = 0;
+  // out[0] (f32) = mean of x (f32), summed in double.
+  virtual void Mean(Stream s, View out, View x) = 0;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,109 @@
+// Parameter gathers: issuing a unit's all-gather (after casting its fp32 master shard to the
+// param dtype on the compute stream), prefetching the next unit in the recorded order within
+// the rate limit, the compute stream waiting for a gather, and giving gathered parameters
+// back once the device is done with them.
+#include <algorithm>
+
+#include "src/fsdp/runtime_impl.h"
+
+namespace fsdp {
+
+using internal::Unit;
+using internal::UnitState;
+
+absl::Status ShardingRuntime::Impl::IssueGather(Unit& unit) {
+  const DType pd = param_dtype();
+  // In f32 with a shard group of one, the shard is the unit: nothing to gather.
+  if (unit.gathered.allocated() || (S() == 1 && pd == DType::kF32)) return absl::OkStatus();
+  const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
+  // A host running ahead of an asynchronous device waits here for gathered parameters the
+  // device still reads: at most max_prefetch_units of them wait to be freed.
+  throttle_waits += pending.WaitUntilAtMost(&book.gathered, options.max_prefetch_units);
+  FSDP_ASSIGN_OR_RETURN(unit.gathered,
+                        Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
+  fsdp::View send = unit.param_shard.view();
+  if (pd != DType::kF32) {  // cast the fp32 master shard, then gather the low precision copy
+    if (S() == 1) {
+      ops().Cast(Stream::kCompute, unit.gathered.view(pd), send);
+      return absl::OkStatus();
+    }
+    FSDP_ASSIGN_OR_RETURN(unit.cast_shard,
+                          Alloc(book.gathered, "the low-precision shard", &unit, sn, pd));
+    ops().Cast(Stream::kCompute, unit.cast_shard.view(pd), send);
+    send = unit.cast_shard.view(pd);
+  }
+  unit.gather_issued_ns = internal::NowIfTracing();
+  FSDP_ASSIGN_OR_RETURN(unit.gather_event,
+                        shard_plane->AllGather(send, unit.gathered.view(pd), Stream::kCompute));
+  return absl::OkStatus();
+}
+
+// Prefetch decisions depend only on the recorded order and the units' states, so every rank
+// issues the same collectives.
+absl::Status ShardingRuntime::Impl::Acquire(int u, std::vector<int>& order, bool recording,
+                                            bool prefetch) {
+  Unit& unit = units[u];
+  if (recording) order.push_back(u);
+  const bool was_prefetched = unit.prefetched;
+  if (unit.prefetched) {
+    unit.prefetched = false;
+    --prefetched_units;
+  }
+  FSDP_RETURN_IF_ERROR(IssueGather(unit));
+  if (prefetch && !recording && S() > 1) {
+    auto pos = std::find(order.begin(), order.end(), u);
+    for (auto it = pos == order.end() ? pos : pos + 1;
+         it != order.end() && prefetched_units < options.max_prefetch_units; ++it) {
+      Unit& next = units[*it];
+      if (next.gathered.allocated() || next.state != NextState()) continue;
+      FSDP_RETURN_IF_ERROR(IssueGather(next));
+      next.prefetched = true;
+      ++prefetched_units;
+      break;  // one unit ahead per use; the next use prefetches the next one
+    }
+  }
+  return WaitGather(unit, was_prefetched);
+}
+
+// FULL_SHARD keeps two units gathered from forward into backward, as FSDP does with the root
+// and FSDP2 recommends for the last block: the first unit of the forward order (the root,
+// which runs again at the head and starts backward) and the last one (whose backward comes
+// first). Regathering them would be exposed: nothing runs to overlap with.
+bool ShardingRuntime::Impl::NeededFirstInBackward(int u) const {
+  if (forward_order.empty()) return false;
+  return u == forward_order.front() || (forward_recorded && u == forward_order.back());
+}
+
+// The state a unit is in right before the hook that the current direction calls next.
+UnitState ShardingRuntime::Impl::NextState() const {
+  return in_backward ? UnitState::kForwardDone : UnitState::kIdle;
+}
+
+absl::Status ShardingRuntime::Impl::WaitGather(Unit& unit, bool prefetched) {
+  if (!unit.gather_event.valid()) return absl::OkStatus();
+  const absl::Status s =
+      StreamWait(Stream::kCompute, unit.gather_event, "all_gather", unit.name);
+  internal::RecordInflight(unit.gather_event, "all_gather", unit.gather_issued_ns, unit.name,
+                           prefetched);
+  // The low-precision copy is read by the all-gather until it completes.
+  pending.Add(std::move(unit.cast_shard), {unit.gather_event});
+  unit.gather_event = Event();
+  return s;
+}
+
+void ShardingRuntime::Impl::FreeGathered(Unit& unit) {
+  if (!unit.gathered.allocated()) return;
+  // Free once the gather (a prefetch nobody claimed may still be in flight) and the compute
+  // that read the parameters are done.
+  std::vector<Event> users = {backend->Record(Stream::kCompute)};
+  if (unit.gather_event.valid()) users.push_back(unit.gather_event);
+  pending.Add(std::move(unit.cast_shard), users);
+  pending.Add(std::move(unit.gathered), std::move(users));
+  unit.gather_event = Event();
+  if (unit.prefetched) {
+    unit.prefetched = false;
+    --prefetched_units;
+  }
+}
+
+}  // namespace fsdp

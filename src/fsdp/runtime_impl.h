@@ -1,0 +1,120 @@
+// The sharding runtime's state, shared by the files that implement it:
+//   unit.h           the unit record, the memory book, deferred frees (the bottom);
+//   gather.cc        parameter gathers, prefetch and its rate limit;
+//   reduce.cc        gradient reductions, from PostBackward until they land in the shards;
+//   loss_scaler.h    dynamic loss scaling;
+//   strategy.cc      strategy names and meshes;
+//   sharding_runtime.cc  the hooks, Finalize, Step, inspection (the top).
+//
+// Ordering follows the device contract (fsdp/backend.h): the model's compute, casts, the
+// optimizer and the reductions into the shards run on the compute stream; collectives run on
+// the data planes after the compute work that produced their input; compute that reads a
+// collective's output waits for its event first. The host waits only where it needs a value
+// (Step reads the global gradient norm) or to bound memory (PendingFrees::WaitUntilAtMost).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "fsdp/data_plane.h"
+#include "fsdp/mesh.h"
+#include "fsdp/ops.h"
+#include "fsdp/sharding.h"
+#include "src/fsdp/loss_scaler.h"
+#include "src/fsdp/unit.h"
+
+namespace fsdp {
+
+struct ShardingRuntime::Impl {
+  Backend* backend = nullptr;
+  Communicator* world = nullptr;
+  ShardingOptions options;
+  std::optional<DeviceMesh> mesh;  // the control plane: host groups of the strategy's mesh
+  std::unique_ptr<DataPlane> shard_plane, replicate_plane;  // the data plane of the same groups
+  internal::MemoryBook book;  // before the units: their buffers give their bytes back to it
+  internal::PendingFrees pending;
+  std::vector<internal::Unit> units;
+  std::set<std::string> param_names;
+  bool finalized = false;
+  bool sync_gradients = true;
+  absl::Status failure;  // set once a hook failed: the runtime is then unusable
+  int64_t passes_since_step = 0;
+  // Unit order of the first forward and backward pass, for prefetching.
+  std::vector<int> forward_order, backward_order;
+  bool forward_recorded = false, backward_recorded = false;
+  bool in_backward = false;
+  int prefetched_units = 0;
+  // Units whose gradient reduction is in flight, in the order issued: first in the shard
+  // group, then (HYBRID) across replicas. Both advance strictly in order, so every rank issues
+  // the replica all-reduces in the same order whatever the timing.
+  std::deque<int> shard_reductions, replica_reductions;
+  internal::LossScaler scaler;
+  int64_t steps = 0;
+  // Host synchronisations of the backend and memory throttle waits at the last Step().
+  int64_t host_syncs_at_step = 0, throttle_waits = 0, throttle_waits_at_step = 0;
+
+  int S() const { return mesh->shard_size(); }
+  int R() const { return mesh->replicate_size(); }
+  Ops& ops() const { return backend->ops(); }
+  DType param_dtype() const { return options.mixed_precision.param_dtype; }
+  DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
+  bool reshard_after_forward() const {
+    return options.strategy == ShardingStrategy::kFullShard ||
+           options.strategy == ShardingStrategy::kHybridShard;
+  }
+
+  // ---- errors and checks (sharding_runtime.cc) ----------------------------------------------
+  // Fails the runtime and every group, so that peers blocked in (or later entering) a
+  // collective get this rank's error instead of waiting for their deadline.
+  absl::Status Fail(absl::Status s);
+  absl::Status CheckUsable(absl::string_view what) const;
+  absl::StatusOr<internal::Unit*> GetUnit(int u, absl::string_view what);
+  absl::Status ExpectState(const internal::Unit& unit, absl::string_view what,
+                           std::initializer_list<internal::UnitState> allowed) const;
+  // Every buffer of the runtime comes from here: counted in `category` while it lives. An
+  // allocation that fails names what it was for.
+  absl::StatusOr<internal::Accounted> Alloc(internal::Gauge& category, absl::string_view what,
+                                            const internal::Unit* unit, int64_t numel,
+                                            DType dtype = DType::kF32);
+  UnitView MakeView(int u, bool with_grads) const;
+  // The whole of `shard` (the unit's f32 shard on each rank of the shard group) into host
+  // `out` (numel floats).
+  absl::Status GatherToHost(const internal::Unit& unit, const internal::Accounted& shard,
+                            absl::string_view what, float* out);
+  // Waits for every collective in flight and frees what the device held (destruction).
+  void Quiesce();
+  // Stream `s` waits for `e`. On a host backend the calling thread blocks, which the timeline
+  // shows as exposed communication (a span `name` on the wait lane); an asynchronous device's
+  // stream records its own waits.
+  absl::Status StreamWait(Stream s, const Event& e, absl::string_view name,
+                          const std::string& unit);
+
+  // ---- gathers (gather.cc) -------------------------------------------------------------------
+  // Starts the all-gather of a unit's parameters unless they are gathered or on their way.
+  absl::Status IssueGather(internal::Unit& unit);
+  // Makes unit `u` gathered for use now, and prefetches the next unit of `order` within the
+  // rate limit.
+  absl::Status Acquire(int u, std::vector<int>& order, bool recording, bool prefetch);
+  // The compute stream waits for the unit's all-gather.
+  absl::Status WaitGather(internal::Unit& unit, bool prefetched);
+  // Gives the gathered parameters back (once the device is done with them).
+  void FreeGathered(internal::Unit& unit);
+  bool NeededFirstInBackward(int u) const;
+  internal::UnitState NextState() const;
+
+  // ---- reductions (reduce.cc) ----------------------------------------------------------------
+  absl::Status IssueReduction(internal::Unit& unit);
+  // Moves the queues on: without `drain`, what has completed, waiting (on the host) for the
+  // oldest when more than max(1, max_prefetch_units) are in flight in the shard group; with
+  // `drain`, every reduction, ordered by events (the compute stream waits, not the host).
+  absl::Status ProgressReductions(bool drain);
+  absl::Status AdvanceReduction(internal::Unit& unit);
+  absl::Status FinishReduction(internal::Unit& unit);
+  void AccumulateShard(internal::Unit& unit, fsdp::View add);
+};
+
+}  // namespace fsdp
