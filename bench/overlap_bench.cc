@@ -7,8 +7,14 @@
 // the ratios b/a and c/a, and the exposed communication per step measured from the timeline
 // (time the compute thread spent blocked on collectives).
 //
-//   overlap_bench [--steps N] [--layers L] [--comm_fraction F] [--check]
+//   overlap_bench [--steps N] [--layers L] [--comm_fraction F] [--backend cpu|sim]
+//                 [--op_latency_us U] [--trace FILE] [--check]
 //
+// --backend sim: the ranks run on the strict simulated accelerator (backends/sim): every op is
+// issued to the device's compute stream and every collective to its communication stream,
+// each taking at least U microseconds (--op_latency_us, default 50), and the simulated link is
+// the sim data plane's. Streams and events, not the host, order the work.
+// --trace FILE: writes the timeline of the prefetch run (b) as Chrome trace JSON (Perfetto).
 // --steps N: timed steps per run (default 16; each run adds 2 warm-up steps; there are 5 runs:
 // link off, 3 calibration runs without prefetch, the run with prefetch). Fewer steps give a
 // shorter run (for CI) and a noisier median.
@@ -30,6 +36,7 @@
 #include "fsdp/local_world.h"
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_gpt.h"
+#include "fsdp/sim_backend.h"
 #include "fsdp/trace.h"
 
 namespace {
@@ -44,6 +51,9 @@ struct Params {
   int steps = 16, layers = 8, ranks = 2;
   double comm_fraction = 0.5;
   bool check = false;
+  std::string backend = "cpu";
+  int op_latency_us = 50;
+  std::string trace;
 };
 
 // --check: the prefetch run may be at most this much slower than the communication-free step,
@@ -53,25 +63,41 @@ constexpr double kPrefetchTarget = 1.10;
 constexpr double kNoPrefetchMin = 1.2;
 
 int Usage() {
-  std::fprintf(stderr, "usage: overlap_bench [--steps N] [--layers L] [--comm_fraction F] [--check]\n");
+  std::fprintf(stderr, "usage: overlap_bench [--steps N] [--layers L] [--comm_fraction F] "
+                       "[--backend cpu|sim] [--op_latency_us U] [--trace FILE] [--check]\n");
   return 2;
 }
 
-Result Run(const Params& p, double link_bytes_per_second, bool prefetch) {
+// The rank's backend: the CPU, or a sim device whose data plane carries the simulated link.
+absl::StatusOr<std::unique_ptr<fsdp::Backend>> MakeBackend(const Params& p, double link) {
+  if (p.backend == "sim") {
+    fsdp::SimBackendOptions o;
+    o.op_latency = absl::Microseconds(p.op_latency_us);
+    o.data_plane.link_bytes_per_second = link;
+    FSDP_ASSIGN_OR_RETURN(auto b, fsdp::SimBackend::Create(o));
+    return std::unique_ptr<fsdp::Backend>(std::move(b));
+  }
+  FSDP_ASSIGN_OR_RETURN(auto b, fsdp::CpuBackend::Create({.num_threads = 1}));
+  b->BindCurrentThread();
+  return std::unique_ptr<fsdp::Backend>(std::move(b));
+}
+
+Result Run(const Params& p, double link_bytes_per_second, bool prefetch, bool write_trace) {
+  const bool sim = p.backend == "sim";
   fsdp::nn::GptConfig config = *fsdp::nn::GptConfig::FromName("nano");
   config.num_layers = p.layers;
   config.channels = 256;
   config.num_heads = 4;
   config.block_size = 128;
   fsdp::CommOptions comm;
-  comm.link_bytes_per_second = link_bytes_per_second;
+  // On the CPU the host communicator is the data plane; on sim it carries only control data.
+  comm.link_bytes_per_second = sim ? 0 : link_bytes_per_second;
   const auto data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
   std::vector<double> times;
   Result r;
   fsdp::Tracer& tracer = fsdp::Tracer::Global();
   absl::Status s = fsdp::LocalWorld::Run(p.ranks, comm, [&](fsdp::Communicator& world) {
-    FSDP_ASSIGN_OR_RETURN(auto backend, fsdp::CpuBackend::Create({.num_threads = 1}));
-    backend->BindCurrentThread();
+    FSDP_ASSIGN_OR_RETURN(auto backend, MakeBackend(p, link_bytes_per_second));
     fsdp::nn::ShardedGptOptions o;
     o.sharding.strategy = fsdp::ShardingStrategy::kFullShard;
     o.sharding.forward_prefetch = o.sharding.backward_prefetch = prefetch;
@@ -108,7 +134,17 @@ Result Run(const Params& p, double link_bytes_per_second, bool prefetch) {
   r.step_s = times[times.size() / 2];
   const std::vector<fsdp::Span> spans = tracer.Snapshot();
   r.exposed_s = fsdp::ExposedNs(spans, 0) * 1e-9 / p.steps;
-  r.comm_busy_s = fsdp::UnionNs(spans, 0, fsdp::kCommStream) * 1e-9 / p.steps;
+  r.comm_busy_s =
+      fsdp::UnionNs(spans, 0, sim ? fsdp::kDeviceCommStream : fsdp::kCommStream) * 1e-9 /
+      p.steps;
+  if (write_trace && !p.trace.empty()) {
+    const absl::Status w = tracer.WriteChromeTrace(p.trace);
+    if (!w.ok()) {
+      std::fprintf(stderr, "overlap_bench: %s\n", w.ToString().c_str());
+      std::exit(1);
+    }
+    std::printf("timeline of run (b): %s\n", p.trace.c_str());
+  }
   return r;
 }
 
@@ -126,25 +162,34 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps")) p.steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--layers")) p.layers = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--comm_fraction")) p.comm_fraction = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--backend")) p.backend = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--op_latency_us")) p.op_latency_us = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--trace")) p.trace = argv[i + 1];
     else return Usage();
     ++i;
   }
-  if (p.steps < 1 || p.layers < 1 || !(p.comm_fraction > 0)) return Usage();
+  if (p.steps < 1 || p.layers < 1 || !(p.comm_fraction > 0) || p.op_latency_us < 0 ||
+      (p.backend != "cpu" && p.backend != "sim")) {
+    return Usage();
+  }
   std::printf("overlap_bench: FULL_SHARD, %d ranks x 1 thread, GPT L=%d C=256 H=4 T=128, "
-              "batch 4 per rank, %d steps (median)\n", p.ranks, p.layers, p.steps);
-  const Result off = Run(p, 0, true);
+              "batch 4 per rank, %d steps (median), backend %s", p.ranks, p.layers, p.steps,
+              p.backend.c_str());
+  if (p.backend == "sim") std::printf(" (op latency %d us)", p.op_latency_us);
+  std::printf("\n");
+  const Result off = Run(p, 0, true, false);
   // Calibrate the link so that a step's communication (the time compute waits for it in
   // the run without prefetch, less what it waits with the link off) is comm_fraction of the
   // communication-free step: transfer time scales with 1 / bandwidth.
   double bw = 1e9;
   Result without;
   for (int round = 0; round < 3; ++round) {
-    without = Run(p, bw, false);
+    without = Run(p, bw, false, false);
     if (round == 2) break;
     const double comm = std::max(1e-4, without.exposed_s - off.exposed_s);
     bw *= comm / (p.comm_fraction * off.step_s);
   }
-  const Result with = Run(p, bw, true);
+  const Result with = Run(p, bw, true, true);
   std::printf("simulated link: %.3f GB/s (communication ~%.0f%% of compute)\n", bw / 1e9,
               100 * p.comm_fraction);
   std::printf("%-34s %10s %8s %14s %14s\n", "run", "step ms", "ratio", "exposed ms/step",

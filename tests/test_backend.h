@@ -19,9 +19,8 @@ inline std::string TestBackendName() {
 
 // A backend of the test's kind for one rank, its kernels on `threads` threads (bound to the
 // calling thread on the CPU; a sim device's compute stream uses them).
-inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(int threads,
-                                                                int64_t memory_limit = 0) {
-  const std::string name = TestBackendName();
+inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
+    int threads, int64_t memory_limit = 0, const std::string& name = TestBackendName()) {
   if (name == "sim") {
     SimBackendOptions options;
     options.num_threads = threads;

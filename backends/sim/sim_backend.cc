@@ -315,8 +315,8 @@ absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->compute = std::make_unique<SimStream>("device compute", options.num_threads);
-  impl->comm = std::make_unique<SimStream>("device comm", 1);
+  impl->compute = std::make_unique<SimStream>(std::string(kDeviceComputeStream), options.num_threads);
+  impl->comm = std::make_unique<SimStream>(std::string(kDeviceCommStream), 1);
   std::unique_ptr<SimBackend> b(new SimBackend(std::move(impl)));
   b->impl_->exec = std::make_unique<internal::SimExec>(internal::SimExec{b->impl_.get()});
   b->impl_->ops = std::make_unique<internal::HostOps<internal::SimExec>>(b->impl_->exec.get());
@@ -475,7 +475,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> SimBackend::CreateDataPlane(Communica
     if (entry == nullptr) {
       entry = std::make_shared<PlaneRendezvous>();
       CommOptions options = impl_->options.data_plane;
-      FSDP_ASSIGN_OR_RETURN(entry->world, LocalWorld::Create(group.size(), options));
+      FSDP_ASSIGN_OR_RETURN(entry->world, LocalWorld::Create(group.size(), options, group.name()));
     }
     FSDP_ASSIGN_OR_RETURN(comm, entry->world->TakeRank(group.rank()));
     if (++entry->taken == group.size()) Planes().erase(key);

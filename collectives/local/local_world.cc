@@ -149,7 +149,8 @@ LocalWorld::LocalWorld(int size, std::shared_ptr<internal::LocalGroup> group)
 
 LocalWorld::~LocalWorld() = default;
 
-absl::StatusOr<std::unique_ptr<LocalWorld>> LocalWorld::Create(int size, CommOptions options) {
+absl::StatusOr<std::unique_ptr<LocalWorld>> LocalWorld::Create(int size, CommOptions options,
+                                                            std::string name) {
   if (size < 1 || size > 4096) {
     return absl::InvalidArgumentError(
         absl::StrFormat("LocalWorld: size must be in [1, 4096], got %d", size));
@@ -161,7 +162,7 @@ absl::StatusOr<std::unique_ptr<LocalWorld>> LocalWorld::Create(int size, CommOpt
   if (options.link_bytes_per_second < 0 || options.link_latency < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("LocalWorld: the simulated link needs bandwidth >= 0 and latency >= 0");
   }
-  auto group = std::make_shared<internal::LocalGroup>("world", size, options);
+  auto group = std::make_shared<internal::LocalGroup>(std::move(name), size, options);
   return std::unique_ptr<LocalWorld>(new LocalWorld(size, std::move(group)));
 }
 

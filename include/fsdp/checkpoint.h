@@ -26,8 +26,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdp/data_position.h"
 #include "fsdp/dtype.h"
-#include "fsdp/nn/data.h"
 #include "fsdp/sharding.h"
 #include "fsdp/status.h"
 
@@ -36,8 +36,8 @@ namespace fsdp {
 // What a training loop needs to resume exactly, besides parameters and optimizer state
 // (which come from the runtime).
 struct TrainingState {
-  // Where the data loader stands (the GPT's DataLoader::state()); optional.
-  std::optional<nn::DataLoaderState> data;
+  // Where the data loader stands (e.g. the GPT's DataLoader::state()); optional.
+  std::optional<DataPosition> data;
   // Any other global values of the loop (equal on every rank; rank 0's are saved).
   std::map<std::string, std::string> values;
   // This rank's own bytes, e.g. an RNG state. Restored to the same rank only when the world

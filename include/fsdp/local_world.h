@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "fsdp/communicator.h"
 
@@ -16,8 +17,9 @@ class LocalGroup;
 
 class LocalWorld {
  public:
-  // A world of `size` ranks (1 <= size <= 4096) named "world".
-  static absl::StatusOr<std::unique_ptr<LocalWorld>> Create(int size, CommOptions options = {});
+  // A world of `size` ranks (1 <= size <= 4096), named `name` in its errors and traces.
+  static absl::StatusOr<std::unique_ptr<LocalWorld>> Create(int size, CommOptions options = {},
+                                                            std::string name = "world");
   ~LocalWorld();
 
   int size() const { return size_; }

@@ -33,7 +33,7 @@ struct SimBackendOptions {
   absl::Duration op_latency = absl::ZeroDuration();
   double copy_bytes_per_second = 0;
   // The data plane's deadline and simulated link (CommOptions::link_*).
-  CommOptions data_plane;
+  CommOptions data_plane = {};
 };
 
 class SimBackend final : public Backend {

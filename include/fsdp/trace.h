@@ -41,6 +41,10 @@ inline constexpr std::string_view kWaitStream = "wait";  // compute thread block
 // The sharding runtime's asynchronous gathers and reductions, from issue to completion, with
 // the unit they move ("unit") and whether the gather was a prefetch ("prefetch" 1).
 inline constexpr std::string_view kInflightStream = "inflight";
+// An asynchronous device's own streams (backends/sim): when its ops and collectives ran, as
+// opposed to when the host issued them ("compute" on such a device).
+inline constexpr std::string_view kDeviceComputeStream = "device compute";
+inline constexpr std::string_view kDeviceCommStream = "device comm";
 
 // One key/value annotation of a span: a string or an integer.
 struct TraceArg {

@@ -98,8 +98,8 @@ absl::StatusOr<std::vector<std::vector<float>>> StageImport(
     }
     const int64_t sn = rt.unit_shard_numel(u);
     staged[u].assign(sn, 0.0f);
-    for (const SlotPiece& p : ShardSlotPieces(slots, sn, k)) {
-      const SafetensorsTensor& t = *by_name.at(slots[p.slot].name);
+    for (const ShardPiece& p : ShardSlotPieces(slots, sn, k)) {
+      const SafetensorsTensor& t = *by_name.at(slots[p.tensor].name);
       const size_t es = DTypeSize(t.dtype);
       const int64_t n = p.tensor_end - p.tensor_begin;
       bytes.resize(static_cast<size_t>(n) * es);

@@ -8,21 +8,6 @@
 
 namespace fsdp::checkpoint {
 
-std::vector<SlotPiece> ShardSlotPieces(const std::vector<TensorSlot>& slots, int64_t shard_numel,
-                                       int k) {
-  const int64_t lo = k * shard_numel, hi = lo + shard_numel;
-  std::vector<SlotPiece> out;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const TensorSlot& t = slots[i];
-    const int64_t b = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
-    if (b >= e) continue;
-    out.push_back({static_cast<int>(i), b - t.offset, e - t.offset, b - lo});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const SlotPiece& a, const SlotPiece& b) { return a.shard_offset < b.shard_offset; });
-  return out;
-}
-
 int64_t ShardDataNumel(int64_t unit_numel, int64_t shard_numel, int k) {
   return std::clamp<int64_t>(unit_numel - k * shard_numel, 0, shard_numel);
 }

@@ -9,19 +9,17 @@
 #include <vector>
 
 #include "fsdp/sharding.h"
+#include "src/fsdp/flat_layout.h"
 
 namespace fsdp::checkpoint {
 
-struct SlotPiece {
-  int slot = 0;              // index into the unit's TensorSlots
-  int64_t tensor_begin = 0;  // elements [tensor_begin, tensor_end) of that tensor
-  int64_t tensor_end = 0;
-  int64_t shard_offset = 0;  // where tensor_begin sits in the shard
-};
-
-// The pieces inside shard `k` (shard_numel elements per shard), in shard order.
-std::vector<SlotPiece> ShardSlotPieces(const std::vector<TensorSlot>& slots, int64_t shard_numel,
-                                       int k);
+// The pieces inside shard `k` (shard_numel elements per shard), in shard order: the
+// runtime's own definition (internal::ShardPieces), `tensor` indexing the unit's TensorSlots.
+using internal::ShardPiece;
+inline std::vector<ShardPiece> ShardSlotPieces(const std::vector<TensorSlot>& slots,
+                                               int64_t shard_numel, int k) {
+  return internal::ShardPieces(slots, shard_numel, k);
+}
 
 // Elements of shard `k` that hold data (the rest is padding at the unit's end).
 int64_t ShardDataNumel(int64_t unit_numel, int64_t shard_numel, int k);

@@ -180,8 +180,8 @@ absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
     const int64_t sn = rt.unit_shard_numel(u);
     st.params[u].assign(sn, 0.0f);
     st.states[u].assign(state_src.size(), std::vector<float>(sn, 0.0f));
-    for (const SlotPiece& p : ShardSlotPieces(rt.unit_tensors(u), sn, k)) {
-      const TensorRecord& rec = m.tensors[match[u][p.slot]];
+    for (const ShardPiece& p : ShardSlotPieces(rt.unit_tensors(u), sn, k)) {
+      const TensorRecord& rec = m.tensors[match[u][p.tensor]];
       PlanReads(rec.param, p.tensor_begin, p.tensor_end, st.params[u].data() + p.shard_offset,
                 reads);
       for (size_t j = 0; j < state_src.size(); ++j) {
@@ -257,7 +257,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& rt, const std::
   LoadedCheckpoint out;
   const CheckpointMetadata& m = staged->meta;
   if (m.data_loader)
-    out.state.data = nn::DataLoaderState{m.data_loader->first, m.data_loader->second};
+    out.state.data = DataPosition{m.data_loader->first, m.data_loader->second};
   out.state.values.insert(m.values.begin(), m.values.end());
   out.state.rank_state = std::move(staged->rank_state);
   out.rank_state_restored = staged->rank_state_restored;

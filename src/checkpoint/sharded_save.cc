@@ -134,8 +134,8 @@ absl::StatusOr<CheckpointMetadata> BuildMetadata(ShardingRuntime& rt, const Trai
     const int64_t sn = rt.unit_shard_numel(u);
     for (int k = 0; k < S; ++k) {
       const uint64_t n = ShardDataNumel(rt.unit_numel(u), sn, k);
-      for (const SlotPiece& p : ShardSlotPieces(slots, sn, k)) {
-        TensorRecord& t = m.tensors[first + p.slot];
+      for (const ShardPiece& p : ShardSlotPieces(slots, sn, k)) {
+        TensorRecord& t = m.tensors[first + p.tensor];
         const uint64_t off = base[k] + p.shard_offset * sizeof(float);
         t.param.push_back({k, p.tensor_begin, p.tensor_end, off});
         for (size_t j = 0; j < m.state_names.size(); ++j) {

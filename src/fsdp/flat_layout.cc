@@ -21,15 +21,7 @@ FlatLayout FlatLayout::Build(std::vector<FlatTensor> tensors, int shard_size) {
 }
 
 std::vector<ShardPiece> FlatLayout::Pieces(int shard_rank) const {
-  std::vector<ShardPiece> pieces;
-  const int64_t lo = shard_begin(shard_rank), hi = lo + shard_numel;
-  for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
-    const FlatTensor& t = tensors[i];
-    const int64_t b = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
-    if (b >= e) continue;
-    pieces.push_back({i, b - t.offset, e - t.offset, b - lo});
-  }
-  return pieces;
+  return ShardPieces(tensors, shard_numel, shard_rank);
 }
 
 std::vector<DecayRange> FlatLayout::ShardDecayRanges(int shard_rank) const {

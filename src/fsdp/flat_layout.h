@@ -4,6 +4,7 @@
 // and initialisation of a shard without materialising the unit).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +29,27 @@ struct ShardPiece {
   int64_t tensor_end = 0;
   int64_t shard_offset = 0;  // where tensor_begin sits in the shard
 };
+
+// The pieces of `tensors` (anything with element `offset` and `numel` in a unit's padded flat
+// buffer: FlatTensor, TensorSlot) inside shard `shard_rank`, which is elements
+// [shard_rank * shard_numel, (shard_rank + 1) * shard_numel) of the buffer, in shard order.
+// The one definition of what a shard holds: the runtime's optimizer ranges and initialisation
+// and the checkpoints' files all use it.
+template <typename Tensors>
+std::vector<ShardPiece> ShardPieces(const Tensors& tensors, int64_t shard_numel, int shard_rank) {
+  std::vector<ShardPiece> pieces;
+  const int64_t lo = shard_rank * shard_numel, hi = lo + shard_numel;
+  for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
+    const int64_t b = std::max(lo, tensors[i].offset);
+    const int64_t e = std::min(hi, tensors[i].offset + tensors[i].numel);
+    if (b >= e) continue;
+    pieces.push_back({i, b - tensors[i].offset, e - tensors[i].offset, b - lo});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const ShardPiece& a, const ShardPiece& b) {
+    return a.shard_offset < b.shard_offset;
+  });
+  return pieces;
+}
 
 struct FlatLayout {
   std::vector<FlatTensor> tensors;

@@ -16,9 +16,11 @@ absl::Status ShardingRuntime::Impl::IssueGather(Unit& unit) {
   // In f32 with a shard group of one, the shard is the unit: nothing to gather.
   if (unit.gathered.allocated() || (S() == 1 && pd == DType::kF32)) return absl::OkStatus();
   const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
-  // A host running ahead of an asynchronous device waits here for gathered parameters the
-  // device still reads: at most max_prefetch_units of them wait to be freed.
-  throttle_waits += pending.WaitUntilAtMost(&book.gathered, options.max_prefetch_units);
+  // The rate limit (FSDP's limit_all_gathers): a host running ahead of an asynchronous device
+  // waits here until the device is done with the gathered parameters it gave back, so the
+  // gathered units are the same on every backend: those in use, those kept for backward and
+  // at most max_prefetch_units prefetched. A host backend never waits.
+  throttle_waits += pending.WaitUntilAtMost(&book.gathered, 0);
   FSDP_ASSIGN_OR_RETURN(unit.gathered,
                         Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
   fsdp::View send = unit.param_shard.view();

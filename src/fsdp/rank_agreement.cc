@@ -32,15 +32,4 @@ absl::Status CheckUnitsAgree(Communicator& comm, const std::vector<uint64_t>& un
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> SumAcrossRanks(Communicator& comm, double value) {
-  if (comm.size() == 1) return value;
-  const float hi = static_cast<float>(value);
-  const float mine[2] = {hi, static_cast<float>(value - hi)};
-  std::vector<float> all(2 * comm.size());
-  FSDP_RETURN_IF_ERROR(comm.AllGather(mine, all.data(), 2, DType::kF32));
-  double sum = 0;
-  for (int r = 0; r < comm.size(); ++r) sum += static_cast<double>(all[2 * r]) + all[2 * r + 1];
-  return sum;
-}
-
 }  // namespace fsdp::internal

@@ -113,15 +113,25 @@ absl::Status ShardingRuntime::Impl::AdvanceReduction(Unit& unit) {
 absl::Status ShardingRuntime::Impl::ProgressReductions(bool drain) {
   const size_t in_flight =
       drain ? 0 : static_cast<size_t>(std::max(1, options.max_prefetch_units));
+  // HYBRID moves a reduction on by issuing the replica all-reduce: every rank must do that at
+  // the same point of its program (the collectives of the two groups share the communication
+  // stream), so when depends on counts, never on timing. A device moves it on at once (its
+  // stream orders the all-reduce after the reduce-scatter); a host backend, whose stream waits
+  // block the host, when more than `in_flight` are held.
+  const bool collective_next = S() > 1 && R() > 1;
   while (!shard_reductions.empty()) {
     Unit& unit = units[shard_reductions.front()];
-    if (!unit.reduce_event.Done() && !drain) {
+    const bool done = unit.reduce_event.Done();
+    const bool move_now = collective_next ? !backend->is_host() : done;
+    if (!move_now && !drain) {
       if (shard_reductions.size() <= in_flight) break;
-      // Too many unsharded gradients held: wait for the oldest reduction (on the host, which
-      // issues the next unit's gradient; a host backend's compute thread is blocked).
-      TraceSpan span("reduce", kWaitStream, {{"unit", unit.name}});
-      unit.reduce_event.Wait().IgnoreError();  // its status is read when it is moved on
-      ++throttle_waits;
+      if (!done) {
+        // Too many unsharded gradients held: wait for the oldest reduction (on the host, which
+        // issues the next unit's gradient; a host backend's compute thread is blocked).
+        TraceSpan span("reduce", kWaitStream, {{"unit", unit.name}});
+        unit.reduce_event.Wait().IgnoreError();  // its status is read when it is moved on
+        ++throttle_waits;
+      }
     }
     FSDP_RETURN_IF_ERROR(unit.reduce_event.Done() ? unit.reduce_event.Wait() : absl::OkStatus());
     shard_reductions.pop_front();
@@ -129,7 +139,12 @@ absl::Status ShardingRuntime::Impl::ProgressReductions(bool drain) {
   }
   while (!replica_reductions.empty()) {
     Unit& unit = units[replica_reductions.front()];
-    if (!drain && !unit.reduce_event.Done()) break;
+    if (!drain && !unit.reduce_event.Done()) {
+      if (replica_reductions.size() <= in_flight) break;
+      TraceSpan span("replica all_reduce", kWaitStream, {{"unit", unit.name}});
+      unit.reduce_event.Wait().IgnoreError();  // its status is read when it is moved on
+      ++throttle_waits;
+    }
     FSDP_RETURN_IF_ERROR(unit.reduce_event.Done() ? unit.reduce_event.Wait() : absl::OkStatus());
     replica_reductions.pop_front();
     FSDP_RETURN_IF_ERROR(AdvanceReduction(unit));

@@ -124,10 +124,8 @@ absl::Status ShardingRuntime::Impl::GatherToHost(const Unit& unit, const Account
                                              unit.layout.padded_numel));
   FSDP_ASSIGN_OR_RETURN(Event done, shard_plane->AllGather(shard.view(), tmp.view()));
   FSDP_RETURN_IF_ERROR(backend->Wait(Stream::kCompute, done));
-  absl::Status s = backend->CopyToHost(out, tmp.view().Slice(0, numel));
-  pending.Add(std::move(tmp), {backend->Record(Stream::kCompute)});
-  pending.Collect();
-  return s;
+  // The copy waited for the compute stream, which waited for the gather: `tmp` is free.
+  return backend->CopyToHost(out, tmp.view().Slice(0, numel));
 }
 
 absl::Status ShardingRuntime::Impl::StreamWait(Stream s, const Event& e, absl::string_view name,

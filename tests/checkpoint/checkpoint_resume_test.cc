@@ -205,7 +205,7 @@ TEST(CheckpointApiTest, ExistingDirectoryNeedsOverwriteAndOptimizerMustMatch) {
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
   // overwrite replaces it; a non-checkpoint directory is never replaced.
   absl::Status s = LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
-    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto backend, testing::MakeTestBackend(1));
     FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), run));
     SaveOptions o;
     o.overwrite = true;

@@ -84,8 +84,7 @@ inline absl::StatusOr<std::unique_ptr<nn::ShardedGpt>> MakeModel(Communicator& c
 inline absl::StatusOr<CkptResult> RunRank(Communicator& comm, const CkptRun& run, int steps,
                                           const std::string& load_dir,
                                           const std::string& save_dir) {
-  FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
-  backend->BindCurrentThread();
+  FSDP_ASSIGN_OR_RETURN(auto backend, testing::MakeTestBackend(1));
   FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), run));
   nn::DataLoaderOptions lo;
   lo.batch_size = run.batch_size;

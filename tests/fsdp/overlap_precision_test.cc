@@ -67,7 +67,7 @@ TEST(CheckpointingMemoryTest, MiniActivationPeakFallsThreefold) {
   int64_t bytes[2] = {0, 0};
   for (int ckpt = 0; ckpt < 2; ++ckpt) {
     ASSERT_TRUE(LocalWorld::Run(1, CommOptions{}, [&](Communicator& comm) {
-      FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+      FSDP_ASSIGN_OR_RETURN(auto backend, testing::MakeTestBackend(1));
       nn::ShardedGptOptions o;
       o.batch_size = 8;
       o.seq_len = 256;

@@ -39,6 +39,8 @@ struct TrainResult {
   std::vector<std::vector<float>> params;   // model units after the last step
   int clipped_steps = 0;                    // steps whose clip coefficient was < 1
   int skipped_steps = 0;                    // steps skipped for inf/NaN (loss scaling)
+  std::vector<int64_t> host_syncs;          // StepStats::host_syncs, per step
+  std::vector<int64_t> throttle_waits;      // StepStats::throttle_waits, per step
   MemoryReport memory;
   MemoryStats backend_memory;  // the backend's own count, at the same moment as `memory`
 };
@@ -76,9 +78,11 @@ inline nn::Batch RankBatch(const TrainSpec& spec, int rank, int world, int64_t s
 
 // Trains on `comm`'s ranks. `threads_per_rank` OpenMP threads for the kernels.
 inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainSpec& spec,
-                                                ShardingOptions sharding, int threads_per_rank) {
+                                                ShardingOptions sharding, int threads_per_rank,
+                                                const std::string& backend_name =
+                                                    TestBackendName()) {
   FSDP_ASSIGN_OR_RETURN(nn::GptConfig config, nn::GptConfig::FromName(spec.config));
-  FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(threads_per_rank));
+  FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(threads_per_rank, 0, backend_name));
   nn::ShardedGptOptions o;
   sharding.max_grad_norm = spec.max_grad_norm;
   o.sharding = sharding;
@@ -105,6 +109,8 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
     }
     FSDP_ASSIGN_OR_RETURN(StepStats st, model->Step(spec.lr));
     result.grad_norms.push_back(st.grad_norm);
+    result.host_syncs.push_back(st.host_syncs);
+    result.throttle_waits.push_back(st.throttle_waits);
     if (st.clip_coefficient < 1.0f) ++result.clipped_steps;
     if (st.skipped) ++result.skipped_steps;
   }

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdp/data_position.h"
 #include "fsdp/status.h"
 
 namespace fsdp::nn {
@@ -78,10 +79,8 @@ struct DataLoaderOptions {
 
 // Where a DataLoader stands: enough to resume the same data order (in checkpoints). It does
 // not depend on the rank, and stays valid on another world size with the same N * B.
-struct DataLoaderState {
-  uint64_t seed = 0;
-  int64_t step = 0;  // the step the next Next() returns
-};
+// seed, and the step the next Next() returns (what a checkpoint saves).
+using DataLoaderState = DataPosition;
 
 class DataLoader {
  public:

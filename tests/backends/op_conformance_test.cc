@@ -1,0 +1,363 @@
+// The op conformance suite: every op of a backend's table (fsdp/ops.h) against the CPU kernels
+// (kernels::cpu, on host memory), on odd shapes, with inputs copied to the device and results
+// copied back: the only way a test reaches device memory. Gradients start non-zero, so
+// accumulation (+=) is checked too.
+//
+// Tolerances are per dtype for a backend with kernels of its own. `cpu` and `sim` run the
+// reference kernels themselves, so any difference there is a bug in the plumbing (a view's
+// offset, a stream's order): they must match bitwise.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend.h"
+#include "fsdp/cpu_backend.h"
+#include "fsdp/kernels_cpu.h"
+#include "fsdp/ops.h"
+#include "fsdp/optim.h"
+#include "fsdp/sim_backend.h"
+#include "gtest/gtest.h"
+
+namespace fsdp {
+namespace {
+
+std::unique_ptr<Backend> MakeBackend(const std::string& name) {
+  if (name == "sim") return std::move(SimBackend::Create({.num_threads = 1})).value();
+  auto cpu = std::move(CpuBackend::Create({.num_threads = 1})).value();
+  cpu->BindCurrentThread();
+  return cpu;
+}
+
+// Buffers on the backend under test, filled from and read back to the host.
+class Device {
+ public:
+  explicit Device(Backend* b) : b_(b) {}
+  template <typename T>
+  View In(const std::vector<T>& host, DType dtype) {
+    buffers_.push_back(std::move(Buffer::Create(b_, host.size() * sizeof(T))).value());
+    const View v = buffers_.back().view(dtype);
+    EXPECT_TRUE(b_->CopyFromHost(v, host.data()).ok());
+    return v;
+  }
+  View In(const std::vector<float>& host) { return In(host, DType::kF32); }
+  View InI32(const std::vector<int32_t>& host) { return In(host, DType::kI32); }
+  template <typename T = float>
+  std::vector<T> Read(View v) {
+    std::vector<T> out(static_cast<size_t>(v.bytes()) / sizeof(T));
+    const absl::Status s = b_->CopyToHost(out.data(), v);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+ private:
+  Backend* b_;
+  std::vector<Buffer> buffers_;
+};
+
+std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint16_t> ToLowp(const std::vector<float>& x, DType d) {
+  std::vector<uint16_t> out(x.size());
+  const int64_t n = static_cast<int64_t>(x.size());
+  if (d == DType::kBF16) {
+    kernels::cpu::cast_f32_to_bf16(out.data(), x.data(), n);
+  } else {
+    kernels::cpu::cast_f32_to_f16(out.data(), x.data(), n);
+  }
+  return out;
+}
+
+class OpConformanceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    backend_ = MakeBackend(GetParam());
+    dev_ = std::make_unique<Device>(backend_.get());
+  }
+  Ops& ops() { return backend_->ops(); }
+  static constexpr Stream cs = Stream::kCompute;
+
+  // Relative tolerance of a result computed in `d`: zero for the backends that run the
+  // reference kernels.
+  double Tolerance(DType d) const {
+    if (GetParam() == "cpu" || GetParam() == "sim") return 0.0;
+    return d == DType::kF32 ? 1e-5 : d == DType::kF16 ? 2e-3 : 1e-2;
+  }
+  void Expect(const std::vector<float>& got, const std::vector<float>& want, DType d,
+              const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    const double tol = Tolerance(d);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (tol == 0.0) {
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+            << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+      } else {
+        ASSERT_NEAR(got[i], want[i], tol * (1.0 + std::abs(want[i]))) << what << "[" << i << "]";
+      }
+    }
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Device> dev_;
+};
+
+TEST_P(OpConformanceTest, MatmulForwardAndBackwardInEveryComputeDtype) {
+  const int64_t M = 7, K = 13, N = 5;
+  const auto inp = Random(M * K, 1), w = Random(N * K, 2), bias = Random(N, 3);
+  const auto dout = Random(M * N, 4);
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::string(DTypeName(d)) + (with_bias ? " bias" : " no bias"));
+      // Reference on the host.
+      std::vector<float> out(M * N), dinp = Random(M * K, 5), dw = Random(N * K, 6),
+                                     db = Random(N, 7);
+      const std::vector<float> dinp0 = dinp, dw0 = dw, db0 = db;
+      View vw, vb;
+      if (d == DType::kF32) {
+        kernels::cpu::matmul_forward(out.data(), inp.data(), w.data(),
+                                     with_bias ? bias.data() : nullptr, M, K, N);
+        kernels::cpu::matmul_backward(dinp.data(), dw.data(), with_bias ? db.data() : nullptr,
+                                      dout.data(), inp.data(), w.data(), M, K, N);
+        vw = dev_->In(w);
+        vb = with_bias ? dev_->In(bias) : View{};
+      } else {
+        const auto wl = ToLowp(w, d), bl = ToLowp(bias, d);
+        kernels::cpu::matmul_forward_lowp(out.data(), inp.data(), wl.data(),
+                                          with_bias ? bl.data() : nullptr, M, K, N, d);
+        kernels::cpu::matmul_backward_lowp(dinp.data(), dw.data(),
+                                           with_bias ? db.data() : nullptr, dout.data(),
+                                           inp.data(), wl.data(), M, K, N, d);
+        vw = dev_->In(wl, d);
+        vb = with_bias ? dev_->In(bl, d) : View{};
+      }
+      const View vout = dev_->In(std::vector<float>(M * N, -1.0f));
+      const View vinp = dev_->In(inp), vdout = dev_->In(dout);
+      const View vdinp = dev_->In(dinp0), vdw = dev_->In(dw0), vdb = dev_->In(db0);
+      ops().MatmulForward(cs, vout, vinp, vw, vb, M, K, N);
+      ops().MatmulBackward(cs, vdinp, vdw, with_bias ? vdb : View{}, vdout, vinp, vw, M, K, N);
+      Expect(dev_->Read(vout), out, d, "out");
+      Expect(dev_->Read(vdinp), dinp, d, "dinp");
+      Expect(dev_->Read(vdw), dw, d, "dweight");
+      Expect(dev_->Read(vdb), with_bias ? db : db0, d, "dbias");
+    }
+  }
+}
+
+TEST_P(OpConformanceTest, LayernormForwardAndBackward) {
+  const int64_t N = 5, C = 11;
+  const auto inp = Random(N * C, 1, 2.0f), w = Random(C, 2), b = Random(C, 3),
+             dout = Random(N * C, 4);
+  std::vector<float> out(N * C), mean(N), rstd(N), dinp = Random(N * C, 5), dw = Random(C, 6),
+                                                   db = Random(C, 7);
+  const View vdinp = dev_->In(dinp), vdw = dev_->In(dw), vdb = dev_->In(db);
+  kernels::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
+                                  b.data(), N, C, 1e-5f);
+  kernels::cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                                   w.data(), mean.data(), rstd.data(), N, C);
+  const View vout = dev_->In(std::vector<float>(N * C)), vmean = dev_->In(std::vector<float>(N)),
+             vrstd = dev_->In(std::vector<float>(N));
+  const View vinp = dev_->In(inp), vw = dev_->In(w), vb = dev_->In(b), vdout = dev_->In(dout);
+  ops().LayernormForward(cs, vout, vmean, vrstd, vinp, vw, vb, N, C, 1e-5f);
+  ops().LayernormBackward(cs, vdinp, vdw, vdb, vdout, vinp, vw, vmean, vrstd, N, C);
+  Expect(dev_->Read(vout), out, DType::kF32, "out");
+  Expect(dev_->Read(vmean), mean, DType::kF32, "mean");
+  Expect(dev_->Read(vrstd), rstd, DType::kF32, "rstd");
+  Expect(dev_->Read(vdinp), dinp, DType::kF32, "dinp");
+  Expect(dev_->Read(vdw), dw, DType::kF32, "dweight");
+  Expect(dev_->Read(vdb), db, DType::kF32, "dbias");
+}
+
+TEST_P(OpConformanceTest, GeluAttentionAndSoftmaxCrossEntropy) {
+  const int64_t n = 37;
+  const auto x = Random(n, 1, 2.0f), dy = Random(n, 2);
+  std::vector<float> y(n), dx = Random(n, 3);
+  const View vdx = dev_->In(dx);
+  kernels::cpu::gelu_forward(y.data(), x.data(), n);
+  kernels::cpu::gelu_backward(dx.data(), x.data(), dy.data(), n);
+  const View vy = dev_->In(std::vector<float>(n)), vx = dev_->In(x), vdy = dev_->In(dy);
+  ops().GeluForward(cs, vy, vx);
+  ops().GeluBackward(cs, vdx, vx, vdy);
+  Expect(dev_->Read(vy), y, DType::kF32, "gelu");
+  Expect(dev_->Read(vdx), dx, DType::kF32, "gelu'");
+
+  const int64_t B = 2, T = 5, C = 12, NH = 3;
+  const auto qkv = Random(B * T * 3 * C, 4), dout = Random(B * T * C, 5);
+  std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv = Random(B * T * 3 * C, 6);
+  const View vdqkv = dev_->In(dqkv);
+  kernels::cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  kernels::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  const View vout = dev_->In(std::vector<float>(out.size())),
+             vatt = dev_->In(std::vector<float>(att.size()));
+  const View vqkv = dev_->In(qkv), vdout = dev_->In(dout);
+  ops().AttentionForward(cs, vout, vatt, vqkv, B, T, C, NH);
+  ops().AttentionBackward(cs, vdqkv, vdout, vqkv, vatt, B, T, C, NH);
+  Expect(dev_->Read(vout), out, DType::kF32, "attention");
+  Expect(dev_->Read(vatt), att, DType::kF32, "att");
+  Expect(dev_->Read(vdqkv), dqkv, DType::kF32, "dqkv");
+
+  const int64_t N = 6, V = 13;
+  const auto logits = Random(N * V, 7, 3.0f);
+  const std::vector<int32_t> targets = {0, 12, 5, -1, 7, 7};  // -1 is ignored
+  std::vector<float> losses(N), probs(N * V), dlogits = Random(N * V, 8);
+  const View vdlogits = dev_->In(dlogits);
+  kernels::cpu::softmax_crossentropy_forward(losses.data(), probs.data(), logits.data(),
+                                             targets.data(), N, V);
+  kernels::cpu::softmax_crossentropy_backward(dlogits.data(), probs.data(), targets.data(),
+                                              0.25f, N, V);
+  const View vlosses = dev_->In(std::vector<float>(N)), vprobs = dev_->In(std::vector<float>(N * V));
+  const View vlogits = dev_->In(logits), vtargets = dev_->InI32(targets);
+  ops().SoftmaxCrossEntropyForward(cs, vlosses, vprobs, vlogits, vtargets, N, V);
+  ops().SoftmaxCrossEntropyBackward(cs, vdlogits, vprobs, vtargets, 0.25f, N, V);
+  Expect(dev_->Read(vlosses), losses, DType::kF32, "losses");
+  Expect(dev_->Read(vprobs), probs, DType::kF32, "probs");
+  Expect(dev_->Read(vdlogits), dlogits, DType::kF32, "dlogits");
+  // Mean into a device scalar.
+  const View vmean = dev_->In(std::vector<float>(1));
+  ops().Mean(cs, vmean, vlosses);
+  double sum = 0;
+  for (float l : losses) sum += l;
+  Expect(dev_->Read(vmean), {static_cast<float>(sum / N)}, DType::kF32, "mean");
+}
+
+TEST_P(OpConformanceTest, EmbeddingWithRepeatedIds) {
+  const int64_t N = 7, C = 9, V = 11;
+  const auto table = Random(V * C, 1), dout = Random(N * C, 2);
+  const std::vector<int32_t> idx = {3, 0, 10, 3, 3, 5, 0};
+  std::vector<float> out(N * C), dtable = Random(V * C, 3);
+  const View vdtable = dev_->In(dtable);
+  kernels::cpu::embedding_forward(out.data(), idx.data(), table.data(), N, C);
+  kernels::cpu::embedding_backward(dtable.data(), dout.data(), idx.data(), N, C);
+  const View vout = dev_->In(std::vector<float>(N * C)), vidx = dev_->InI32(idx);
+  ops().EmbeddingForward(cs, vout, vidx, dev_->In(table), N, C);
+  ops().EmbeddingBackward(cs, vdtable, dev_->In(dout), vidx, N, C);
+  Expect(dev_->Read(vout), out, DType::kF32, "out");
+  Expect(dev_->Read(vdtable), dtable, DType::kF32, "dtable");
+}
+
+TEST_P(OpConformanceTest, ElementwiseCastsAndReductionsOnSlices) {
+  const int64_t n = 29;
+  const auto a = Random(n + 3, 1), b = Random(n, 2), dout = Random(n, 3);
+  // Views at an odd element offset inside a larger buffer.
+  const View va = dev_->In(a).Slice(3, n), vb = dev_->In(b);
+  const View vout = dev_->In(std::vector<float>(n));
+  ops().Add(cs, vout, va, vb);
+  std::vector<float> want(n);
+  kernels::cpu::residual_forward(want.data(), a.data() + 3, b.data(), n);
+  Expect(dev_->Read(vout), want, DType::kF32, "add");
+  std::vector<float> da = Random(n, 4), db = Random(n, 5);
+  const View vda = dev_->In(da), vdb = dev_->In(db);
+  kernels::cpu::residual_backward(da.data(), db.data(), dout.data(), n);
+  ops().AddBackward(cs, vda, vdb, dev_->In(dout));
+  Expect(dev_->Read(vda), da, DType::kF32, "da");
+  Expect(dev_->Read(vdb), db, DType::kF32, "db");
+
+  // Casts both ways, bf16 and f16, with values that need rounding.
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    const std::vector<uint16_t> lowp = ToLowp(b, d);
+    const View vl = dev_->In(std::vector<uint16_t>(n), d);
+    ops().Cast(cs, vl, vb);
+    EXPECT_EQ(dev_->Read<uint16_t>(vl), lowp) << DTypeName(d);
+    std::vector<float> back(n);
+    if (d == DType::kBF16) {
+      kernels::cpu::cast_bf16_to_f32(back.data(), lowp.data(), n);
+    } else {
+      kernels::cpu::cast_f16_to_f32(back.data(), lowp.data(), n);
+    }
+    const View vback = dev_->In(std::vector<float>(n));
+    ops().Cast(cs, vback, vl);
+    Expect(dev_->Read(vback), back, DType::kF32, "cast back");
+  }
+
+  // Scale by a host factor and by a device scalar.
+  std::vector<float> s = b;
+  kernels::cpu::scale_inplace(s.data(), 0.3f, n);
+  const View vs = dev_->In(b);
+  ops().Scale(cs, vs, 0.3f);
+  Expect(dev_->Read(vs), s, DType::kF32, "scale");
+  kernels::cpu::scale_inplace(s.data(), -1.75f, n);
+  ops().ScaleBy(cs, vs, dev_->In(std::vector<float>{-1.75f}));
+  Expect(dev_->Read(vs), s, DType::kF32, "scale by");
+
+  // Reduce: sum and average of three inputs, in order, in f32, into one of them.
+  const auto c = Random(n, 6);
+  const View vc = dev_->In(c), vb2 = dev_->In(b);
+  const View ins[3] = {vb2, va, vc};
+  std::vector<float> sum(n), avg(n);
+  for (int64_t i = 0; i < n; ++i) {
+    sum[i] = (b[i] + a[3 + i]) + c[i];
+    avg[i] = sum[i] / 3.0f;
+  }
+  const View vavg = dev_->In(std::vector<float>(n));
+  ops().Reduce(cs, vavg, ins, ReduceOp::kAvg);
+  ops().Reduce(cs, vb2, ins, ReduceOp::kSum);
+  Expect(dev_->Read(vb2), sum, DType::kF32, "reduce sum");
+  Expect(dev_->Read(vavg), avg, DType::kF32, "reduce avg");
+
+  // Sum of squares accumulates in f64 on the device; split into an f32 pair; the global norm
+  // and the clip factor from the pairs of three "ranks".
+  const View sq = dev_->In(std::vector<double>{0.5}, DType::kF64);
+  ops().SumSquares(cs, sq, va);
+  ops().SumSquares(cs, sq, vb);
+  const double want_sq = 0.5 + kernels::cpu::sum_squares(a.data() + 3, n) +
+                         kernels::cpu::sum_squares(b.data(), n);
+  EXPECT_EQ(dev_->Read<double>(sq)[0], want_sq);
+  const View pairs = dev_->In(std::vector<float>(6));
+  for (int r = 0; r < 3; ++r) ops().SplitF64(cs, pairs.Slice(2 * r, 2), sq);
+  const auto p = dev_->Read(pairs);
+  EXPECT_EQ(p[0], static_cast<float>(want_sq));
+  EXPECT_EQ(p[1], static_cast<float>(want_sq - static_cast<double>(p[0])));
+  EXPECT_NEAR(static_cast<double>(p[0]) + p[1], want_sq, 1e-12 * want_sq);
+  const View total = dev_->In(std::vector<double>{0.0}, DType::kF64);
+  const View factor = dev_->In(std::vector<float>{0.0f});
+  for (float max_norm : {0.0f, 1.0f, 1e6f}) {
+    ops().GlobalNormClip(cs, total, factor, pairs, 2.0, max_norm);
+    double t = 0;
+    for (int r = 0; r < 3; ++r) t += static_cast<double>(p[2 * r]) + p[2 * r + 1];
+    EXPECT_EQ(dev_->Read<double>(total)[0], t);
+    const float want_factor =
+        static_cast<float>(ClipCoefficient(std::sqrt(t) / 2.0, max_norm) / 2.0);
+    EXPECT_EQ(dev_->Read(factor)[0], want_factor) << "max_norm " << max_norm;
+  }
+}
+
+TEST_P(OpConformanceTest, OptimizersOnAShardSlice) {
+  const int64_t n = 23;
+  const auto g = Random(n, 1), p0 = Random(n + 2, 2);
+  std::vector<float> p = p0, m(n, 0.1f), v(n, 0.2f);
+  const View vp = dev_->In(p0).Slice(2, n), vm = dev_->In(m), vv = dev_->In(v), vg = dev_->In(g);
+  for (int64_t step = 1; step <= 3; ++step) {
+    kernels::cpu::adamw_update(p.data() + 2, g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f,
+                               1e-8f, 0.1f, step);
+    ops().AdamW(cs, vp, vg, vm, vv, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+  }
+  Expect(dev_->Read(vp), std::vector<float>(p.begin() + 2, p.end()), DType::kF32, "adamw param");
+  Expect(dev_->Read(vm), m, DType::kF32, "adamw m");
+  Expect(dev_->Read(vv), v, DType::kF32, "adamw v");
+
+  std::vector<float> q = p0, buf(n);
+  const View vq = dev_->In(p0), vbuf = dev_->In(buf);
+  for (int step = 1; step <= 3; ++step) {
+    kernels::cpu::sgd_update(q.data(), g.data(), buf.data(), n, 0.1f, 0.9f, 0.1f, 0.01f, true,
+                             step == 1);
+    ops().Sgd(cs, vq.Slice(0, n), vg, vbuf, 0.1f, 0.9f, 0.1f, 0.01f, true, step == 1);
+  }
+  Expect(dev_->Read(vq), q, DType::kF32, "sgd param");
+  Expect(dev_->Read(vbuf), buf, DType::kF32, "sgd momentum");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpConformanceTest, ::testing::Values("cpu", "sim"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace
+}  // namespace fsdp
