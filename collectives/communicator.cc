@@ -86,8 +86,13 @@ absl::Status ValidateCall(const CollectiveCall& c, int rank, int size) {
   auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(absl::StrFormat("%s on rank %d: %s", what, rank, why));
   };
-  if (static_cast<unsigned>(c.dtype) > static_cast<unsigned>(DType::kF16)) {
+  if (static_cast<unsigned>(c.dtype) > static_cast<unsigned>(DType::kU8)) {
     return bad(absl::StrFormat("unknown dtype %d", static_cast<int>(c.dtype)));
+  }
+  const bool reduces = c.kind == CollectiveKind::kAllReduce ||
+                       c.kind == CollectiveKind::kReduceScatter;
+  if (reduces && static_cast<unsigned>(c.dtype) > static_cast<unsigned>(DType::kF16)) {
+    return bad("reductions take f32, bf16 or f16; all_gather and broadcast move any dtype");
   }
   if (static_cast<unsigned>(c.op) > static_cast<unsigned>(ReduceOp::kMax)) {
     return bad(absl::StrFormat("unknown reduce op %d", static_cast<int>(c.op)));

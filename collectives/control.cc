@@ -1,4 +1,5 @@
-// Strings, 64-bit integers, statuses and settings between ranks, through exact f32 encodings.
+// Strings, 64-bit integers, statuses and settings between ranks: the control plane, on the host
+// communicator, as bytes (u8) and 64-bit integers (i64).
 #include "collectives/control.h"
 
 #include <algorithm>
@@ -12,43 +13,27 @@ namespace internal {
 
 absl::StatusOr<std::string> BroadcastString(Communicator& comm, const std::string& s, int root,
                                             size_t max_bytes) {
-  // [length, byte 0, byte 1, ...]: every value below 2^24 is exact in f32.
-  // A string that does not fit is an error on every rank (length -1), never a truncation.
-  std::vector<float> buf(max_bytes + 1, 0.0f);
+  // The length (i64; -1: too long), then the bytes. A string that does not fit is an error on
+  // every rank, never a truncation.
+  int64_t length = 0;
   if (comm.rank() == root) {
-    buf[0] = s.size() > max_bytes ? -1.0f : static_cast<float>(s.size());
-    for (size_t i = 0; i < s.size() && i < max_bytes; ++i) {
-      buf[i + 1] = static_cast<float>(static_cast<unsigned char>(s[i]));
-    }
+    length = s.size() > max_bytes ? -1 : static_cast<int64_t>(s.size());
   }
-  FSDP_RETURN_IF_ERROR(
-      comm.Broadcast(buf.data(), static_cast<int64_t>(buf.size()), DType::kF32, root));
-  if (buf[0] < 0 || buf[0] > static_cast<float>(max_bytes)) {
+  FSDP_RETURN_IF_ERROR(comm.Broadcast(&length, 1, DType::kI64, root));
+  if (length < 0 || static_cast<size_t>(length) > max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a string of rank ", root, " is longer than the ", max_bytes, " bytes it may have"));
   }
-  const auto n = static_cast<size_t>(buf[0]);
-  std::string out(n, '\0');
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(static_cast<unsigned char>(buf[i + 1]));
+  std::string out = comm.rank() == root ? s : std::string(static_cast<size_t>(length), '\0');
+  FSDP_RETURN_IF_ERROR(comm.Broadcast(out.data(), length, DType::kU8, root));
   return out;
 }
 
 absl::StatusOr<std::vector<uint64_t>> AllGatherU64(Communicator& comm,
                                                    const std::vector<uint64_t>& mine) {
-  const size_t k = mine.size() * 4;
-  std::vector<float> send(k), recv(k * comm.size());
-  for (size_t i = 0; i < mine.size(); ++i) {
-    for (int c = 0; c < 4; ++c)
-      send[i * 4 + c] = static_cast<float>((mine[i] >> (16 * c)) & 0xffff);
-  }
-  FSDP_RETURN_IF_ERROR(
-      comm.AllGather(send.data(), recv.data(), static_cast<int64_t>(k), DType::kF32));
   std::vector<uint64_t> out(mine.size() * comm.size(), 0);
-  for (size_t i = 0; i < out.size(); ++i) {
-    for (int c = 0; c < 4; ++c) {
-      out[i] |= static_cast<uint64_t>(recv[i * 4 + c]) << (16 * c);
-    }
-  }
+  FSDP_RETURN_IF_ERROR(comm.AllGather(mine.data(), out.data(), static_cast<int64_t>(mine.size()),
+                                      DType::kI64));
   return out;
 }
 

@@ -1,7 +1,7 @@
-// Host values between the ranks of a group over the data-plane communicator, in exact f32
-// encodings: strings (one byte per float) and 64-bit integers (four 16-bit pieces). Used by
-// the pre-flight agreement (fsdp/agreement.h), the sharding runtime's unit check and the
-// checkpoint coordination.
+// The control plane: host values between the ranks of a group over its host communicator, as
+// bytes (u8) and 64-bit integers (i64), never through the data plane's device buffers. Used by
+// the pre-flight agreement (fsdp/agreement.h), the sharding runtime's unit check, the sim data
+// plane's rendezvous and the checkpoint coordination.
 #pragma once
 
 #include <cstdint>

@@ -42,6 +42,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/communicator.h"
 #include "fsdp/cpu_backend.h"
+#include "fsdp/sim_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
@@ -106,6 +107,10 @@ ABSL_FLAG(std::string, export_safetensors, "", "write the trained model to this 
 ABSL_FLAG(std::string, nonfinite, "error",
           "when the gradients hold inf or NaN: error (stop, exit 1) or skip (skip the step on "
           "every rank and count it)");
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu, or sim: the strict simulated accelerator (device memory the host cannot read, "
+          "every op asynchronous on a stream; ranks as threads only), to check an integration "
+          "against the device contract");
 ABSL_FLAG(int64_t, device_memory_mib, 0,
           "memory each rank's device may hold, in MiB (0 = what the system gives); past it an "
           "allocation is an out-of-memory error naming the buffer, as on an accelerator");
@@ -126,6 +131,7 @@ struct Settings {
   fsdp::nn::ShardedGptOptions model;
   int micro_batches = 1, steps = 0, warmup = 0, log_every = 1, eval_every = 0, threads = 0;
   int ranks_on_host = 1;
+  bool sim = false;  // --backend=sim
   int sample_tokens = 0, checkpoint_every = 0;
   Schedule schedule = Schedule::kCosine;
   float max_lr = 0, temperature = 0;
@@ -345,6 +351,16 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   s.seed = absl::GetFlag(FLAGS_seed);
   s.model.seed = s.seed;
 
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "cpu" && backend != "sim") {
+    return BadFlag("backend", backend, "allowed: cpu or sim");
+  }
+  s.sim = backend == "sim";
+  if (s.sim && !ranks_share_process) {
+    return BadFlag("backend", backend,
+                   "the sim backend connects ranks as threads of one process, not under mpirun");
+  }
+
   // Threads per rank: never more than this process may use.
   const int hw = fsdp::HardwareThreads();
   s.threads = absl::GetFlag(FLAGS_threads);
@@ -497,11 +513,24 @@ absl::StatusOr<std::string> Sample(ShardedGpt& model, const std::string& prompt,
 // Everything one rank does. Rank 0 prints.
 absl::Status RunRank(Communicator& world, const Settings& s) {
   const bool lead = world.rank() == 0;
-  FSDP_ASSIGN_OR_RETURN(auto backend,
-                        fsdp::CpuBackend::Create({.num_threads = s.threads,
-                                                  .ranks_sharing_cores = s.ranks_on_host,
-                                                  .memory_limit_bytes = s.device_memory_bytes}));
-  backend->BindCurrentThread();
+  std::unique_ptr<fsdp::Backend> backend;
+  int threads = 0;  // of this rank's kernels
+  if (s.sim) {
+    fsdp::SimBackendOptions o;
+    o.num_threads = std::max(1, s.threads > 0 ? s.threads
+                                              : fsdp::HardwareThreads() / s.ranks_on_host);
+    o.memory_limit_bytes = s.device_memory_bytes;
+    FSDP_ASSIGN_OR_RETURN(backend, fsdp::SimBackend::Create(o));
+    threads = o.num_threads;
+  } else {
+    FSDP_ASSIGN_OR_RETURN(auto cpu,
+                          fsdp::CpuBackend::Create({.num_threads = s.threads,
+                                                    .ranks_sharing_cores = s.ranks_on_host,
+                                                    .memory_limit_bytes = s.device_memory_bytes}));
+    cpu->BindCurrentThread();
+    threads = cpu->num_threads();
+    backend = std::move(cpu);
+  }
   const int B = s.model.batch_size, T = s.model.seq_len, N = world.size();
   // Each micro-batch is one loader step, so the data order is that of B*N-row batches.
   FSDP_ASSIGN_OR_RETURN(auto train, fsdp::nn::DataLoader::Create(
@@ -599,14 +628,14 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     }
     std::printf("train_gpt: %s L=%d H=%d C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
                 "%d units | batch %d x %d per step | %d steps, lr %.2e %s, warmup %d | "
-                "%d threads per rank%s\n",
+                "%s backend, %d threads per rank%s\n",
                 s.config.name.c_str(), s.config.num_layers, s.config.num_heads,
                 s.config.channels, s.config.vocab_size, s.config.num_parameters() / 1e6,
                 std::string(fsdp::StrategyName(s.model.sharding.strategy)).c_str(), N,
                 std::string(world.backend()).c_str(), model->runtime().num_units(),
                 B * N * s.micro_batches, T, s.steps, s.max_lr,
                 s.schedule == Schedule::kCosine ? "cosine" : "constant", s.warmup,
-                backend->num_threads(), extras.c_str());
+                std::string(backend->name()).c_str(), threads, extras.c_str());
     if (start_step >= s.steps) {
       std::printf("nothing to train: the checkpoint is at step %d, --steps is %d\n", start_step,
                   s.steps);
@@ -639,8 +668,10 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       last_loss = loss_sum / loss_count;
       if (std::isnan(first_loss)) first_loss = last_loss;
       const int64_t skipped = model->runtime().skipped_steps();
-      std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %6.3f | %6.0f tok/s | %s | ETA %s%s\n",
+      std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %6.3f | %lld host syncs | %6.0f "
+                  "tok/s | %s | ETA %s%s\n",
                   step + 1, s.steps, loss_sum / loss_count, stats.lr, stats.grad_norm,
+                  static_cast<long long>(stats.host_syncs),
                   done * tokens_per_step / t, Seconds(t).c_str(),
                   Seconds(t / done * (s.steps - step - 1)).c_str(),
                   skipped > 0 ? absl::StrCat(" | ", skipped, " steps skipped (inf/NaN)").c_str()

@@ -366,8 +366,16 @@ void SimBackend::Free(const Allocation& a) {
   if (a.address == nullptr) return;
   const size_t rounded = (a.bytes + kAlignment - 1) / kAlignment * kAlignment;
   impl_->in_use.fetch_sub(static_cast<int64_t>(a.bytes));
-  std::free(a.storage);
-  AddressSpace::Get().Release(reinterpret_cast<uintptr_t>(a.address), rounded);
+  // Stream-ordered, as cudaFreeAsync: the bytes go back once the work issued so far on both
+  // streams has run (a buffer dropped on an error path may still be written by queued work).
+  const Event comm_done = Record(Stream::kComm);
+  void* storage = a.storage;
+  const uintptr_t address = reinterpret_cast<uintptr_t>(a.address);
+  impl_->compute->Submit("free", [comm_done, storage, address, rounded] {
+    comm_done.Wait().IgnoreError();  // a failed stream has still run its items
+    std::free(storage);
+    AddressSpace::Get().Release(address, rounded);
+  });
 }
 
 MemoryStats SimBackend::memory_stats() const {

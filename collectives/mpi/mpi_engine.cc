@@ -28,7 +28,18 @@ constexpr auto kSpinAfterStart = std::chrono::milliseconds(1);
 // rank waiting for slow peers leaves the CPU to them.
 constexpr auto kStallAfter = std::chrono::milliseconds(10);
 
-MPI_Datatype ElementType(DType t) { return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Datatype ElementType(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kBF16:
+    case DType::kF16: return MPI_UINT16_T;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kU8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
 
 CollectiveCall CallOf(const FpRecord& r) {
   return {.kind = static_cast<CollectiveKind>(r.kind), .count = r.count,

@@ -152,7 +152,9 @@ class Backend {
   // ---- memory ---------------------------------------------------------------------------------
   // Zero bytes give an empty allocation. Out of memory is ResourceExhausted.
   virtual absl::StatusOr<Allocation> Allocate(size_t bytes) = 0;
-  // The caller makes sure no queued work still uses the allocation.
+  // Stream-ordered (as cudaFreeAsync): the bytes are reused only after the work issued so far
+  // on both streams has run, so a buffer may be dropped while queued work still uses it. The
+  // memory is counted free at once.
   virtual void Free(const Allocation& allocation) = 0;
   virtual MemoryStats memory_stats() const = 0;
   virtual void ResetPeak() = 0;

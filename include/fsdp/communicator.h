@@ -22,7 +22,12 @@
 //   pad (ShardCount / PaddedCount); the buffer-view overloads check the sizes and say what is
 //   wrong.
 // - bf16 and f16 reductions accumulate in f32 and round once. kAvg is the sum divided by the
-//   group size, in f32.
+//   group size, in f32. Reductions take f32, bf16 and f16; all_gather and broadcast move any
+//   dtype (control data: u8 bytes, i64 integers).
+// - Buffers are host memory: the local transport copies between its peers' buffers, the MPI
+//   one hands them to Open MPI. A communicator is the control plane of its group, and the data
+//   plane of a host backend; device memory moves through the backend's DataPlane
+//   (fsdp/data_plane.h).
 #pragma once
 
 #include <chrono>

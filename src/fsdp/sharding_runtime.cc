@@ -119,13 +119,20 @@ UnitView ShardingRuntime::Impl::MakeView(int u, bool with_grads) const {
 absl::Status ShardingRuntime::Impl::GatherToHost(const Unit& unit, const Accounted& shard,
                                                  absl::string_view what, float* out) {
   const int64_t numel = unit.layout.numel;
-  if (S() == 1) return backend->CopyToHost(out, shard.view().Slice(0, numel));
+  if (S() == 1) {
+    absl::Status s = backend->CopyToHost(out, shard.view().Slice(0, numel));
+    pending.Collect();
+    return s;
+  }
   FSDP_ASSIGN_OR_RETURN(Accounted tmp, Alloc(book.gathered, what, &unit,
                                              unit.layout.padded_numel));
   FSDP_ASSIGN_OR_RETURN(Event done, shard_plane->AllGather(shard.view(), tmp.view()));
   FSDP_RETURN_IF_ERROR(backend->Wait(Stream::kCompute, done));
-  // The copy waited for the compute stream, which waited for the gather: `tmp` is free.
-  return backend->CopyToHost(out, tmp.view().Slice(0, numel));
+  // The copy waited for the compute stream, which waited for the gather: `tmp` is free, and
+  // so is whatever the device was done with before.
+  absl::Status s = backend->CopyToHost(out, tmp.view().Slice(0, numel));
+  pending.Collect();
+  return s;
 }
 
 absl::Status ShardingRuntime::Impl::StreamWait(Stream s, const Event& e, absl::string_view name,
@@ -581,8 +588,9 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
     stats.loss_scale = m.scaler.scale();
     m.pending.Add(std::move(scratch), {m.backend->Record(cs)});
   }
-  // Everything of this step is issued: what the device still holds is given back once done.
-  m.pending.Drain();
+  // Everything of this step is issued; what the device no longer uses is given back (the host
+  // does not wait for the rest: the next step's hooks collect it).
+  m.pending.Collect();
   const int64_t syncs = m.backend->host_syncs();
   stats.host_syncs = syncs - m.host_syncs_at_step;
   stats.throttle_waits = m.throttle_waits - m.throttle_waits_at_step;
