@@ -25,6 +25,9 @@ inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
     SimBackendOptions options;
     options.num_threads = threads;
     options.memory_limit_bytes = memory_limit;
+    // Every collective lands a while after the compute stream could have run on: work that
+    // reads its result without waiting for its event reads stale memory, and the suites fail.
+    options.data_plane.link_latency = absl::Microseconds(300);
     FSDP_ASSIGN_OR_RETURN(auto b, SimBackend::Create(options));
     return std::unique_ptr<Backend>(std::move(b));
   }

@@ -200,6 +200,31 @@ struct SimBackend::Impl {
   std::unique_ptr<Ops> ops;
 
   SimStream& stream(Stream s) { return s == Stream::kCompute ? *compute : *comm; }
+
+  // Freed allocations whose bytes go back once the work issued before the free has run on
+  // both streams; checked at each Allocate and Free, without ever making a stream wait.
+  struct DeferredFree {
+    Event compute, comm;
+    void* storage;
+    uintptr_t address;
+    size_t rounded;
+  };
+  std::mutex free_mu;
+  std::deque<DeferredFree> deferred;
+  void Reap(bool wait_all) {
+    std::lock_guard<std::mutex> lock(free_mu);
+    std::erase_if(deferred, [&](DeferredFree& f) {
+      if (wait_all) {
+        f.compute.Wait().IgnoreError();  // a failed stream has still run its items
+        f.comm.Wait().IgnoreError();
+      } else if (!f.compute.Done() || !f.comm.Done()) {
+        return false;
+      }
+      std::free(f.storage);
+      AddressSpace::Get().Release(f.address, f.rounded);
+      return true;
+    });
+  }
   // The injected time of an op moving `bytes`.
   void Delay(size_t bytes) const {
     absl::Duration d = options.op_latency;
@@ -275,8 +300,12 @@ class SimDataPlane final : public DataPlane {
     auto done = std::make_shared<SimEvent>();
     Communicator* comm = comm_.get();
     SimStream* stream = &impl_->stream(Stream::kComm);
-    stream->Submit(what, [ready, done, comm, stream, run = std::move(run)] {
+    const absl::Duration latency = impl_->options.data_plane.link_latency;
+    stream->Submit(what, [ready, done, comm, stream, latency, run = std::move(run)] {
       absl::Status s = ready.Wait();
+      // The link's latency passes before the data moves, so work that reads the result
+      // without waiting for the event reads stale memory.
+      if (s.ok() && latency > absl::ZeroDuration()) absl::SleepFor(latency);
       if (s.ok()) s = run(*comm);
       if (!s.ok()) stream->SetFailure(s);
       done->Complete(s);
@@ -329,12 +358,14 @@ SimBackend::~SimBackend() {
   // The streams drain their queues before their workers stop.
   impl_->compute.reset();
   impl_->comm.reset();
+  impl_->Reap(/*wait_all=*/true);
 }
 
 const SimBackendOptions& SimBackend::options() const { return impl_->options; }
 
 absl::StatusOr<Allocation> SimBackend::Allocate(size_t bytes) {
   if (bytes == 0) return Allocation{};
+  impl_->Reap(/*wait_all=*/false);
   const auto n = static_cast<int64_t>(bytes);
   const int64_t now = impl_->in_use.fetch_add(n) + n;
   const int64_t limit = impl_->options.memory_limit_bytes;
@@ -368,14 +399,14 @@ void SimBackend::Free(const Allocation& a) {
   impl_->in_use.fetch_sub(static_cast<int64_t>(a.bytes));
   // Stream-ordered, as cudaFreeAsync: the bytes go back once the work issued so far on both
   // streams has run (a buffer dropped on an error path may still be written by queued work).
-  const Event comm_done = Record(Stream::kComm);
-  void* storage = a.storage;
-  const uintptr_t address = reinterpret_cast<uintptr_t>(a.address);
-  impl_->compute->Submit("free", [comm_done, storage, address, rounded] {
-    comm_done.Wait().IgnoreError();  // a failed stream has still run its items
-    std::free(storage);
-    AddressSpace::Get().Release(address, rounded);
-  });
+  // Neither stream waits for the other.
+  Impl::DeferredFree f{Record(Stream::kCompute), Record(Stream::kComm), a.storage,
+                       reinterpret_cast<uintptr_t>(a.address), rounded};
+  {
+    std::lock_guard<std::mutex> lock(impl_->free_mu);
+    impl_->deferred.push_back(std::move(f));
+  }
+  impl_->Reap(/*wait_all=*/false);
 }
 
 MemoryStats SimBackend::memory_stats() const {
@@ -483,6 +514,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> SimBackend::CreateDataPlane(Communica
     if (entry == nullptr) {
       entry = std::make_shared<PlaneRendezvous>();
       CommOptions options = impl_->options.data_plane;
+      options.link_latency = absl::ZeroDuration();  // charged by the data plane, before the move
       FSDP_ASSIGN_OR_RETURN(entry->world, LocalWorld::Create(group.size(), options, group.name()));
     }
     FSDP_ASSIGN_OR_RETURN(comm, entry->world->TakeRank(group.rank()));
