@@ -187,7 +187,8 @@ int main(int argc, char** argv) {
     without = Run(p, bw, false, false);
     if (round == 2) break;
     const double comm = std::max(1e-4, without.exposed_s - off.exposed_s);
-    bw *= comm / (p.comm_fraction * off.step_s);
+    // At most 10x per round: one noisy measurement must not make the link absurdly slow.
+    bw *= std::clamp(comm / (p.comm_fraction * off.step_s), 0.1, 10.0);
   }
   const Result with = Run(p, bw, true, true);
   std::printf("simulated link: %.3f GB/s (communication ~%.0f%% of compute)\n", bw / 1e9,

@@ -17,10 +17,12 @@ absl::Status ShardingRuntime::Impl::IssueGather(Unit& unit) {
   if (unit.gathered.allocated() || (S() == 1 && pd == DType::kF32)) return absl::OkStatus();
   const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
   // The rate limit (FSDP's limit_all_gathers): a host running ahead of an asynchronous device
-  // waits here until the device is done with the gathered parameters it gave back, so the
-  // gathered units are the same on every backend: those in use, those kept for backward and
-  // at most max_prefetch_units prefetched. A host backend never waits.
-  throttle_waits += pending.WaitUntilAtMost(&book.gathered, 0);
+  // waits here until at most one unit it gave back is still read by the device's queued
+  // compute, so the gathered units are those in use, those kept for backward, at most
+  // max_prefetch_units prefetched, and one the device is finishing with. Waiting for that
+  // last one too would idle the device while the host issues the next unit. A host backend
+  // never waits (its compute is done when the host gives a unit back).
+  throttle_waits += pending.WaitUntilAtMost(&book.gathered, 1);
   FSDP_ASSIGN_OR_RETURN(unit.gathered,
                         Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
   fsdp::View send = unit.param_shard.view();

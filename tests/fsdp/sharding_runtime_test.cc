@@ -98,6 +98,9 @@ TEST(ShardingMemoryTest, GatheredPeakFollowsTheStrategy) {
     ShardingStrategy s;
     int64_t peak_elems;
   };
+  // An asynchronous device may still read one block the host gave back (the rate limit's
+  // allowance, as FSDP's limit_all_gathers); on the CPU it is done at once.
+  const int64_t behind = TestBackendName() == "cpu" ? 0 : block;
   for (Expect e : {Expect{ShardingStrategy::kFullShard, root + block},
                    Expect{ShardingStrategy::kShardGradOp, all},
                    Expect{ShardingStrategy::kNoShard, 0}}) {
@@ -111,7 +114,8 @@ TEST(ShardingMemoryTest, GatheredPeakFollowsTheStrategy) {
     for (const TrainResult& r : res) {
       // Padding of at most one element per unit and rank.
       EXPECT_GE(r.memory.gathered_param_peak_bytes, e.peak_elems * 4) << StrategyName(e.s);
-      EXPECT_LE(r.memory.gathered_param_peak_bytes, (e.peak_elems + 2 * 3) * 4)
+      const int64_t slack = e.s == ShardingStrategy::kFullShard ? behind : 0;
+      EXPECT_LE(r.memory.gathered_param_peak_bytes, (e.peak_elems + slack + 2 * 3) * 4)
           << StrategyName(e.s);
       EXPECT_EQ(r.memory.gathered_param_bytes, 0) << "freed after the step";
       EXPECT_EQ(r.memory.grad_buffer_bytes, 0);
@@ -225,12 +229,20 @@ TEST(ShardingPrefetchTest, SameResultsBitwiseAndBoundedPeak) {
       EXPECT_EQ(res[0][r].losses, res[1][r].losses) << StrategyName(st);
       EXPECT_EQ(res[0][r].params, res[1][r].params) << StrategyName(st);
       if (st == ShardingStrategy::kFullShard) {
-        // Without prefetch: the root and one block; with it: one more block at most.
-        EXPECT_LE(res[0][r].memory.gathered_param_peak_bytes, (root + block + 6) * 4);
-        EXPECT_GT(res[1][r].memory.gathered_param_peak_bytes,
-                  res[0][r].memory.gathered_param_peak_bytes)
-            << "prefetch never ran ahead";
-        EXPECT_LE(res[1][r].memory.gathered_param_peak_bytes, (root + 2 * block + 9) * 4);
+        // Without prefetch: the root and one block (on a device, and the block it finishes);
+        // with it: one more block at most.
+        const int64_t behind = TestBackendName() == "cpu" ? 0 : block;
+        EXPECT_LE(res[0][r].memory.gathered_param_peak_bytes, (root + block + behind + 6) * 4);
+        // On the CPU the peak shows the prefetch ran ahead; on a device the block it finishes
+        // can raise the peak without prefetch as much (sim_backend_test checks there that the
+        // prefetched gathers overlap compute).
+        if (TestBackendName() == "cpu") {
+          EXPECT_GT(res[1][r].memory.gathered_param_peak_bytes,
+                    res[0][r].memory.gathered_param_peak_bytes)
+              << "prefetch never ran ahead";
+        }
+        EXPECT_LE(res[1][r].memory.gathered_param_peak_bytes,
+                  (root + 2 * block + behind + 9) * 4);
       }
     }
   }
