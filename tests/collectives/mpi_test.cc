@@ -36,6 +36,13 @@ class MpiTestWorld final : public TestWorld {
 std::vector<int> TestWorldSizes() { return {0}; }
 
 std::unique_ptr<TestWorld> MakeTestWorld(int size, const CommOptions& options) {
+  // The processes start the world's creation together: its join has the test's deadline (as
+  // short as 500 ms in the fault tests), and a process may still be tearing down the failed
+  // world of the previous test for up to that deadline.
+  if (SideComm() != nullptr) {
+    const absl::Status s = SideComm()->Barrier();
+    if (!s.ok()) std::fprintf(stderr, "side barrier before CreateMpiWorld: %s\n", s.ToString().c_str());
+  }
   auto comm = CreateMpiWorld(options);
   if (!comm.ok()) {
     std::fprintf(stderr, "CreateMpiWorld: %s\n", comm.status().ToString().c_str());
