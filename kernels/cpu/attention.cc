@@ -1,14 +1,19 @@
 // Causal multi-head self-attention, forward and backward. One (batch, head) pair is one
-// OpenMP task; inside it the four T x T products are single-threaded oneDNN GEMMs on strided
-// views of qkv, att and out (no copies). The products are full T x T: att is zero above the
-// diagonal, so the mask costs only the wasted upper half, and a oneDNN GEMM still beats a
-// triangular loop by far. Row softmax and its backward are plain loops (vec_math.h).
+// OpenMP task; inside it the products are single-threaded oneDNN GEMMs on strided views of
+// qkv, att and out (no copies). The products are blocked along the sequence so that the
+// masked half is skipped: query block i (rows [r0, r1)) only meets keys [0, r1), and key
+// block j only receives gradient from queries [c0, T). With blocks of `block` rows, the GEMMs
+// compute nb(nb+1)/2 of the nb^2 blocks of the T x T square (nb = T / block), and att still
+// holds the full probabilities (zero above the diagonal) for backward. Row softmax and its
+// backward are plain loops (vec_math.h) over the causal part of each row.
 #include <omp.h>
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <vector>
+
+#include "kernels/cpu/attention.h"
 
 #include "fsdp/kernels_cpu.h"
 #include "kernels/cpu/gemm.h"
@@ -33,9 +38,11 @@ Head HeadAt(int64_t bh, int64_t T, int64_t C, int64_t NH) {
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH) {
-  assert(NH > 0 && C % NH == 0);
+namespace internal {
+
+void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH, int64_t block) {
+  assert(NH > 0 && C % NH == 0 && block > 0);
   const int64_t D = C / NH, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel
@@ -46,29 +53,36 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
       const Head hd = HeadAt(bh, T, C, NH);
       const float* q = qkv + hd.qkv;
       float* p = att + hd.att;
-      // scores = q k^T (scaled inside the softmax)
-      Gemm(p, T, Operand{q, ld, false}, Operand{q + C, ld, true}, nullptr, T, D, T, false);
-      for (int64_t t = 0; t < T; ++t) {
-        float* row = p + t * T;
-        internal::Softmax(row, row, t + 1, scale);
-        std::fill(row + t + 1, row + T, 0.0f);
+      for (int64_t r0 = 0; r0 < T; r0 += block) {
+        const int64_t r1 = std::min(T, r0 + block), rows = r1 - r0;
+        float* pb = p + r0 * T;
+        // scores[r0:r1, 0:r1] = q[r0:r1] k[0:r1]^T (scaled inside the softmax)
+        Gemm(pb, T, Operand{q + r0 * ld, ld, false}, Operand{q + C, ld, true}, nullptr, rows, D,
+             r1, false);
+        for (int64_t t = r0; t < r1; ++t) {
+          float* row = p + t * T;
+          internal::Softmax(row, row, t + 1, scale);
+          std::fill(row + t + 1, row + T, 0.0f);
+        }
+        // out[r0:r1] = att[r0:r1, 0:r1] v[0:r1]
+        Gemm(out + hd.out + r0 * C, C, Operand{pb, T, false}, Operand{q + 2 * C, ld, false},
+             nullptr, rows, r1, D, false);
       }
-      // out = att v
-      Gemm(out + hd.out, C, Operand{p, T, false}, Operand{q + 2 * C, ld, false}, nullptr, T, T,
-           D, false);
     }
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        int64_t B, int64_t T, int64_t C, int64_t NH) {
-  assert(NH > 0 && C % NH == 0);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                       int64_t B, int64_t T, int64_t C, int64_t NH, int64_t block) {
+  assert(NH > 0 && C % NH == 0 && block > 0);
   const int64_t D = C / NH, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel
   {
     omp_set_num_threads(1);
-    std::vector<float> ds(static_cast<size_t>(T * T));  // per-thread scratch: d(scores)
+    // Per-thread scratch: d(scores). Only the blocks on and below the diagonal are written
+    // and read; inside a diagonal block the part above the diagonal is zeroed.
+    std::vector<float> ds(static_cast<size_t>(T * T));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const Head hd = HeadAt(bh, T, C, NH);
@@ -76,30 +90,52 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const float* p = att + hd.att;
       const float* dy = dout + hd.out;
       float* dq = dqkv + hd.qkv;
-      // dv += att^T dy
-      Gemm(dq + 2 * C, ld, Operand{p, T, true}, Operand{dy, C, false}, nullptr, T, T, D, true);
-      // datt = dy v^T
-      Gemm(ds.data(), T, Operand{dy, C, false}, Operand{q + 2 * C, ld, true}, nullptr, T, D, T,
-           false);
-      // Softmax backward per row: ds = p (datt - sum(p datt)) scale; zero above the diagonal
-      // so the full-size GEMMs below see the causal mask.
-      for (int64_t t = 0; t < T; ++t) {
-        const float* pr = p + t * T;
-        float* dr = ds.data() + t * T;
-        float dot = 0.0f;
+      // Query blocks: d(scores) and dq.
+      for (int64_t r0 = 0; r0 < T; r0 += block) {
+        const int64_t r1 = std::min(T, r0 + block), rows = r1 - r0;
+        float* dsb = ds.data() + r0 * T;
+        // datt[r0:r1, 0:r1] = dy[r0:r1] v[0:r1]^T
+        Gemm(dsb, T, Operand{dy + r0 * C, C, false}, Operand{q + 2 * C, ld, true}, nullptr, rows,
+             D, r1, false);
+        // Softmax backward per row: ds = p (datt - sum(p datt)) scale, zero above the diagonal.
+        for (int64_t t = r0; t < r1; ++t) {
+          const float* pr = p + t * T;
+          float* dr = ds.data() + t * T;
+          float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t s = 0; s <= t; ++s) dot += pr[s] * dr[s];
+          for (int64_t s = 0; s <= t; ++s) dot += pr[s] * dr[s];
 #pragma omp simd
-        for (int64_t s = 0; s <= t; ++s) dr[s] = scale * pr[s] * (dr[s] - dot);
-        std::fill(dr + t + 1, dr + T, 0.0f);
+          for (int64_t s = 0; s <= t; ++s) dr[s] = scale * pr[s] * (dr[s] - dot);
+          std::fill(dr + t + 1, dr + r1, 0.0f);
+        }
+        // dq[r0:r1] += ds[r0:r1, 0:r1] k[0:r1]
+        Gemm(dq + r0 * ld, ld, Operand{dsb, T, false}, Operand{q + C, ld, false}, nullptr, rows,
+             r1, D, true);
       }
-      // dq += ds k;  dk += ds^T q
-      Gemm(dq, ld, Operand{ds.data(), T, false}, Operand{q + C, ld, false}, nullptr, T, T, D,
-           true);
-      Gemm(dq + C, ld, Operand{ds.data(), T, true}, Operand{q, ld, false}, nullptr, T, T, D,
-           true);
+      // Key blocks: dk and dv from the queries that see them, [c0, T).
+      for (int64_t c0 = 0; c0 < T; c0 += block) {
+        const int64_t c1 = std::min(T, c0 + block), cols = c1 - c0, rows = T - c0;
+        // dv[c0:c1] += att[c0:T, c0:c1]^T dy[c0:T]
+        Gemm(dq + 2 * C + c0 * ld, ld, Operand{p + c0 * T + c0, T, true},
+             Operand{dy + c0 * C, C, false}, nullptr, cols, rows, D, true);
+        // dk[c0:c1] += ds[c0:T, c0:c1]^T q[c0:T]
+        Gemm(dq + C + c0 * ld, ld, Operand{ds.data() + c0 * T + c0, T, true},
+             Operand{q + c0 * ld, ld, false}, nullptr, cols, rows, D, true);
+      }
     }
   }
+}
+
+}  // namespace internal
+
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                       int64_t C, int64_t NH) {
+  internal::AttentionForward(out, att, qkv, B, T, C, NH, internal::kAttentionBlock);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t NH) {
+  internal::AttentionBackward(dqkv, dout, qkv, att, B, T, C, NH, internal::kAttentionBlock);
 }
 
 }  // namespace fsdp::kernels::cpu

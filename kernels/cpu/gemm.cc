@@ -42,6 +42,9 @@ struct GemmPlan {
   bool supported = true;  // false: oneDNN has no matmul for these types (TryGemm says so)
   dnnl::matmul prim;
   memory::desc a, b, c, bias;
+  // The execution arguments, made once: a call only points them at its data
+  // (set_data_handle), so a small GEMM pays no allocation per call.
+  std::unordered_map<int, memory> args;
 };
 
 // Kernels run concurrently on several rank threads (and on their OpenMP workers): each thread
@@ -73,7 +76,7 @@ memory::desc View(int64_t rows, int64_t cols, int64_t ld, bool transposed, DType
                       transposed ? memory::dims{1, ld} : memory::dims{ld, 1});
 }
 
-const GemmPlan& Plan(ThreadContext& ctx, const GemmKey& key) {
+GemmPlan& Plan(ThreadContext& ctx, const GemmKey& key) {
   auto it = ctx.plans.find(key);
   if (it != ctx.plans.end()) return it->second;
   // A model uses a few dozen shapes; the cap only matters for sweeps over many shapes.
@@ -102,6 +105,12 @@ const GemmPlan& Plan(ThreadContext& ctx, const GemmKey& key) {
     if (key.a_type == DType::kF32 && key.b_type == DType::kF32) throw;
     plan.supported = false;
   }
+  if (plan.supported) {
+    plan.args = {{DNNL_ARG_SRC, memory(plan.a, ctx.engine, nullptr)},
+                 {DNNL_ARG_WEIGHTS, memory(plan.b, ctx.engine, nullptr)},
+                 {DNNL_ARG_DST, memory(plan.c, ctx.engine, nullptr)}};
+    if (key.bias) plan.args.emplace(DNNL_ARG_BIAS, memory(plan.bias, ctx.engine, nullptr));
+  }
   return ctx.plans.emplace(key, std::move(plan)).first->second;
 }
 
@@ -121,16 +130,13 @@ bool TryGemm(float* c, int64_t ldc, Operand a, Operand b, const float* bias, int
     ThreadContext& ctx = Context();
     const GemmKey key{M, K, N, a.ld, b.ld, ldc, a.transposed, b.transposed, bias != nullptr,
                       accumulate, a.dtype, b.dtype, omp_get_max_threads()};
-    const GemmPlan& plan = Plan(ctx, key);
+    GemmPlan& plan = Plan(ctx, key);
     if (!plan.supported) return false;
-    std::unordered_map<int, memory> args = {
-        {DNNL_ARG_SRC, memory(plan.a, ctx.engine, const_cast<void*>(a.data))},
-        {DNNL_ARG_WEIGHTS, memory(plan.b, ctx.engine, const_cast<void*>(b.data))},
-        {DNNL_ARG_DST, memory(plan.c, ctx.engine, c)}};
-    if (bias != nullptr) {
-      args.emplace(DNNL_ARG_BIAS, memory(plan.bias, ctx.engine, const_cast<float*>(bias)));
-    }
-    plan.prim.execute(ctx.stream, args);
+    plan.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<void*>(a.data));
+    plan.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<void*>(b.data));
+    plan.args.at(DNNL_ARG_DST).set_data_handle(c);
+    if (bias != nullptr) plan.args.at(DNNL_ARG_BIAS).set_data_handle(const_cast<float*>(bias));
+    plan.prim.execute(ctx.stream, plan.args);
     ctx.stream.wait();
   } catch (const dnnl::error& e) {
     // Only a bad shape or an out-of-memory gets here; the kernel API has no error channel.

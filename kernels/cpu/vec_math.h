@@ -41,6 +41,24 @@ inline float ExpF(float x) {
   return x != x ? x : y;  // NaN in, NaN out (the clamps above would lose it)
 }
 
+// max of in[0..n), n >= 1 (NaN entries are passed over; exp then turns them into NaN). Eight
+// independent lanes: GCC does not vectorise a float max reduction written as one loop (its
+// `omp simd reduction(max)` compiles to a scalar vmaxss chain), and the max is exact in any
+// order, so the result is the same.
+inline float RowMax(const float* in, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  float lane[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) lane[j] = in[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = lane[j] < in[i + j] ? in[i + j] : lane[j];
+  }
+  float mx = lane[0];
+  for (int64_t j = 1; j < kLanes; ++j) mx = mx < lane[j] ? lane[j] : mx;
+  for (; i < n; ++i) mx = mx < in[i] ? in[i] : mx;
+  return mx;
+}
+
 struct SoftmaxStats {
   float max;  // max of scale * in
   float sum;  // sum of exp(scale * in - max): log-sum-exp = max + log(sum)
@@ -49,9 +67,7 @@ struct SoftmaxStats {
 // out = softmax(scale * in) over n >= 1 elements, scale > 0; out may alias in. Subtracting
 // the max keeps exp from overflowing whatever the size of the inputs.
 inline SoftmaxStats Softmax(float* out, const float* in, int64_t n, float scale = 1.0f) {
-  float mx = in[0];
-#pragma omp simd reduction(max : mx)
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, in[i]);
+  const float mx = RowMax(in, n);
   // f32 partial sums over short blocks, added in double: a plain f32 sum over a 50k-entry
   // vocabulary row would lose ~1e-5 relative.
   constexpr int64_t kBlock = 256;

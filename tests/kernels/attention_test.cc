@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include "fsdp/kernels_cpu.h"
+#include "kernels/cpu/attention.h"
 #include "tests/kernels/reference.h"
 
 namespace fsdp::kernels::cpu {
@@ -57,11 +58,55 @@ const auto kSmallShapes =
 INSTANTIATE_TEST_SUITE_P(Small, AttentionTest, kSmallShapes, Name);
 INSTANTIATE_TEST_SUITE_P(Small, AttentionGradTest, kSmallShapes, Name);
 INSTANTIATE_TEST_SUITE_P(Large, AttentionTest,
-                         ::testing::Values(Shape{2, 64, 64, 4}, Shape{1, 100, 96, 6}), Name);
+                         ::testing::Values(Shape{2, 64, 64, 4}, Shape{1, 100, 96, 6},
+                                           Shape{1, 150, 32, 2}, Shape{1, 256, 64, 1}),
+                         Name);
 
-// Backward of a larger shape against a closed-form double backward (FD would be too slow).
-TEST(Attention, BackwardMatchesReferenceOnLargerShape) {
-  const int64_t B = 2, T = 48, C = 32, NH = 2, D = C / NH;
+// The kernels skip the masked half block by block (internal::kAttentionBlock rows per block).
+// Small blocks put many blocks, and partial last blocks, on shapes small enough for finite
+// differences.
+struct BlockedShape {
+  int64_t B, T, C, NH, block;
+};
+
+class BlockedAttentionTest : public ::testing::TestWithParam<BlockedShape> {};
+
+TEST_P(BlockedAttentionTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
+  const auto [B, T, C, NH, block] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(B * 31 + T * 7 + C * 5 + NH * 3 + block));
+  const Vec qkv = Random(B * T * 3 * C, rng, -1.5f, 1.5f), dout = Random(B * T * C, rng);
+  DVec want_att;
+  const DVec want_out = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_att);
+  Vec out(B * T * C, 5.0f), att(B * NH * T * T, 5.0f);  // forward overwrites both fully
+  internal::AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH, block);
+  ExpectClose(out, want_out, 2e-6, 2e-5, "out");
+  ExpectClose(att, want_att, 1e-6, 1e-5, "att");  // includes the zeros above the diagonal
+
+  const DVec want = NumericGrad(
+      [&](const DVec& x) { return Dot(AttentionRef(x, B, T, C, NH), dout); }, ToDouble(qkv));
+  const Vec dqkv0 = Random(qkv.size(), rng);
+  Vec dqkv = dqkv0;
+  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH,
+                              block);
+  ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Blocks, BlockedAttentionTest,
+    ::testing::Values(BlockedShape{1, 9, 6, 2, 1}, BlockedShape{2, 10, 8, 2, 3},
+                      BlockedShape{1, 12, 12, 3, 4}, BlockedShape{1, 13, 4, 1, 5},
+                      BlockedShape{2, 7, 8, 2, 7}, BlockedShape{1, 6, 8, 2, 16}),
+    [](const ::testing::TestParamInfo<BlockedShape>& info) {
+      const BlockedShape& s = info.param;
+      return absl::StrCat("B", s.B, "T", s.T, "C", s.C, "NH", s.NH, "block", s.block);
+    });
+
+class AttentionLargeBackwardTest : public ::testing::TestWithParam<int64_t> {};
+
+// Backward of larger shapes against a closed-form double backward (FD would be too slow):
+// one block, and several blocks with a partial last one at the kernels' own block size.
+TEST_P(AttentionLargeBackwardTest, BackwardMatchesReference) {
+  const int64_t B = 2, T = GetParam(), C = 32, NH = 2, D = C / NH;
   std::mt19937 rng(11);
   const Vec qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng);
   DVec att;
@@ -98,6 +143,11 @@ TEST(Attention, BackwardMatchesReferenceOnLargerShape) {
   attention_backward(dqkv.data(), dout.data(), qkv.data(), katt.data(), B, T, C, NH);
   ExpectClose(dqkv, want, 1e-5, 1e-4, "dqkv");
 }
+INSTANTIATE_TEST_SUITE_P(Sizes, AttentionLargeBackwardTest,
+                         ::testing::Values(int64_t{48}, internal::kAttentionBlock * 2 + 22),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return absl::StrCat("T", info.param);
+                         });
 
 TEST(Attention, LargeScoresDoNotOverflow) {
   // Scores around +-400 overflow exp() without the max subtraction.

@@ -1,0 +1,20 @@
+// Private: the blocked causal attention behind attention_forward / attention_backward, with
+// the block size as a parameter so that tests can run many blocks (and partial ones) on
+// shapes small enough for finite differences.
+#pragma once
+
+#include <cstdint>
+
+namespace fsdp::kernels::cpu::internal {
+
+// Rows per block of the public kernels. Smaller blocks skip more of the masked half
+// (nb(nb+1)/2 of nb^2 blocks are computed, nb = T / block) but make more, smaller GEMM calls;
+// 64 is the fastest measured at the GPT's T = 256..1024 with D = 64 (kernels_bench).
+constexpr int64_t kAttentionBlock = 64;
+
+void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH, int64_t block);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                       int64_t B, int64_t T, int64_t C, int64_t NH, int64_t block);
+
+}  // namespace fsdp::kernels::cpu::internal
