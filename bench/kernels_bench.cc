@@ -1,5 +1,6 @@
 // CPU kernel benchmarks. sgemm 2048^3 on one core and on all cores is the MFU peak of
-// MODEL_SPEC.md; the layer kernels run at the `mini` GPT shapes (B=8, T=256, C=384, NH=6).
+// MODEL_SPEC.md (and the bf16 GEMM 2048^3 the peak of bf16 compute, next to the Linear layers
+// in bf16); the layer kernels run at the `mini` GPT shapes (B=8, T=256, C=384, NH=6).
 // Counters: GFLOP/s (model FLOPs: attention counts the full T x T products, as the PaLM
 // formula does) or GB/s (bytes the kernel must read and write) for memory-bound kernels.
 //
@@ -106,6 +107,69 @@ void BM_MatmulBackward(benchmark::State& state) {
       ->UseRealTime()
 BENCHMARK(BM_MatmulForward)->MINI_LINEAR_SHAPES;
 BENCHMARK(BM_MatmulBackward)->MINI_LINEAR_SHAPES;
+
+// The same layers in bf16 compute (the mixed-precision Linear: bf16 weights, the f32
+// activations rounded to bf16, f32 accumulation), and the bf16 GEMM peak they are measured
+// against. A CPU without a native bf16 matmul in oneDNN says so and is skipped.
+void BM_GemmBf16Peak(benchmark::State& state) {
+  if (!k::matmul_lowp_native(fsdp::DType::kBF16)) {
+    state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
+    return;
+  }
+  ThreadScope scope(static_cast<int>(state.range(1)));
+  const int threads = omp_get_max_threads();
+  double gflops = 0;
+  for (auto _ : state) gflops = k::measure_gemm_gflops(state.range(0), 0, 3, fsdp::DType::kBF16);
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["GFLOP/s/core"] = gflops / threads;
+  state.counters["threads"] = threads;
+}
+BENCHMARK(BM_GemmBf16Peak)->Args({2048, 1})->Args({2048, 0})->Unit(benchmark::kMillisecond)
+    ->UseRealTime()->Iterations(1);
+
+std::vector<uint16_t> Bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  k::cast_f32_to_bf16(out.data(), v.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+void BM_MatmulForwardBf16(benchmark::State& state) {
+  if (!k::matmul_lowp_native(fsdp::DType::kBF16)) {
+    state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
+    return;
+  }
+  const int64_t M = kTokens, K = state.range(0), N = state.range(1);
+  ThreadScope scope(static_cast<int>(state.range(2)));
+  const auto inp = Random(M * K), bias = Random(N);
+  const auto w = Bf16(Random(N * K, 0.05f)), b16 = Bf16(bias);
+  std::vector<float> out(M * N);
+  for (auto _ : state) {
+    k::matmul_forward_lowp(out.data(), inp.data(), w.data(), b16.data(), M, K, N,
+                           fsdp::DType::kBF16);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetFlops(state, 2.0 * M * K * N);
+}
+
+void BM_MatmulBackwardBf16(benchmark::State& state) {
+  if (!k::matmul_lowp_native(fsdp::DType::kBF16)) {
+    state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
+    return;
+  }
+  const int64_t M = kTokens, K = state.range(0), N = state.range(1);
+  ThreadScope scope(static_cast<int>(state.range(2)));
+  const auto inp = Random(M * K), dout = Random(M * N);
+  const auto w = Bf16(Random(N * K, 0.05f));
+  std::vector<float> dinp(M * K), dw(N * K), db(N);
+  for (auto _ : state) {
+    k::matmul_backward_lowp(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                            M, K, N, fsdp::DType::kBF16);
+    benchmark::DoNotOptimize(dinp.data());
+  }
+  SetFlops(state, 4.0 * M * K * N);
+}
+BENCHMARK(BM_MatmulForwardBf16)->MINI_LINEAR_SHAPES;
+BENCHMARK(BM_MatmulBackwardBf16)->MINI_LINEAR_SHAPES;
 
 // ---- Attention ----------------------------------------------------------------------------
 void BM_AttentionForward(benchmark::State& state) {

@@ -1,9 +1,12 @@
 // Single-rank training step of the GPT (default `mini`, batch 4 x 256) on the CPU backend with
-// all cores, and its MFU against the oneDNN sgemm peak measured in the same run
-// (MODEL_SPEC.md "Figures": peak = sgemm 2048^3 GFLOP/s on one core x cores used).
+// all cores, in f32 and in bf16 compute (the mixed-precision path: bf16 weights cast from the
+// f32 master each step, bf16 x bf16 GEMMs with f32 accumulation), steps of the two
+// interleaved so that their ratio comes from one run. MFU is against the GEMM peak of the
+// step's own compute dtype measured in the same run (MODEL_SPEC.md "Figures": peak = GEMM
+// 2048^3 GFLOP/s on one core x cores used; sgemm for f32, the bf16 GEMM for bf16).
 //
 // Usage: train_step_bench [--config mini] [--batch 4] [--seq 256] [--steps 10] [--warmup 2]
-//                         [--threads 0]
+//                         [--threads 0] [--dtypes f32,bf16]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,6 +15,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_split.h"
 
 #include "fsdp/backend.h"
 #include "fsdp/cpu_backend.h"
@@ -25,6 +30,7 @@ namespace {
 struct Args {
   std::string config = "mini";
   int batch = 4, seq = 256, steps = 10, warmup = 2, threads = 0;
+  std::vector<fsdp::DType> dtypes = {fsdp::DType::kF32, fsdp::DType::kBF16};
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -37,7 +43,22 @@ Args ParseArgs(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::atoi(v.c_str());
     else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
     else if (k == "--threads") a.threads = std::atoi(v.c_str());
-    else {
+    else if (k == "--dtypes") {
+      a.dtypes.clear();
+      for (absl::string_view name : absl::StrSplit(v, ',')) {
+        if (name == "f32") {
+          a.dtypes.push_back(fsdp::DType::kF32);
+        } else if (name == "bf16") {
+          a.dtypes.push_back(fsdp::DType::kBF16);
+        } else if (name == "f16") {
+          a.dtypes.push_back(fsdp::DType::kF16);
+        } else {
+          std::fprintf(stderr, "--dtypes: '%s' is not f32, bf16 or f16\n",
+                       std::string(name).c_str());
+          std::exit(2);
+        }
+      }
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
     }
@@ -68,8 +89,20 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+// One compute dtype's model, parameters (f32 master, and its cast in the compute dtype),
+// gradients, AdamW and step times.
+struct Run {
+  fsdp::DType dtype;
+  std::unique_ptr<fsdp::nn::Gpt> gpt;
+  std::vector<fsdp::Buffer> params, compute, grads;
+  std::vector<std::unique_ptr<fsdp::AdamW>> opts;
+  std::vector<double> step_s, fwd_s, bwd_s, opt_s;
+  double peak_core = 0;
+};
+
 int main(int argc, char** argv) {
   using fsdp::Buffer;
+  using fsdp::DType;
   const Args args = ParseArgs(argc, argv);
   const fsdp::nn::GptConfig config = Get(fsdp::nn::GptConfig::FromName(args.config));
   auto backend = Get(fsdp::CpuBackend::Create({.num_threads = args.threads}));
@@ -77,30 +110,42 @@ int main(int argc, char** argv) {
   const int threads = backend->num_threads();
   const int B = args.batch, T = args.seq;
 
-  const double peak_core = fsdp::kernels::cpu::measure_sgemm_gflops(2048, 1, 5);
-  const double peak_all = fsdp::kernels::cpu::measure_sgemm_gflops(2048, threads, 5);
+  const double sgemm_all = fsdp::kernels::cpu::measure_sgemm_gflops(2048, threads, 5);
   backend->BindCurrentThread();
 
-  // Parameters, gradients and AdamW per unit, as the trainer of examples/train_gpt.cc holds them.
   const int num_units = fsdp::nn::GptNumUnits(config);
   const auto specs = fsdp::nn::GptParamSpecs(config);
-  std::vector<Buffer> params, grads;
-  std::vector<std::unique_ptr<fsdp::AdamW>> opts;
-  std::vector<fsdp::View> p, g;
-  for (int u = 0; u < num_units; ++u) {
-    const int64_t n = fsdp::nn::GptUnitNumel(config, u);
-    params.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
-    grads.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
-    fsdp::nn::InitUnit(config, u, 1, params.back().as<float>());
-    opts.push_back(Get(fsdp::AdamW::Create(backend.get(), n, fsdp::nn::UnitDecayRanges(specs, u))));
-    p.push_back(params.back().view());
-    g.push_back(grads.back().view());
+  std::vector<Run> runs;
+  for (DType dtype : args.dtypes) {
+    Run r;
+    r.dtype = dtype;
+    r.peak_core = fsdp::kernels::cpu::measure_gemm_gflops(2048, 1, 5, dtype);
+    backend->BindCurrentThread();
+    if (r.peak_core == 0) {
+      std::printf("train_step_bench: skipping %s: oneDNN has no native %s matmul on this CPU\n",
+                  fsdp::DTypeName(dtype).data(), fsdp::DTypeName(dtype).data());
+      continue;
+    }
+    // Parameters, gradients and AdamW per unit, as the trainer of examples/train_gpt.cc holds
+    // them.
+    for (int u = 0; u < num_units; ++u) {
+      const int64_t n = fsdp::nn::GptUnitNumel(config, u);
+      r.params.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
+      r.grads.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
+      if (dtype != DType::kF32) {
+        r.compute.push_back(Get(Buffer::Create(backend.get(), n * fsdp::DTypeSize(dtype))));
+      }
+      fsdp::nn::InitUnit(config, u, 1, r.params.back().as<float>());
+      r.opts.push_back(
+          Get(fsdp::AdamW::Create(backend.get(), n, fsdp::nn::UnitDecayRanges(specs, u))));
+    }
+    r.gpt = Get(fsdp::nn::Gpt::Create(config, backend.get(), B, T, {.compute_dtype = dtype}));
+    runs.push_back(std::move(r));
   }
-  auto gpt = Get(fsdp::nn::Gpt::Create(config, backend.get(), B, T));
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % config.vocab_size);
   Buffer ids = Get(Buffer::Create(backend.get(), tokens.size() * sizeof(int32_t)));
-  Check(backend->CopyFromHost(ids.view(fsdp::DType::kI32), tokens.data()));
+  Check(backend->CopyFromHost(ids.view(DType::kI32), tokens.data()));
   // The clip runs on the device as the runtime's does: sum of squares (f64), split, global
   // norm and clip factor, scale.
   Buffer sum_sq = Get(Buffer::Create(backend.get(), sizeof(double)));
@@ -109,52 +154,73 @@ int main(int argc, char** argv) {
   fsdp::Ops& ops = backend->ops();
   const fsdp::Stream cs = fsdp::Stream::kCompute;
 
-  std::vector<double> step_s, fwd_s, bwd_s, opt_s;
   for (int s = 0; s < args.warmup + args.steps; ++s) {
-    const double t0 = Now();
-    const fsdp::View idx = ids.view(fsdp::DType::kI32);
-    Check(gpt->Forward(p, idx, idx).status());
-    const double t1 = Now();
-    for (int u = 0; u < num_units; ++u) Check(backend->Memset(g[u], 0));
-    Check(gpt->Backward(p, g));
-    const double t2 = Now();
-    const fsdp::View sq = sum_sq.view(fsdp::DType::kF64);
-    Check(backend->Memset(sq, 0));
-    for (int u = 0; u < num_units; ++u) ops.SumSquares(cs, sq, g[u]);
-    ops.SplitF64(cs, split.view(), sq);
-    ops.GlobalNormClip(cs, sq, factor.view(), split.view(), 1.0, 1.0f);
-    for (int u = 0; u < num_units; ++u) {
-      ops.ScaleBy(cs, g[u], factor.view());
-      Check(opts[u]->Step(p[u], g[u]));
+    for (Run& r : runs) {  // the dtypes alternate step by step: one run, the same noise
+      std::vector<fsdp::View> p, g;
+      const double t0 = Now();
+      for (int u = 0; u < num_units; ++u) {
+        g.push_back(r.grads[u].view());
+        if (r.dtype == DType::kF32) {
+          p.push_back(r.params[u].view());
+        } else {  // as the runtime's gather does: the f32 master cast to the compute dtype
+          p.push_back(r.compute[u].view(r.dtype));
+          ops.Cast(cs, p.back(), r.params[u].view());
+        }
+      }
+      const fsdp::View idx = ids.view(DType::kI32);
+      Check(r.gpt->Forward(p, idx, idx).status());
+      const double t1 = Now();
+      for (int u = 0; u < num_units; ++u) Check(backend->Memset(g[u], 0));
+      Check(r.gpt->Backward(p, g));
+      const double t2 = Now();
+      const fsdp::View sq = sum_sq.view(DType::kF64);
+      Check(backend->Memset(sq, 0));
+      for (int u = 0; u < num_units; ++u) ops.SumSquares(cs, sq, g[u]);
+      ops.SplitF64(cs, split.view(), sq);
+      ops.GlobalNormClip(cs, sq, factor.view(), split.view(), 1.0, 1.0f);
+      for (int u = 0; u < num_units; ++u) {
+        ops.ScaleBy(cs, g[u], factor.view());
+        Check(r.opts[u]->Step(r.params[u].view(), g[u]));
+      }
+      Check(backend->Synchronize());
+      const double t3 = Now();
+      if (s < args.warmup) continue;
+      r.fwd_s.push_back(t1 - t0);
+      r.bwd_s.push_back(t2 - t1);
+      r.opt_s.push_back(t3 - t2);
+      r.step_s.push_back(t3 - t0);
     }
-    Check(backend->Synchronize());
-    const double t3 = Now();
-    if (s < args.warmup) continue;
-    fwd_s.push_back(t1 - t0);
-    bwd_s.push_back(t2 - t1);
-    opt_s.push_back(t3 - t2);
-    step_s.push_back(t3 - t0);
   }
 
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T;
   const double flops = config.flops_per_step(tokens_per_step, T);
-  const double step = Median(step_s);
-  const double achieved = flops / step / 1e9;
   std::printf("train_step_bench: %s (%.2fM parameters), batch %d x %d = %lld tokens/step, "
-              "%d threads, median of %d steps after %d warm-up\n",
+              "%d threads, median of %d steps after %d warm-up, dtypes interleaved\n",
               config.name.c_str(), config.num_parameters() / 1e6, B, T,
               static_cast<long long>(tokens_per_step), threads, args.steps, args.warmup);
-  std::printf("  %-34s %10.1f GFLOP/s\n", "sgemm 2048^3, 1 thread (peak/core)", peak_core);
-  std::printf("  %-34s %10.1f GFLOP/s\n", ("sgemm 2048^3, " + std::to_string(threads) + " threads").c_str(), peak_all);
-  std::printf("  %-34s %10.1f ms   (min %.1f, max %.1f)\n", "step time", step * 1e3,
-              *std::min_element(step_s.begin(), step_s.end()) * 1e3,
-              *std::max_element(step_s.begin(), step_s.end()) * 1e3);
-  std::printf("  %-34s %10.1f / %.1f / %.1f ms\n", "  forward / backward / clip+AdamW",
-              Median(fwd_s) * 1e3, Median(bwd_s) * 1e3, Median(opt_s) * 1e3);
-  std::printf("  %-34s %10.0f\n", "tokens/s", tokens_per_step / step);
+  std::printf("  %-34s %10.1f GFLOP/s\n", ("sgemm 2048^3, " + std::to_string(threads) + " threads").c_str(), sgemm_all);
   std::printf("  %-34s %10.2f GFLOP\n", "model FLOPs per step", flops / 1e9);
-  std::printf("  %-34s %10.1f GFLOP/s\n", "achieved", achieved);
-  std::printf("  %-34s %10.1f %%  (of %d x %.1f GFLOP/s)\n", "MFU", 100 * achieved / (peak_core * threads),
-              threads, peak_core);
+  for (const Run& r : runs) {
+    const char* name = fsdp::DTypeName(r.dtype).data();
+    const double step = Median(r.step_s);
+    const double achieved = flops / step / 1e9;
+    std::printf("  %s compute\n", name);
+    std::printf("    %-32s %10.1f GFLOP/s\n", (std::string(name) + " GEMM 2048^3, 1 thread (peak/core)").c_str(), r.peak_core);
+    std::printf("    %-32s %10.1f ms   (min %.1f, max %.1f)\n", "step time", step * 1e3,
+                *std::min_element(r.step_s.begin(), r.step_s.end()) * 1e3,
+                *std::max_element(r.step_s.begin(), r.step_s.end()) * 1e3);
+    std::printf("    %-32s %10.1f / %.1f / %.1f ms\n", "  forward / backward / clip+AdamW",
+                Median(r.fwd_s) * 1e3, Median(r.bwd_s) * 1e3, Median(r.opt_s) * 1e3);
+    std::printf("    %-32s %10.0f\n", "tokens/s", tokens_per_step / step);
+    std::printf("    %-32s %10.1f GFLOP/s\n", "achieved", achieved);
+    std::printf("    %-32s %10.1f %%  (of %d x %.1f GFLOP/s, the %s GEMM peak)\n", "MFU",
+                100 * achieved / (r.peak_core * threads), threads, r.peak_core, name);
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    std::printf("  %s step / %s step: %.3f (%.2fx faster)\n", fsdp::DTypeName(runs[i].dtype).data(),
+                fsdp::DTypeName(runs[0].dtype).data(),
+                Median(runs[i].step_s) / Median(runs[0].step_s),
+                Median(runs[0].step_s) / Median(runs[i].step_s));
+  }
   return 0;
 }

@@ -115,5 +115,9 @@ bool all_finite(const float* x, int64_t n);          // no NaN / Inf in x
 // current count) after one warm-up call, and returns the median GFLOP/s (2 n^3 per call).
 // The calling thread's OpenMP thread count is restored afterwards.
 double measure_sgemm_gflops(int64_t n, int threads, int repeats);
+// The same for a GEMM with both operands in `dtype` (f32, bf16 or f16) and f32 accumulation
+// and output: the peak of the mixed-precision Linear layers. 0 when oneDNN has no native
+// matmul of that type on this CPU.
+double measure_gemm_gflops(int64_t n, int threads, int repeats, DType dtype);
 
 }  // namespace fsdp::kernels::cpu

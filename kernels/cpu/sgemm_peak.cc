@@ -1,17 +1,24 @@
-// The MFU peak of MODEL_SPEC.md: the measured oneDNN sgemm rate, used by the benchmarks and
-// the training example so that MFU is relative to what this machine actually sustains.
+// The MFU peak of MODEL_SPEC.md: the measured oneDNN sgemm rate (and, for mixed precision,
+// the bf16/f16 GEMM rate), used by the benchmarks and the training example so that MFU is
+// relative to what this machine actually sustains.
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <vector>
 
 #include "fsdp/kernels_cpu.h"
+#include "kernels/cpu/gemm.h"
 
 namespace fsdp::kernels::cpu {
 
 double measure_sgemm_gflops(int64_t n, int threads, int repeats) {
-  if (n <= 0) return 0.0;
+  return measure_gemm_gflops(n, threads, repeats, DType::kF32);
+}
+
+double measure_gemm_gflops(int64_t n, int threads, int repeats, DType dtype) {
+  if (n <= 0 || !matmul_lowp_native(dtype)) return 0.0;
   repeats = std::max(repeats, 1);
   const int saved_threads = omp_get_max_threads();
   if (threads > 0) omp_set_num_threads(threads);
@@ -23,14 +30,31 @@ double measure_sgemm_gflops(int64_t n, int threads, int repeats) {
     a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
     b[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
   }
-  sgemm(c.data(), a.data(), b.data(), n, n, n);  // warm-up: plan creation, page faults
+  // The operands in `dtype` (rounded once, outside the timing), as the Linear layers hold them.
+  std::vector<uint16_t> a16(dtype == DType::kF32 ? 0 : elems), b16(a16.size());
+  if (dtype == DType::kBF16) {
+    cast_f32_to_bf16(a16.data(), a.data(), n * n);
+    cast_f32_to_bf16(b16.data(), b.data(), n * n);
+  } else if (dtype == DType::kF16) {
+    cast_f32_to_f16(a16.data(), a.data(), n * n);
+    cast_f32_to_f16(b16.data(), b.data(), n * n);
+  }
+  const auto gemm = [&] {
+    if (dtype == DType::kF32) {
+      sgemm(c.data(), a.data(), b.data(), n, n, n);
+    } else {
+      internal::Gemm(c.data(), n, internal::Operand{a16.data(), n, false, dtype},
+                     internal::Operand{b16.data(), n, false, dtype}, nullptr, n, n, n, false);
+    }
+  };
+  gemm();  // warm-up: plan creation, page faults
 
   std::vector<double> gflops;
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) *
                        static_cast<double>(n);
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    sgemm(c.data(), a.data(), b.data(), n, n, n);
+    gemm();
     const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
     gflops.push_back(flops / dt.count() * 1e-9);
   }

@@ -1,5 +1,5 @@
-// Parameter gathers: issuing a unit's all-gather (after casting its fp32 master shard to the
-// param dtype on the compute stream), prefetching the next unit in the recorded order within
+// Parameter gathers: issuing a unit's in-place all-gather (after staging its fp32 master shard,
+// cast to the param dtype, into its slot on the compute stream), prefetching the next unit in the recorded order within
 // the rate limit, the compute stream waiting for a gather, and giving gathered parameters
 // back once the device is done with them.
 #include <algorithm>
@@ -25,20 +25,22 @@ absl::Status ShardingRuntime::Impl::IssueGather(Unit& unit) {
   throttle_waits += pending.WaitUntilAtMost(&book.gathered, 1);
   FSDP_ASSIGN_OR_RETURN(unit.gathered,
                         Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
-  fsdp::View send = unit.param_shard.view();
-  if (pd != DType::kF32) {  // cast the fp32 master shard, then gather the low precision copy
-    if (S() == 1) {
-      ops().Cast(Stream::kCompute, unit.gathered.view(pd), send);
-      return absl::OkStatus();
-    }
-    FSDP_ASSIGN_OR_RETURN(unit.cast_shard,
-                          Alloc(book.gathered, "the low-precision shard", &unit, sn, pd));
-    ops().Cast(Stream::kCompute, unit.cast_shard.view(pd), send);
-    send = unit.cast_shard.view(pd);
+  // In place, as NCCL defines it: the shard is staged into its own slot of the gathered
+  // buffer (cast from the fp32 master on the way in a low param_dtype), and the all-gather
+  // fills the other slots. Nothing copies the own chunk twice and no separate low-precision
+  // shard is allocated.
+  const fsdp::View gathered = unit.gathered.view(pd);
+  const fsdp::View slot = gathered.Slice(mesh->shard_index() * sn, sn);
+  const fsdp::View master = unit.param_shard.view();
+  if (pd != DType::kF32) {
+    ops().Cast(Stream::kCompute, slot, master);
+  } else {
+    FSDP_RETURN_IF_ERROR(backend->Copy(slot, master, Stream::kCompute));
   }
+  if (S() == 1) return absl::OkStatus();
   unit.gather_issued_ns = internal::NowIfTracing();
   FSDP_ASSIGN_OR_RETURN(unit.gather_event,
-                        shard_plane->AllGather(send, unit.gathered.view(pd), Stream::kCompute));
+                        shard_plane->AllGather(slot, gathered, Stream::kCompute));
   return absl::OkStatus();
 }
 
@@ -89,8 +91,6 @@ absl::Status ShardingRuntime::Impl::WaitGather(Unit& unit, bool prefetched) {
       StreamWait(Stream::kCompute, unit.gather_event, "all_gather", unit.name);
   internal::RecordInflight(unit.gather_event, "all_gather", unit.gather_issued_ns, unit.name,
                            prefetched);
-  // The low-precision copy is read by the all-gather until it completes.
-  pending.Add(std::move(unit.cast_shard), {unit.gather_event});
   unit.gather_event = Event();
   return s;
 }
@@ -101,7 +101,6 @@ void ShardingRuntime::Impl::FreeGathered(Unit& unit) {
   // that read the parameters are done.
   std::vector<Event> users = {backend->Record(Stream::kCompute)};
   if (unit.gather_event.valid()) users.push_back(unit.gather_event);
-  pending.Add(std::move(unit.cast_shard), users);
   pending.Add(std::move(unit.gathered), std::move(users));
   unit.gather_event = Event();
   if (unit.prefetched) {
