@@ -111,11 +111,14 @@ BENCHMARK(BM_MatmulBackward)->MINI_LINEAR_SHAPES;
 // The same layers in bf16 compute (the mixed-precision Linear: bf16 weights, the f32
 // activations rounded to bf16, f32 accumulation), and the bf16 GEMM peak they are measured
 // against. A CPU without a native bf16 matmul in oneDNN says so and is skipped.
+bool SkippedWithoutBf16(benchmark::State& state) {
+  if (k::matmul_lowp_native(fsdp::DType::kBF16)) return false;
+  state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
+  return true;
+}
+
 void BM_GemmBf16Peak(benchmark::State& state) {
-  if (!k::matmul_lowp_native(fsdp::DType::kBF16)) {
-    state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
-    return;
-  }
+  if (SkippedWithoutBf16(state)) return;
   ThreadScope scope(static_cast<int>(state.range(1)));
   const int threads = omp_get_max_threads();
   double gflops = 0;
@@ -134,10 +137,7 @@ std::vector<uint16_t> Bf16(const std::vector<float>& v) {
 }
 
 void BM_MatmulForwardBf16(benchmark::State& state) {
-  if (!k::matmul_lowp_native(fsdp::DType::kBF16)) {
-    state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
-    return;
-  }
+  if (SkippedWithoutBf16(state)) return;
   const int64_t M = kTokens, K = state.range(0), N = state.range(1);
   ThreadScope scope(static_cast<int>(state.range(2)));
   const auto inp = Random(M * K), bias = Random(N);
@@ -152,10 +152,7 @@ void BM_MatmulForwardBf16(benchmark::State& state) {
 }
 
 void BM_MatmulBackwardBf16(benchmark::State& state) {
-  if (!k::matmul_lowp_native(fsdp::DType::kBF16)) {
-    state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
-    return;
-  }
+  if (SkippedWithoutBf16(state)) return;
   const int64_t M = kTokens, K = state.range(0), N = state.range(1);
   ThreadScope scope(static_cast<int>(state.range(2)));
   const auto inp = Random(M * K), dout = Random(M * N);

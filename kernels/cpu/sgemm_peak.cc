@@ -39,14 +39,12 @@ double measure_gemm_gflops(int64_t n, int threads, int repeats, DType dtype) {
     cast_f32_to_f16(a16.data(), a.data(), n * n);
     cast_f32_to_f16(b16.data(), b.data(), n * n);
   }
-  const auto gemm = [&] {
-    if (dtype == DType::kF32) {
-      sgemm(c.data(), a.data(), b.data(), n, n, n);
-    } else {
-      internal::Gemm(c.data(), n, internal::Operand{a16.data(), n, false, dtype},
-                     internal::Operand{b16.data(), n, false, dtype}, nullptr, n, n, n, false);
-    }
-  };
+  const bool f32 = dtype == DType::kF32;
+  const internal::Operand pa{f32 ? static_cast<const void*>(a.data()) : a16.data(), n, false,
+                             dtype};
+  const internal::Operand pb{f32 ? static_cast<const void*>(b.data()) : b16.data(), n, false,
+                             dtype};
+  const auto gemm = [&] { internal::Gemm(c.data(), n, pa, pb, nullptr, n, n, n, false); };
   gemm();  // warm-up: plan creation, page faults
 
   std::vector<double> gflops;

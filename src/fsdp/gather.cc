@@ -1,7 +1,7 @@
-// Parameter gathers: issuing a unit's in-place all-gather (after staging its fp32 master shard,
-// cast to the param dtype, into its slot on the compute stream), prefetching the next unit in the recorded order within
-// the rate limit, the compute stream waiting for a gather, and giving gathered parameters
-// back once the device is done with them.
+// Parameter gathers: issuing a unit's in-place all-gather (after staging its fp32 master
+// shard, cast to the param dtype, into its slot on the compute stream), prefetching the next
+// unit in the recorded order within the rate limit, the compute stream waiting for a gather,
+// and giving gathered parameters back once the device is done with them.
 #include <algorithm>
 
 #include "src/fsdp/runtime_impl.h"

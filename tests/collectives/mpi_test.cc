@@ -41,7 +41,9 @@ std::unique_ptr<TestWorld> MakeTestWorld(int size, const CommOptions& options) {
   // world of the previous test for up to that deadline.
   if (SideComm() != nullptr) {
     const absl::Status s = SideComm()->Barrier();
-    if (!s.ok()) std::fprintf(stderr, "side barrier before CreateMpiWorld: %s\n", s.ToString().c_str());
+    if (!s.ok()) {
+      std::fprintf(stderr, "side barrier before CreateMpiWorld: %s\n", s.ToString().c_str());
+    }
   }
   auto comm = CreateMpiWorld(options);
   if (!comm.ok()) {
