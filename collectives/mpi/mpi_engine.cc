@@ -628,41 +628,56 @@ void MpiEngine::AddGroup(std::shared_ptr<MpiGroup> group) {
 void MpiEngine::DupAsync(MPI_Comm parent, absl::Duration timeout,
                          std::function<void(absl::Status, MPI_Comm[3])> done) {
   auto d = std::make_unique<PendingDup>();
+  d->parent = parent;
   d->until = Clock::now() + absl::ToChronoNanoseconds(timeout);
   d->timeout = timeout;
   d->done = std::move(done);
-  for (int i = 0; i < 3; ++i) {
-    d->comms[i] = MPI_COMM_NULL;
-    const int rc = MPI_Comm_idup(parent, &d->comms[i], &d->reqs[i]);
-    if (rc != MPI_SUCCESS) {
-      d->done(absl::InternalError("MPI_Comm_idup failed: " + MpiErrorString(rc)), d->comms);
-      return;
-    }
-  }
+  // Behind an earlier join still in flight, this one starts when that one ends (PollAll).
+  if (dups_.empty() && !StartNextDup(*d)) return;
   dups_.push_back(std::move(d));
+}
+
+bool MpiEngine::StartNextDup(PendingDup& d) {
+  const int i = d.next++;
+  const int rc = MPI_Comm_idup(d.parent, &d.comms[i], &d.reqs[i]);
+  if (rc == MPI_SUCCESS) return true;
+  for (int j = 0; j < i; ++j) MPI_Comm_free(&d.comms[j]);
+  d.done(absl::InternalError("MPI_Comm_idup failed: " + MpiErrorString(rc)), d.comms);
+  return false;
 }
 
 MpiGroup::Activity MpiEngine::PollAll() {
   MpiGroup::Activity act = MpiGroup::Activity::kIdle;
   const auto now = Clock::now();
-  for (auto it = dups_.begin(); it != dups_.end();) {
-    PendingDup& d = **it;
+  // The front join is the one in flight (one MPI_Comm_idup at a time, see DupAsync).
+  while (!dups_.empty()) {
+    PendingDup& d = *dups_.front();
+    if (d.next == 0 && !StartNextDup(d)) {  // queued behind a join that has ended
+      dups_.pop_front();
+      continue;
+    }
     int flag = 0;
-    MPI_Testall(3, d.reqs, &flag, MPI_STATUSES_IGNORE);
+    MPI_Test(&d.reqs[d.next - 1], &flag, MPI_STATUS_IGNORE);
+    if (flag && d.next < 3) {
+      if (!StartNextDup(d)) dups_.pop_front();
+      continue;
+    }
     if (flag) {
       d.done(absl::OkStatus(), d.comms);
-      it = dups_.erase(it);
-    } else if (now >= d.until) {
+      dups_.pop_front();
+      continue;
+    }
+    if (now >= d.until) {
       d.done(absl::DeadlineExceededError(absl::StrFormat(
                  "CreateMpiWorld: not every process of MPI_COMM_WORLD joined within %s",
                  absl::FormatDuration(d.timeout))),
              d.comms);
-      dup_orphans_.push_back(std::move(*it));
-      it = dups_.erase(it);
-    } else {
-      act = MpiGroup::Activity::kStalled;
-      ++it;
+      dup_orphans_.push_back(std::move(dups_.front()));
+      dups_.pop_front();
+      continue;
     }
+    act = MpiGroup::Activity::kStalled;
+    break;
   }
   // By index: a split adds its new group while this loop runs.
   for (size_t i = 0; i < groups_.size(); ++i) {

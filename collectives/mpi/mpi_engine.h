@@ -167,7 +167,10 @@ class MpiEngine {
   // Engine thread only.
   void AddGroup(std::shared_ptr<MpiGroup> group);
   // Duplicates `parent` three times without blocking; calls done with the three
-  // communicators, or with an error if not every rank joined within `timeout`.
+  // communicators, or with an error if not every rank joined within `timeout`. The
+  // duplications run one at a time, also across calls: Open MPI 4 can leave one rank's
+  // MPI_Comm_idup unfinished for good when several are in flight on the same communicator
+  // (open-mpi/ompi#2025), which made a join time out now and then.
   void DupAsync(MPI_Comm parent, absl::Duration timeout,
                 std::function<void(absl::Status, MPI_Comm[3])> done);
 
@@ -189,13 +192,17 @@ class MpiEngine {
   bool we_initialized_ = false;
   std::vector<std::shared_ptr<MpiGroup>> groups_;
   struct PendingDup {
-    MPI_Request reqs[3];
-    MPI_Comm comms[3];
+    MPI_Comm parent = MPI_COMM_NULL;
+    int next = 0;  // the duplication to start next; reqs[next - 1] is the one in flight
+    MPI_Request reqs[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Comm comms[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
     Clock::time_point until;
     absl::Duration timeout;
     std::function<void(absl::Status, MPI_Comm[3])> done;
   };
   std::deque<std::unique_ptr<PendingDup>> dups_, dup_orphans_;
+  // Starts d's next duplication, or finishes d with the error of a failed start; false then.
+  bool StartNextDup(PendingDup& d);
   // Orphaned calls of closed groups; tested until MPI is done with them, freed at exit.
   std::vector<std::shared_ptr<MpiOp>> orphans_;
 };
