@@ -2,6 +2,8 @@
 // `mpirun -np 2` and `-np 3` (main() from tests/mpi_test_main.h).
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
+#include <vector>
 
 #include "fsdp/mpi_world.h"
 #include "gtest/gtest.h"
@@ -30,6 +32,72 @@ class MpiTestWorld final : public TestWorld {
  private:
   std::unique_ptr<Communicator> comm_;
 };
+
+// Many joins of a world of its own in a row, under a short deadline, with rank 0 holding
+// groups the other ranks lack (so the ranks' MPI context ids in use differ, and MPI needs more
+// than one round to agree on the next one). Every join must succeed between live processes.
+absl::Duration ShortJoinDeadline() {
+  return UnderSanitizer() ? absl::Seconds(5) : absl::Milliseconds(500);
+}
+
+TEST(MpiWorldJoin, JoinsAfterGroupsOfOneRankUnderAShortDeadline) {
+  constexpr int kJoins = 60;
+  std::vector<std::unique_ptr<Communicator>> kept;  // rank 0's groups of one, alive to the end
+  int failed = 0;
+  for (int i = 0; i < kJoins; ++i) {  // no early exit: every process runs every join
+    const absl::Status side = SideComm()->Barrier();
+    ASSERT_TRUE(side.ok()) << side;
+    auto world = CreateMpiWorld(CommOptions{.timeout = ShortJoinDeadline()});
+    if (!world.ok()) {
+      ADD_FAILURE() << "join " << i << ": " << world.status();
+      ++failed;
+      continue;
+    }
+    Communicator& w = **world;
+    auto one = w.Split(w.rank() == 0 ? 0 : -1, 0, "one");
+    EXPECT_TRUE(one.ok()) << "join " << i << ": " << one.status();
+    if (one.ok() && *one != nullptr) kept.push_back(std::move(one).value());
+    float x = 1.0f;
+    const absl::Status s = w.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
+    EXPECT_TRUE(s.ok()) << "join " << i << ": " << s;
+    EXPECT_EQ(x, static_cast<float>(w.size()));
+  }
+  EXPECT_EQ(failed, 0);
+}
+
+TEST(MpiWorldJoin, JoinsFromTwoThreadsAtOnceBothSucceed) {
+  // The engine runs one join at a time; the second waits behind the first, within its
+  // deadline. (Which thread's world pairs with which on another process is up to the order
+  // in which the joins reach each engine: each thread uses whatever world it gets.)
+  constexpr int kRounds = 20;
+  for (int i = 0; i < kRounds; ++i) {
+    const absl::Status side = SideComm()->Barrier();
+    ASSERT_TRUE(side.ok()) << side;
+    absl::Status status[2];
+    float sums[2] = {1.0f, 1.0f};
+    int sizes[2] = {0, 0};
+    {
+      std::vector<std::jthread> threads;
+      for (int t = 0; t < 2; ++t) {
+        threads.emplace_back([&, t] {
+          auto world = CreateMpiWorld(CommOptions{.timeout = absl::Seconds(20)});
+          if (!world.ok()) {
+            status[t] = world.status();
+            return;
+          }
+          sizes[t] = (*world)->size();
+          status[t] = (*world)->AllReduce(&sums[t], &sums[t], 1, DType::kF32, ReduceOp::kSum);
+        });
+      }
+    }
+    for (int t = 0; t < 2; ++t) {
+      EXPECT_TRUE(status[t].ok()) << "round " << i << ", thread " << t << ": " << status[t];
+      if (status[t].ok()) {
+        EXPECT_EQ(sums[t], static_cast<float>(sizes[t]));
+      }
+    }
+  }
+}
 
 }  // namespace
 
