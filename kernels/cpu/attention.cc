@@ -101,9 +101,7 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
         for (int64_t t = r0; t < r1; ++t) {
           const float* pr = p + t * T;
           float* dr = ds.data() + t * T;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t s = 0; s <= t; ++s) dot += pr[s] * dr[s];
+          const float dot = Dot(pr, dr, t + 1);
 #pragma omp simd
           for (int64_t s = 0; s <= t; ++s) dr[s] = scale * pr[s] * (dr[s] - dot);
           std::fill(dr + t + 1, dr + r1, 0.0f);

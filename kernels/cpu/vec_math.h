@@ -41,22 +41,49 @@ inline float ExpF(float x) {
   return x != x ? x : y;  // NaN in, NaN out (the clamps above would lose it)
 }
 
-// max of in[0..n), n >= 1 (NaN entries are passed over; exp then turns them into NaN). Eight
-// independent lanes: GCC does not vectorise a float max reduction written as one loop (its
-// `omp simd reduction(max)` compiles to a scalar vmaxss chain), and the max is exact in any
-// order, so the result is the same.
+// Eight floats in a GCC/Clang vector (one ymm register on x86-64-v3, two NEON registers on
+// AArch64). GCC compiles neither a float max nor a float sum reduction written as one loop to
+// vector code (its `omp simd reduction` gives a scalar vmaxss or vfmadd231ss chain, four
+// cycles an element), nor eight scalar lanes in an array (eight vmovss loads): these helpers
+// say it with vectors.
+using F8 = float __attribute__((vector_size(32)));
+inline F8 LoadF8(const float* p) {
+  F8 v;
+  __builtin_memcpy(&v, p, sizeof(v));  // unaligned
+  return v;
+}
+
+// max of in[0..n), n >= 1 (NaN entries are passed over; exp then turns them into NaN). The
+// max is exact in any order, so the lanes do not change the result.
 inline float RowMax(const float* in, int64_t n) {
-  constexpr int64_t kLanes = 8;
-  float lane[kLanes];
-  for (int64_t j = 0; j < kLanes; ++j) lane[j] = in[0];
+  float mx = in[0];
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) lane[j] = lane[j] < in[i + j] ? in[i + j] : lane[j];
+  if (n >= 8) {
+    F8 lane = LoadF8(in);
+    for (i = 8; i + 8 <= n; i += 8) {
+      const F8 x = LoadF8(in + i);
+      lane = lane < x ? x : lane;
+    }
+    mx = lane[0];
+    for (int j = 1; j < 8; ++j) mx = mx < lane[j] ? lane[j] : mx;
   }
-  float mx = lane[0];
-  for (int64_t j = 1; j < kLanes; ++j) mx = mx < lane[j] ? lane[j] : mx;
   for (; i < n; ++i) mx = mx < in[i] ? in[i] : mx;
   return mx;
+}
+
+// sum of a[i] * b[i] over [0, n): sixteen lanes (two vectors of eight) added pairwise at the
+// end, then the tail.
+inline float Dot(const float* a, const float* b, int64_t n) {
+  F8 lo = {}, hi = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    lo += LoadF8(a + i) * LoadF8(b + i);
+    hi += LoadF8(a + i + 8) * LoadF8(b + i + 8);
+  }
+  lo += hi;
+  float sum = ((lo[0] + lo[4]) + (lo[2] + lo[6])) + ((lo[1] + lo[5]) + (lo[3] + lo[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 }
 
 struct SoftmaxStats {
