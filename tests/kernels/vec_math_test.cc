@@ -1,5 +1,6 @@
-// The kernels' private exp and softmax (kernels/cpu/vec_math.h): accuracy against double,
-// edge cases, and results that do not depend on where the data sits in memory.
+// The kernels' private exp, softmax, row max and dot product (kernels/cpu/vec_math.h):
+// accuracy against double, edge cases, every tail length, and results that do not depend on
+// where the data sits in memory.
 #include "kernels/cpu/vec_math.h"
 
 #include <bit>
@@ -62,6 +63,45 @@ TEST(Softmax, MatchesDoubleAndSumsToOne) {
     ExpectClose(p, want, 1e-9, 1e-5, "softmax");
     EXPECT_EQ(st.max, static_cast<float>(mx));
     EXPECT_NEAR(st.sum, sum, 2e-6 * sum);
+  }
+}
+
+TEST(RowMax, EveryLengthAndPositionOfTheMax) {
+  std::mt19937 rng(43);
+  for (int64_t n = 1; n <= 40; ++n) {
+    for (int64_t at = 0; at < n; ++at) {  // the max in every lane and in the tail
+      Vec x = Random(n, rng, -5.0f, 5.0f);
+      x[at] = 7.0f;
+      EXPECT_EQ(internal::RowMax(x.data(), n), 7.0f) << "n=" << n << " at=" << at;
+    }
+  }
+  // NaN entries are passed over, wherever they are (but the first).
+  Vec x = Random(33, rng, -5.0f, 5.0f);
+  x[20] = 6.0f;
+  for (int64_t i : {1, 7, 8, 15, 32}) x[i] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(internal::RowMax(x.data(), 33), 6.0f);
+}
+
+TEST(Dot, MatchesDoubleForEveryTailLength) {
+  std::mt19937 rng(44);
+  for (int64_t n = 0; n <= 70; ++n) {
+    const Vec a = Random(n, rng), b = Random(n, rng);
+    double want = 0, mag = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      want += double{a[i]} * b[i];
+      mag += std::abs(double{a[i]} * b[i]);
+    }
+    EXPECT_NEAR(internal::Dot(a.data(), b.data(), n), want, 1e-6 * mag + 1e-30) << "n=" << n;
+  }
+  // A difference in any one element shows: each position is counted once.
+  for (int64_t n : {16, 17, 31, 33}) {
+    const Vec ones(n, 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      Vec b(n, 1.0f);
+      b[i] = 3.0f;
+      EXPECT_EQ(internal::Dot(ones.data(), b.data(), n), static_cast<float>(n + 2))
+          << "n=" << n << " i=" << i;
+    }
   }
 }
 
