@@ -36,8 +36,9 @@ for p in "${patches[@]}"; do
   seen[$run]=1
   cmake --build "$build" --target "$target" -j"$(nproc)" >/dev/null 2>&1 ||
     { echo "mutants: cannot build $target"; exit 1; }
-  if ! (cd "$build" && timeout 600 $run >/dev/null 2>&1); then
-    echo "mutants: '$run' fails without any mutant"
+  if ! (cd "$build" && timeout 600 $run >"$build/mutant.log" 2>&1); then
+    echo "mutants: '$run' fails without any mutant; the end of its output:"
+    grep -v -e '^\[ *OK *\]' -e '^\[ RUN' "$build/mutant.log" | tail -40 | sed 's/^/    /'
     errors=$((errors + 1))
   fi
 done
