@@ -10,15 +10,6 @@ else()
   set(FSDP_ARCH_FLAGS "")
 endif()
 add_compile_options(${FSDP_ARCH_FLAGS})
-# The portable x86-64 build also compiles the hot element-wise kernels for AVX-512, picked at
-# load time (kernels/cpu/clones.h); not under the sanitizers, whose run time breaks on ifuncs.
-if(NOT FSDP_NATIVE AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64" AND
-   CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND FSDP_SANITIZE STREQUAL "")
-  set(FSDP_CPU_CLONES ON)
-  add_compile_definitions(FSDP_CPU_CLONES_X86=1)
-else()
-  set(FSDP_CPU_CLONES OFF)
-endif()
 
 if(FSDP_SANITIZE STREQUAL "address")
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)

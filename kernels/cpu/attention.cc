@@ -16,7 +16,6 @@
 #include "kernels/cpu/attention.h"
 
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/clones.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -41,7 +40,6 @@ Head HeadAt(int64_t bh, int64_t T, int64_t C, int64_t NH) {
 
 namespace internal {
 
-FSDP_CPU_CLONES
 void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                       int64_t C, int64_t NH, int64_t block) {
   assert(NH > 0 && C % NH == 0 && block > 0);
@@ -74,7 +72,6 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64
   }
 }
 
-FSDP_CPU_CLONES
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
                        int64_t B, int64_t T, int64_t C, int64_t NH, int64_t block) {
   assert(NH > 0 && C % NH == 0 && block > 0);

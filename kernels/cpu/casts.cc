@@ -11,7 +11,6 @@
 
 #include "fsdp/dtype.h"
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/clones.h"
 
 namespace fsdp::kernels::cpu {
 namespace {
@@ -20,7 +19,6 @@ constexpr int64_t kParallelMin = 1 << 16;  // below this, waking threads costs m
 
 }  // namespace
 
-FSDP_CPU_CLONES
 void cast_f32_to_bf16(uint16_t* out, const float* in, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
@@ -32,7 +30,6 @@ void cast_f32_to_bf16(uint16_t* out, const float* in, int64_t n) {
   }
 }
 
-FSDP_CPU_CLONES
 void cast_bf16_to_f32(float* out, const uint16_t* in, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);

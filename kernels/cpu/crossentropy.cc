@@ -4,12 +4,10 @@
 #include <cmath>
 
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/clones.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
 
-FSDP_CPU_CLONES
 void softmax_crossentropy_forward(float* losses, float* probs, const float* logits,
                                   const int32_t* targets, int64_t N, int64_t V) {
 #pragma omp parallel for schedule(static) if (N * V > 16384)
@@ -23,7 +21,6 @@ void softmax_crossentropy_forward(float* losses, float* probs, const float* logi
   }
 }
 
-FSDP_CPU_CLONES
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets,
                                    float dloss, int64_t N, int64_t V) {
 #pragma omp parallel for schedule(static) if (N * V > 16384)

@@ -2,7 +2,6 @@
 #include <algorithm>
 
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/clones.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
@@ -22,7 +21,6 @@ inline float GeluExp(float x) {
 
 }  // namespace
 
-FSDP_CPU_CLONES
 void gelu_forward(float* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
@@ -31,7 +29,6 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
   }
 }
 
-FSDP_CPU_CLONES
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
@@ -44,13 +41,11 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
   }
 }
 
-FSDP_CPU_CLONES
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-FSDP_CPU_CLONES
 void residual_backward(float* da, float* db, const float* dout, int64_t n) {
   if (da != nullptr) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)

@@ -3,12 +3,10 @@
 #include <cmath>
 
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/clones.h"
 #include "kernels/cpu/column_sum.h"
 
 namespace fsdp::kernels::cpu {
 
-FSDP_CPU_CLONES
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t N, int64_t C,
                        float eps) {
@@ -37,7 +35,6 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
   }
 }
 
-FSDP_CPU_CLONES
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean,
                         const float* rstd, int64_t N, int64_t C) {

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/clones.h"
 
 namespace fsdp::kernels::cpu {
 namespace {
@@ -13,7 +12,6 @@ constexpr int64_t kParallelMin = 1 << 15;
 
 }  // namespace
 
-FSDP_CPU_CLONES
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));

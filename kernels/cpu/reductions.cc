@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/clones.h"
 
 namespace fsdp::kernels::cpu {
 namespace {
@@ -16,7 +15,6 @@ constexpr int64_t kBlock = 8192;
 
 }  // namespace
 
-FSDP_CPU_CLONES
 double sum_squares(const float* x, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(static_cast<size_t>(blocks));
@@ -33,7 +31,6 @@ double sum_squares(const float* x, int64_t n) {
   return total;
 }
 
-FSDP_CPU_CLONES
 void scale_inplace(float* x, float s, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
