@@ -1,11 +1,12 @@
-// Single-rank training step of the GPT (default `mini`, batch 4 x 256) on the CPU backend with
+// Single-rank training step of a bundled model (default the GPT `mini`, batch 4 x 256; any
+// name of MODEL_SPEC.md, e.g. --model llama-mini) on the CPU backend with
 // all cores, in f32 and in bf16 compute (the mixed-precision path: bf16 weights cast from the
 // f32 master each step, bf16 x bf16 GEMMs with f32 accumulation), steps of the two
 // interleaved so that their ratio comes from one run. MFU is against the GEMM peak of the
 // step's own compute dtype measured in the same run (MODEL_SPEC.md "Figures": peak = GEMM
 // 2048^3 GFLOP/s on one core x cores used; sgemm for f32, the bf16 GEMM for bf16).
 //
-// Usage: train_step_bench [--config mini] [--batch 4] [--seq 256] [--steps 10] [--warmup 2]
+// Usage: train_step_bench [--model mini] [--batch 4] [--seq 256] [--steps 10] [--warmup 2]
 //                         [--threads 0] [--dtypes f32,bf16]
 #include <algorithm>
 #include <chrono>
@@ -21,7 +22,7 @@
 #include "fsdp/backend.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/kernels_cpu.h"
-#include "fsdp/nn/gpt.h"
+#include "fsdp/nn/model_config.h"
 #include "fsdp/ops.h"
 #include "fsdp/optim.h"
 
@@ -37,7 +38,7 @@ Args ParseArgs(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--config") a.config = v;
+    if (k == "--model" || k == "--config") a.config = v;
     else if (k == "--batch") a.batch = std::atoi(v.c_str());
     else if (k == "--seq") a.seq = std::atoi(v.c_str());
     else if (k == "--steps") a.steps = std::atoi(v.c_str());
@@ -93,7 +94,7 @@ double Median(std::vector<double> v) {
 // gradients, AdamW and step times.
 struct Run {
   fsdp::DType dtype;
-  std::unique_ptr<fsdp::nn::Gpt> gpt;
+  std::unique_ptr<fsdp::nn::StagedModel> gpt;
   std::vector<fsdp::Buffer> params, compute, grads;
   std::vector<std::unique_ptr<fsdp::AdamW>> opts;
   std::vector<double> step_s, fwd_s, bwd_s, opt_s;
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
   using fsdp::Buffer;
   using fsdp::DType;
   const Args args = ParseArgs(argc, argv);
-  const fsdp::nn::GptConfig config = Get(fsdp::nn::GptConfig::FromName(args.config));
+  const fsdp::nn::ModelConfig config = Get(fsdp::nn::ModelConfig::FromName(args.config));
   auto backend = Get(fsdp::CpuBackend::Create({.num_threads = args.threads}));
   backend->BindCurrentThread();
   const int threads = backend->num_threads();
@@ -113,8 +114,8 @@ int main(int argc, char** argv) {
   const double sgemm_all = fsdp::kernels::cpu::measure_sgemm_gflops(2048, threads, 5);
   backend->BindCurrentThread();
 
-  const int num_units = fsdp::nn::GptNumUnits(config);
-  const auto specs = fsdp::nn::GptParamSpecs(config);
+  const int num_units = config.num_units();
+  const auto specs = config.ParamSpecs();
   std::vector<Run> runs;
   for (DType dtype : args.dtypes) {
     Run r;
@@ -129,21 +130,25 @@ int main(int argc, char** argv) {
     // Parameters, gradients and AdamW per unit, as the trainer of examples/train_gpt.cc holds
     // them.
     for (int u = 0; u < num_units; ++u) {
-      const int64_t n = fsdp::nn::GptUnitNumel(config, u);
+      const int64_t n = config.UnitNumel(u);
       r.params.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
       r.grads.push_back(Get(Buffer::Create(backend.get(), n * sizeof(float))));
       if (dtype != DType::kF32) {
         r.compute.push_back(Get(Buffer::Create(backend.get(), n * fsdp::DTypeSize(dtype))));
       }
-      fsdp::nn::InitUnit(config, u, 1, r.params.back().as<float>());
+      for (const fsdp::nn::ParamSpec& spec : specs) {
+        if (spec.unit == u) {
+          config.InitParamSlice(spec, 1, 0, spec.numel, r.params.back().as<float>() + spec.offset);
+        }
+      }
       r.opts.push_back(
           Get(fsdp::AdamW::Create(backend.get(), n, fsdp::nn::UnitDecayRanges(specs, u))));
     }
-    r.gpt = Get(fsdp::nn::Gpt::Create(config, backend.get(), B, T, {.compute_dtype = dtype}));
+    r.gpt = Get(config.CreateModel(backend.get(), B, T, {.compute_dtype = dtype}));
     runs.push_back(std::move(r));
   }
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % config.vocab_size);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % config.vocab_size());
   Buffer ids = Get(Buffer::Create(backend.get(), tokens.size() * sizeof(int32_t)));
   Check(backend->CopyFromHost(ids.view(DType::kI32), tokens.data()));
   // The clip runs on the device as the runtime's does: sum of squares (f64), split, global
@@ -196,7 +201,7 @@ int main(int argc, char** argv) {
   const double flops = config.flops_per_step(tokens_per_step, T);
   std::printf("train_step_bench: %s (%.2fM parameters), batch %d x %d = %lld tokens/step, "
               "%d threads, median of %d steps after %d warm-up, dtypes interleaved\n",
-              config.name.c_str(), config.num_parameters() / 1e6, B, T,
+              config.name().c_str(), config.num_parameters() / 1e6, B, T,
               static_cast<long long>(tokens_per_step), threads, args.steps, args.warmup);
   std::printf("  %-34s %10.1f GFLOP/s\n", ("sgemm 2048^3, " + std::to_string(threads) + " threads").c_str(), sgemm_all);
   std::printf("  %-34s %10.2f GFLOP\n", "model FLOPs per step", flops / 1e9);

@@ -1,4 +1,5 @@
-// Trains the GPT of MODEL_SPEC.md with sharded data parallelism and samples text from it.
+// Trains a bundled model of MODEL_SPEC.md (the GPT, or Llama 2 with --model=llama-mini) with
+// sharded data parallelism and samples text from it.
 // By default: 2 ranks as threads, FULL_SHARD, the `nano` GPT on the corpus embedded in
 // libfsdp with the optimizer defaults of MODEL_SPEC.md. Under `mpirun -np N` each process is
 // one rank. `train_gpt --help` lists the flags; scripts/run_example.sh runs the README's
@@ -46,13 +47,18 @@
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
-#include "fsdp/nn/sharded_gpt.h"
+#include "fsdp/nn/sharded_model.h"
 #include "fsdp/optim.h"
 
-ABSL_FLAG(std::string, config, "nano", "nano, mini, gpt2, gpt2-medium or gpt2-xl");
+ABSL_FLAG(std::string, model, "",
+          "the model: GPT nano, mini, gpt2, gpt2-medium, gpt2-xl; Llama 2 llama-nano, "
+          "llama-mini, llama2-7b, llama2-13b, llama2-70b (default: nano)");
+ABSL_FLAG(std::string, config, "", "the older name of --model (default: nano)");
 ABSL_FLAG(int, layers, 0, "override the config's number of layers L (0 = keep the config's)");
 ABSL_FLAG(int, channels, 0, "override the config's width C (0 = keep the config's)");
 ABSL_FLAG(int, heads, 0, "override the config's number of heads H (0 = keep the config's)");
+ABSL_FLAG(int, kv_heads, 0,
+          "Llama only: override the number of key/value heads Hkv (0 = keep the config's)");
 ABSL_FLAG(int, ranks, 2, "data-parallel ranks, as threads of this process (ignored under mpirun)");
 ABSL_FLAG(std::string, strategy, "FULL_SHARD",
           "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP");
@@ -118,8 +124,8 @@ ABSL_FLAG(int64_t, device_memory_mib, 0,
 namespace {
 
 using fsdp::Communicator;
-using fsdp::nn::GptConfig;
-using fsdp::nn::ShardedGpt;
+using fsdp::nn::ModelConfig;
+using fsdp::nn::ShardedModel;
 
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
@@ -127,8 +133,8 @@ constexpr int kExitUsage = 2;
 enum class Schedule { kCosine, kConstant };
 
 struct Settings {
-  GptConfig config;
-  fsdp::nn::ShardedGptOptions model;
+  ModelConfig config;
+  fsdp::nn::ShardedModelOptions model;
   int micro_batches = 1, steps = 0, warmup = 0, log_every = 1, eval_every = 0, threads = 0;
   int ranks_on_host = 1;
   bool sim = false;  // --backend=sim
@@ -197,23 +203,50 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   Settings s;
   FSDP_RETURN_IF_ERROR(fsdp::CommTimeoutFromEnv().status());
 
-  // The model: a named config means that config; --layers, --channels, --heads override it.
-  const std::string config_name = absl::GetFlag(FLAGS_config);
-  auto config = GptConfig::FromName(config_name);
-  if (!config.ok()) return FlagError("config", config_name, config.status());
-  s.config = *config;
+  // The model: a named config means that config; --layers, --channels, --heads (and
+  // --kv_heads for Llama) override it. --model and --config are two names of one flag.
+  std::string config_flag = "config", config_name = absl::GetFlag(FLAGS_config);
+  if (const std::string m = absl::GetFlag(FLAGS_model); !m.empty()) {
+    if (!config_name.empty() && m != config_name) {
+      return BadFlag("model", m, absl::StrCat("--config=", config_name, " names another model; "
+                                              "give one of the two"));
+    }
+    config_flag = "model";
+    config_name = m;
+  }
+  if (config_name.empty()) config_name = "nano";
+  auto config = ModelConfig::FromName(config_name);
+  if (!config.ok()) return FlagError(config_flag, config_name, config.status());
   const int layers = absl::GetFlag(FLAGS_layers), channels = absl::GetFlag(FLAGS_channels),
-            heads = absl::GetFlag(FLAGS_heads);
+            heads = absl::GetFlag(FLAGS_heads), kv_heads = absl::GetFlag(FLAGS_kv_heads);
   if (layers < 0) return BadFlag("layers", layers, "allowed: 0 (keep the config's) or more");
   if (channels < 0) return BadFlag("channels", channels, "allowed: 0 (keep the config's) or more");
   if (heads < 0) return BadFlag("heads", heads, "allowed: 0 (keep the config's) or more");
-  if (layers > 0) s.config.num_layers = layers;
-  if (channels > 0) s.config.channels = channels;
-  if (heads > 0) s.config.num_heads = heads;
+  if (kv_heads < 0) return BadFlag("kv_heads", kv_heads, "allowed: 0 (keep the config's) or more");
+  if (config->is_gpt()) {
+    if (kv_heads > 0) {
+      return BadFlag("kv_heads", kv_heads,
+                     absl::StrCat("only Llama models have key/value heads, not --", config_flag,
+                                  "=", config_name));
+    }
+    fsdp::nn::GptConfig c = config->gpt();
+    if (layers > 0) c.num_layers = layers;
+    if (channels > 0) c.channels = channels;
+    if (heads > 0) c.num_heads = heads;
+    s.config = c;
+  } else {
+    fsdp::nn::LlamaConfig c = config->llama();
+    if (layers > 0) c.num_layers = layers;
+    if (channels > 0) c.channels = channels;
+    if (heads > 0) c.num_heads = heads;
+    if (kv_heads > 0) c.num_kv_heads = kv_heads;
+    s.config = c;
+  }
   if (absl::Status v = s.config.Validate(); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--config=", config_name, " with --layers=", layers, " --channels=", channels,
-        " --heads=", heads, ": ", v.message()));
+        "--", config_flag, "=", config_name, " with --layers=", layers, " --channels=", channels,
+        " --heads=", heads, config->is_llama() ? absl::StrCat(" --kv_heads=", kv_heads) : "",
+        ": ", v.message()));
   }
 
   // Ranks and sharding.
@@ -255,10 +288,10 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   }
   s.model.batch_size = batch / rows;
   s.model.seq_len = absl::GetFlag(FLAGS_seq);
-  if (s.model.seq_len < 1 || s.model.seq_len > s.config.block_size) {
+  if (s.model.seq_len < 1 || s.model.seq_len > s.config.block_size()) {
     return BadFlag("seq", s.model.seq_len,
-                   absl::StrCat("allowed: 1 to the block size of --config=", s.config.name, ", ",
-                                s.config.block_size));
+                   absl::StrCat("allowed: 1 to the block size of --model=", s.config.name(),
+                                ", ", s.config.block_size()));
   }
 
   // Optimizer and schedule (MODEL_SPEC.md's AdamW defaults).
@@ -308,9 +341,9 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
         "f16; consider --loss_scaling 65536");
   }
   s.model.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_blocks);
-  if (s.model.checkpoint_every < 0 || s.model.checkpoint_every > s.config.num_layers) {
+  if (s.model.checkpoint_every < 0 || s.model.checkpoint_every > s.config.num_layers()) {
     return BadFlag("checkpoint_every_blocks", s.model.checkpoint_every,
-                   absl::StrCat("allowed: 0 (off) to the number of layers, ", s.config.num_layers));
+                   absl::StrCat("allowed: 0 (off) to the number of layers, ", s.config.num_layers()));
   }
 
   const std::string nonfinite = absl::GetFlag(FLAGS_nonfinite);
@@ -388,7 +421,7 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
     s.data_name = "the embedded corpus";
   } else {
-    auto read = fsdp::nn::TokenDataset::FromFile(path, s.config.vocab_size,
+    auto read = fsdp::nn::TokenDataset::FromFile(path, s.config.vocab_size(),
                                                   static_cast<uint64_t>(max_bytes));
     if (!read.ok()) {
       if (absl::IsResourceExhausted(read.status())) {
@@ -465,7 +498,7 @@ class WarmupConstant final : public fsdp::LrSchedule {
 };
 
 // Mean loss over the validation split, each rank taking its share of the windows.
-absl::StatusOr<float> Evaluate(ShardedGpt& model, const fsdp::nn::DataLoader& val) {
+absl::StatusOr<float> Evaluate(ShardedModel& model, const fsdp::nn::DataLoader& val) {
   double sum = 0;
   const int64_t steps = val.steps_per_epoch();
   for (int64_t s = 0; s < steps; ++s) {
@@ -478,10 +511,10 @@ absl::StatusOr<float> Evaluate(ShardedGpt& model, const fsdp::nn::DataLoader& va
 
 // Continues `prompt` by `n` tokens. Collective: every rank runs the forward passes (the
 // parameters are sharded), rank 0's choice of each token is broadcast.
-absl::StatusOr<std::string> Sample(ShardedGpt& model, const std::string& prompt, int n,
+absl::StatusOr<std::string> Sample(ShardedModel& model, const std::string& prompt, int n,
                                    float temperature, uint64_t seed) {
   const int B = model.model().batch_size(), T = model.model().seq_len();
-  const int V = model.model().config().vocab_size;
+  const int V = model.model().vocab_size();
   std::vector<int32_t> tokens(prompt.begin(), prompt.end());
   if (tokens.empty()) tokens.push_back('\n');  // the model needs a first token
   std::mt19937_64 rng(seed);
@@ -540,7 +573,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       &s.data->val, {.batch_size = B, .seq_len = T, .rank = world.rank(), .world_size = N,
                      .order = fsdp::nn::SampleOrder::kSequential}));
   FSDP_ASSIGN_OR_RETURN(auto model,
-                        ShardedGpt::Create(s.config, backend.get(), world, s.model));
+                        ShardedModel::Create(s.config, backend.get(), world, s.model));
   if (!s.init_safetensors.empty()) {
     FSDP_RETURN_IF_ERROR(fsdp::ImportSafetensors(model->runtime(), s.init_safetensors));
     if (lead) std::printf("initialised the parameters from %s\n", s.init_safetensors.c_str());
@@ -626,11 +659,17 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,
                       s.model.checkpoint_every == 1 ? " block" : " blocks");
     }
-    std::printf("train_gpt: %s L=%d H=%d C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
+    const std::string heads =
+        s.config.is_gpt()
+            ? absl::StrCat("H=", s.config.gpt().num_heads)
+            : absl::StrCat("H=", s.config.llama().num_heads, " Hkv=", s.config.llama().num_kv_heads,
+                           " F=", s.config.llama().mlp_hidden);
+    std::printf("train_gpt: %s %s L=%d %s C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
                 "%d units | batch %d x %d per step | %d steps, lr %.2e %s, warmup %d | "
                 "%s backend, %d threads per rank%s\n",
-                s.config.name.c_str(), s.config.num_layers, s.config.num_heads,
-                s.config.channels, s.config.vocab_size, s.config.num_parameters() / 1e6,
+                s.config.is_gpt() ? "GPT" : "Llama", s.config.name().c_str(),
+                s.config.num_layers(), heads.c_str(), s.config.channels(),
+                s.config.vocab_size(), s.config.num_parameters() / 1e6,
                 std::string(fsdp::StrategyName(s.model.sharding.strategy)).c_str(), N,
                 std::string(world.backend()).c_str(), model->runtime().num_units(),
                 B * N * s.micro_batches, T, s.steps, s.max_lr,
@@ -698,7 +737,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
                 val_loss, fsdp::FormatMemoryReport(model->memory()).c_str());
   }
   const int n = s.sample_tokens;
-  if (n > 0 && s.config.vocab_size == 256) {
+  if (n > 0 && s.config.vocab_size() == 256) {
     for (int i = 0; i < 2; ++i) {
       FSDP_ASSIGN_OR_RETURN(std::string text,
                             Sample(*model, s.prompt, n, s.temperature, s.seed + i));

@@ -97,6 +97,52 @@ class HostOps final : public Ops {
     const float *go = F32(dout), *q = F32(qkv), *a = F32(att);
     exec_->Run(s, __func__, [=] { kernels::cpu::attention_backward(dq, go, q, a, B, T, C, NH); });
   }
+  void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T,
+                           int64_t NH, int64_t NKV, int64_t D) override {
+    float *o = F32(out), *a = F32(att);
+    const float* q = F32(qkv);
+    exec_->Run(s, __func__,
+               [=] { kernels::cpu::gqa_attention_forward(o, a, q, B, T, NH, NKV, D); });
+  }
+  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
+                            int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
+    float* dq = F32(dqkv);
+    const float *go = F32(dout), *q = F32(qkv), *a = F32(att);
+    exec_->Run(s, __func__,
+               [=] { kernels::cpu::gqa_attention_backward(dq, go, q, a, B, T, NH, NKV, D); });
+  }
+  void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N, int64_t C,
+                      float eps) override {
+    float *o = F32(out), *r = F32(rstd);
+    const float *i = F32(inp), *w = F32(weight);
+    exec_->Run(s, __func__, [=] { kernels::cpu::rmsnorm_forward(o, r, i, w, N, C, eps); });
+  }
+  void RmsnormBackward(Stream s, View dinp, View dweight, View dout, View inp, View weight,
+                       View rstd, int64_t N, int64_t C) override {
+    float *di = F32(dinp), *dw = F32(dweight);
+    const float *go = F32(dout), *i = F32(inp), *w = F32(weight), *r = F32(rstd);
+    exec_->Run(s, __func__, [=] { kernels::cpu::rmsnorm_backward(di, dw, go, i, w, r, N, C); });
+  }
+  void RopeForward(Stream s, View x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                   float theta) override {
+    float* p = F32(x);
+    exec_->Run(s, __func__, [=] { kernels::cpu::rope_forward(p, B, T, W, NH, D, theta); });
+  }
+  void RopeBackward(Stream s, View dx, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                    float theta) override {
+    float* p = F32(dx);
+    exec_->Run(s, __func__, [=] { kernels::cpu::rope_backward(p, B, T, W, NH, D, theta); });
+  }
+  void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
+    float* o = F32(out);
+    const float* g = F32(gu);
+    exec_->Run(s, __func__, [=] { kernels::cpu::swiglu_forward(o, g, N, F); });
+  }
+  void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
+    float* dg = F32(dgu);
+    const float *go = F32(dout), *g = F32(gu);
+    exec_->Run(s, __func__, [=] { kernels::cpu::swiglu_backward(dg, go, g, N, F); });
+  }
   void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits, View targets,
                                   int64_t N, int64_t V) override {
     float *l = F32(losses), *p = F32(probs);

@@ -65,6 +65,40 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                         int64_t B, int64_t T, int64_t C, int64_t NH);
 
+// ---- Grouped-query causal attention (Llama) ------------------------------------------------
+// qkv[B,T,(NH+2*NKV)*D]: query head h is columns [h*D, (h+1)*D); key head g is columns
+// [(NH+g)*D, ...) and value head g [(NH+NKV+g)*D, ...). Query head h uses kv head
+// h / (NH / NKV) (NH divisible by NKV). out[B,T,NH*D]; att[B,NH,T,T] as attention_forward.
+// With NKV == NH and D = C / NH this is exactly attention_forward / attention_backward.
+void gqa_attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                           int64_t NH, int64_t NKV, int64_t D);
+void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+
+// ---- RMSNorm over the last dimension (Llama) -----------------------------------------------
+// out = inp / sqrt(mean(inp^2) + eps) * weight, the mean over C in f32; rstd[N] is saved for
+// backward.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                     int64_t C, float eps = 1e-5f);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t N, int64_t C);
+
+// ---- Rotary position embeddings, Hugging Face layout (MODEL_SPEC.md, Llama) ---------------
+// IN PLACE on x[B,T,W]: the first NH heads of D columns of every row (row (b, t) is position
+// t) become x*cos + rotate_half(x)*sin, with inv_freq[j] = theta^(-2j/D). Columns from NH*D
+// to W are left alone (in a Llama qkv, NH = query heads + kv heads rotates q and k, not v).
+// Backward is the transposed rotation, also in place on the gradient: dx = R^T dx (it does
+// not accumulate; the rotation is linear and needs no saved input).
+void rope_forward(float* x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                  float theta);
+void rope_backward(float* dx, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                   float theta);
+
+// ---- SwiGLU (Llama MLP): gu[N,2F] = [gate | up], out[N,F] = silu(gate) * up ----------------
+void swiglu_forward(float* out, const float* gu, int64_t N, int64_t F);
+// dgu[N,2F] += d out / d gu
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t F);
+
 // ---- Softmax cross-entropy over V classes --------------------------------------------------
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]].
 // A target < 0 is ignored: its loss is 0 and it gets no gradient.

@@ -49,6 +49,29 @@ class Ops {
   virtual void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
                                  int64_t T, int64_t C, int64_t NH) = 0;
 
+  // ---- Llama layers (fsdp/kernels_cpu.h: gqa_attention_*, rmsnorm_*, rope_*, swiglu_*) ------
+  // Grouped-query causal attention: qkv[B,T,(NH+2*NKV)*D], att[B,NH,T,T], out[B,T,NH*D].
+  virtual void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B,
+                                   int64_t T, int64_t NH, int64_t NKV, int64_t D) = 0;
+  virtual void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att,
+                                    int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                    int64_t D) = 0;
+  // RMSNorm over the last dimension; rstd[N] saved.
+  virtual void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N,
+                              int64_t C, float eps) = 0;
+  virtual void RmsnormBackward(Stream s, View dinp, View dweight, View dout, View inp,
+                               View weight, View rstd, int64_t N, int64_t C) = 0;
+  // Rotary embeddings IN PLACE on the first NH heads of D columns of each row of x[B,T,W];
+  // backward rotates the gradient back in place (no accumulation).
+  virtual void RopeForward(Stream s, View x, int64_t B, int64_t T, int64_t W, int64_t NH,
+                           int64_t D, float theta) = 0;
+  virtual void RopeBackward(Stream s, View dx, int64_t B, int64_t T, int64_t W, int64_t NH,
+                            int64_t D, float theta) = 0;
+  // out[N,F] = silu(gu[:, :F]) * gu[:, F:]; backward dgu[N,2F] +=.
+  virtual void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) = 0;
+  virtual void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N,
+                              int64_t F) = 0;
+
   // ---- softmax cross-entropy (targets i32; < 0 ignored) ------------------------------------
   virtual void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits,
                                           View targets, int64_t N, int64_t V) = 0;

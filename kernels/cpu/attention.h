@@ -1,6 +1,6 @@
-// Private: the blocked causal attention behind attention_forward / attention_backward, with
-// the block size as a parameter so that tests can run many blocks (and partial ones) on
-// shapes small enough for finite differences.
+// Private: the blocked causal attention behind attention_forward / attention_backward and
+// their grouped-query forms, with the block size as a parameter so that tests can run many
+// blocks (and partial ones) on shapes small enough for finite differences.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +12,13 @@ namespace fsdp::kernels::cpu::internal {
 // 64 is the fastest measured at the GPT's T = 256..1024 with D = 64 (kernels_bench).
 constexpr int64_t kAttentionBlock = 64;
 
+// NH query heads and NKV key/value heads of D columns, rows of qkv (NH + 2 NKV) D wide, as
+// gqa_attention_forward / gqa_attention_backward (fsdp/kernels_cpu.h). The GPT's attention is
+// NKV = NH, D = C / NH.
 void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                      int64_t C, int64_t NH, int64_t block);
+                      int64_t NH, int64_t NKV, int64_t D, int64_t block);
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                       int64_t B, int64_t T, int64_t C, int64_t NH, int64_t block);
+                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D,
+                       int64_t block);
 
 }  // namespace fsdp::kernels::cpu::internal

@@ -2,7 +2,9 @@
 // of a random stream (a shard of a tensor, a rank's rows of a batch) can be drawn alone.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <string_view>
 
 namespace fsdp::nn::internal {
@@ -25,6 +27,15 @@ inline uint64_t Fnv1a(std::string_view s) {
 // Random 64 bits number `index` of the stream `key`.
 inline uint64_t RandomAt(uint64_t key, uint64_t index) {
   return SplitMix64(key ^ SplitMix64(index));
+}
+
+// Standard normal number j of the stream `key`: Box-Muller on two independent uniforms.
+inline double NormalAt(uint64_t key, int64_t j) {
+  const uint64_t a = RandomAt(key, 2 * static_cast<uint64_t>(j));
+  const uint64_t b = RandomAt(key, 2 * static_cast<uint64_t>(j) + 1);
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: log is finite
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
 }  // namespace fsdp::nn::internal

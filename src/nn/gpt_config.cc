@@ -12,6 +12,7 @@ namespace {
 
 using internal::BlockDefs;
 using internal::RootDefs;
+using internal::SpecOf;
 using internal::TensorDef;
 
 const std::array<GptConfig, 5>& NamedConfigs() {
@@ -23,17 +24,6 @@ const std::array<GptConfig, 5>& NamedConfigs() {
       {"gpt2-xl", 50304, 1024, 48, 25, 1600},
   }};
   return configs;
-}
-
-ParamSpec MakeSpec(const std::string& prefix, const TensorDef& d, int unit, int64_t offset) {
-  ParamSpec s;
-  s.name = prefix + d.name;
-  s.shape = d.cols == 0 ? std::vector<int64_t>{d.rows} : std::vector<int64_t>{d.rows, d.cols};
-  s.numel = d.numel();
-  s.offset = offset;
-  s.unit = unit;
-  s.weight_decay = d.cols != 0;
-  return s;
 }
 
 }  // namespace
@@ -92,7 +82,7 @@ std::vector<ParamSpec> GptParamSpecs(const GptConfig& config) {
   const auto root = RootDefs(config.vocab_size, config.block_size, config.channels);
   int64_t offset = 0;
   for (const TensorDef& d : root) {
-    specs.push_back(MakeSpec("transformer.", d, 0, offset));
+    specs.push_back(SpecOf("transformer.", d, 0, offset));
     offset += d.numel();
   }
   const auto block = BlockDefs(config.channels);
@@ -100,19 +90,11 @@ std::vector<ParamSpec> GptParamSpecs(const GptConfig& config) {
     const std::string prefix = absl::StrCat("transformer.h.", i, ".");
     offset = 0;
     for (const TensorDef& d : block) {
-      specs.push_back(MakeSpec(prefix, d, 1 + i, offset));
+      specs.push_back(SpecOf(prefix, d, 1 + i, offset));
       offset += d.numel();
     }
   }
   return specs;
-}
-
-std::vector<DecayRange> UnitDecayRanges(const std::vector<ParamSpec>& specs, int unit) {
-  std::vector<DecayRange> ranges;
-  for (const ParamSpec& s : specs) {
-    if (s.unit == unit) ranges.push_back({s.offset, s.offset + s.numel, s.weight_decay});
-  }
-  return ranges;
 }
 
 }  // namespace fsdp::nn

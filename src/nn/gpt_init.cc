@@ -2,7 +2,6 @@
 // of a tensor is a function of (seed, tensor name, j) only, so a rank can initialise just its
 // shard and every world size sees the same model.
 #include <cmath>
-#include <numbers>
 #include <string_view>
 
 #include "fsdp/nn/gpt.h"
@@ -12,17 +11,8 @@ namespace fsdp::nn {
 namespace {
 
 using internal::Fnv1a;
-using internal::RandomAt;
+using internal::NormalAt;
 using internal::SplitMix64;
-
-// Standard normal number j of the stream `key`: Box-Muller on two independent uniforms.
-double NormalAt(uint64_t key, int64_t j) {
-  const uint64_t a = RandomAt(key, 2 * static_cast<uint64_t>(j));
-  const uint64_t b = RandomAt(key, 2 * static_cast<uint64_t>(j) + 1);
-  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: log is finite
-  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-}
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;

@@ -5,8 +5,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/nn/model.h"
 
 namespace fsdp::nn::internal {
 
@@ -35,6 +38,19 @@ inline std::array<TensorDef, kNumBlockTensors> BlockDefs(int64_t C) {
            {"ln_2.weight", C, 0}, {"ln_2.bias", C, 0},
            {"mlp.c_fc.weight", 4 * C, C}, {"mlp.c_fc.bias", 4 * C, 0},
            {"mlp.c_proj.weight", C, 4 * C}, {"mlp.c_proj.bias", C, 0}}};
+}
+
+// The spec of tensor `d` of unit `unit`, named prefix + d.name, at `offset` in the unit.
+inline ParamSpec SpecOf(const std::string& prefix, const TensorDef& d, int unit,
+                        int64_t offset) {
+  ParamSpec s;
+  s.name = prefix + d.name;
+  s.shape = d.cols == 0 ? std::vector<int64_t>{d.rows} : std::vector<int64_t>{d.rows, d.cols};
+  s.numel = d.numel();
+  s.offset = offset;
+  s.unit = unit;
+  s.weight_decay = d.cols != 0;
+  return s;
 }
 
 // Each tensor of a unit's flat buffer as a view (dtype and all come from `flat`; an empty

@@ -228,6 +228,81 @@ TEST_P(OpConformanceTest, GeluAttentionAndSoftmaxCrossEntropy) {
   Expect(dev_->Read(vmean), {static_cast<float>(sum / N)}, DType::kF32, "mean");
 }
 
+TEST_P(OpConformanceTest, LlamaLayers) {
+  // RMSNorm.
+  {
+    const int64_t N = 5, C = 11;
+    const auto inp = Random(N * C, 1, 2.0f), w = Random(C, 2), dout = Random(N * C, 3);
+    std::vector<float> out(N * C), rstd(N), dinp = Random(N * C, 4), dw = Random(C, 5);
+    const View vdinp = dev_->In(dinp), vdw = dev_->In(dw);
+    kernels::cpu::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-6f);
+    kernels::cpu::rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(),
+                                   rstd.data(), N, C);
+    const View vout = dev_->In(std::vector<float>(N * C)),
+               vrstd = dev_->In(std::vector<float>(N));
+    const View vinp = dev_->In(inp), vw = dev_->In(w), vdout = dev_->In(dout);
+    ops().RmsnormForward(cs, vout, vrstd, vinp, vw, N, C, 1e-6f);
+    ops().RmsnormBackward(cs, vdinp, vdw, vdout, vinp, vw, vrstd, N, C);
+    Expect(dev_->Read(vout), out, DType::kF32, "rmsnorm out");
+    Expect(dev_->Read(vrstd), rstd, DType::kF32, "rstd");
+    Expect(dev_->Read(vdinp), dinp, DType::kF32, "rmsnorm dinp");
+    Expect(dev_->Read(vdw), dw, DType::kF32, "rmsnorm dweight");
+    // Without the input gradient (a frozen input): dweight only.
+    std::vector<float> dw_only = Random(C, 6);
+    const View vdw_only = dev_->In(dw_only);
+    kernels::cpu::rmsnorm_backward(nullptr, dw_only.data(), dout.data(), inp.data(), w.data(),
+                                   rstd.data(), N, C);
+    ops().RmsnormBackward(cs, View{}, vdw_only, vdout, vinp, vw, vrstd, N, C);
+    Expect(dev_->Read(vdw_only), dw_only, DType::kF32, "rmsnorm dweight only");
+  }
+  // Rotary embeddings in place on the q and k heads of a grouped qkv (v and a slice offset
+  // untouched), forward then backward on a gradient.
+  {
+    const int64_t B = 2, T = 5, NH = 3, NKV = 1, D = 6, W = (NH + 2 * NKV) * D;
+    const auto x0 = Random(B * T * W + 3, 7), g0 = Random(B * T * W, 8);
+    std::vector<float> x = x0, g = g0;
+    kernels::cpu::rope_forward(x.data() + 3, B, T, W, NH + NKV, D, 10000.0f);
+    kernels::cpu::rope_backward(g.data(), B, T, W, NH + NKV, D, 10000.0f);
+    const View vx = dev_->In(x0), vg = dev_->In(g0);
+    ops().RopeForward(cs, vx.Slice(3, B * T * W), B, T, W, NH + NKV, D, 10000.0f);
+    ops().RopeBackward(cs, vg, B, T, W, NH + NKV, D, 10000.0f);
+    Expect(dev_->Read(vx), x, DType::kF32, "rope");
+    Expect(dev_->Read(vg), g, DType::kF32, "rope backward");
+  }
+  // Grouped-query attention.
+  {
+    const int64_t B = 2, T = 5, NH = 4, NKV = 2, D = 3, W = (NH + 2 * NKV) * D;
+    const auto qkv = Random(B * T * W, 9), dout = Random(B * T * NH * D, 10);
+    std::vector<float> out(B * T * NH * D), att(B * NH * T * T), dqkv = Random(B * T * W, 11);
+    const View vdqkv = dev_->In(dqkv);
+    kernels::cpu::gqa_attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, D);
+    kernels::cpu::gqa_attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T,
+                                         NH, NKV, D);
+    const View vout = dev_->In(std::vector<float>(out.size())),
+               vatt = dev_->In(std::vector<float>(att.size()));
+    const View vqkv = dev_->In(qkv), vdout = dev_->In(dout);
+    ops().GqaAttentionForward(cs, vout, vatt, vqkv, B, T, NH, NKV, D);
+    ops().GqaAttentionBackward(cs, vdqkv, vdout, vqkv, vatt, B, T, NH, NKV, D);
+    Expect(dev_->Read(vout), out, DType::kF32, "gqa attention");
+    Expect(dev_->Read(vatt), att, DType::kF32, "gqa att");
+    Expect(dev_->Read(vdqkv), dqkv, DType::kF32, "gqa dqkv");
+  }
+  // SwiGLU.
+  {
+    const int64_t N = 7, F = 9;
+    const auto gu = Random(N * 2 * F, 12, 3.0f), dout = Random(N * F, 13);
+    std::vector<float> out(N * F), dgu = Random(N * 2 * F, 14);
+    const View vdgu = dev_->In(dgu);
+    kernels::cpu::swiglu_forward(out.data(), gu.data(), N, F);
+    kernels::cpu::swiglu_backward(dgu.data(), dout.data(), gu.data(), N, F);
+    const View vout = dev_->In(std::vector<float>(N * F)), vgu = dev_->In(gu);
+    ops().SwigluForward(cs, vout, vgu, N, F);
+    ops().SwigluBackward(cs, vdgu, dev_->In(dout), vgu, N, F);
+    Expect(dev_->Read(vout), out, DType::kF32, "swiglu");
+    Expect(dev_->Read(vdgu), dgu, DType::kF32, "swiglu dgu");
+  }
+}
+
 TEST_P(OpConformanceTest, EmbeddingWithRepeatedIds) {
   const int64_t N = 7, C = 9, V = 11;
   const auto table = Random(V * C, 1), dout = Random(N * C, 2);

@@ -33,6 +33,7 @@ struct ResumeCase {
   int world;
   int hybrid_shard = 0;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
+  const char* model = "nano";
 };
 
 class ExactResumeTest : public ::testing::TestWithParam<ResumeCase> {};
@@ -42,6 +43,7 @@ class ExactResumeTest : public ::testing::TestWithParam<ResumeCase> {};
 TEST_P(ExactResumeTest, TenPlusTenEqualsTwentyBitForBit) {
   const ResumeCase c = GetParam();
   CkptRun run;
+  run.config = c.model;
   run.strategy = c.strategy;
   run.hybrid_shard = c.hybrid_shard;
   run.optimizer = c.optimizer;
@@ -78,6 +80,10 @@ INSTANTIATE_TEST_SUITE_P(
                       ResumeCase{"SHARD_GRAD_OP_N2", ShardingStrategy::kShardGradOp, 2},
                       ResumeCase{"NO_SHARD_N2", ShardingStrategy::kNoShard, 2},
                       ResumeCase{"HYBRID_SHARD_N4_S2", ShardingStrategy::kHybridShard, 4, 2},
+                      ResumeCase{"llama_FULL_SHARD_N2", ShardingStrategy::kFullShard, 2, 0,
+                                 OptimizerKind::kAdamW, "llama-nano"},
+                      ResumeCase{"llama_HYBRID_SHARD_N4_S2", ShardingStrategy::kHybridShard, 4,
+                                 2, OptimizerKind::kAdamW, "llama-nano"},
                       ResumeCase{"HYBRID_SHARD_GRAD_OP_N4_S2", ShardingStrategy::kHybridShardGradOp,
                                  4, 2},
                       ResumeCase{"FULL_SHARD_N2_SGD_momentum", ShardingStrategy::kFullShard, 2, 0,

@@ -15,7 +15,7 @@
 #include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/nn/data.h"
-#include "fsdp/nn/sharded_gpt.h"
+#include "fsdp/nn/sharded_model.h"
 #include "tests/fsdp/parity_util.h"
 
 namespace fsdp::testing {
@@ -27,7 +27,7 @@ struct CkptRun {
   int seq_len = 32;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   nn::WrapPolicy wrap;
-  std::string config = "nano";  // or "nano-narrow"
+  std::string config = "nano";  // any ModelConfig name, or "nano-narrow"
   uint64_t init_seed = 1337;
   float max_grad_norm = 0.5f;
 };
@@ -57,15 +57,20 @@ inline std::string RankState(int rank, int64_t step) {
   return absl::StrCat("rng-of-rank-", rank, "-at-step-", step);
 }
 
-inline absl::StatusOr<std::unique_ptr<nn::ShardedGpt>> MakeModel(Communicator& comm,
-                                                                 Backend* backend,
-                                                                 const CkptRun& run) {
+inline absl::StatusOr<std::unique_ptr<nn::ShardedModel>> MakeModel(Communicator& comm,
+                                                                   Backend* backend,
+                                                                   const CkptRun& run) {
   // "nano-narrow": another model with the same tensor names (C = 32).
   const bool narrow = run.config == "nano-narrow";
-  FSDP_ASSIGN_OR_RETURN(nn::GptConfig config,
-                        nn::GptConfig::FromName(narrow ? "nano" : run.config));
-  if (narrow) config.channels = 32;
-  nn::ShardedGptOptions o;
+  FSDP_ASSIGN_OR_RETURN(nn::ModelConfig named,
+                        nn::ModelConfig::FromName(narrow ? "nano" : run.config));
+  nn::ModelConfig config = named;
+  if (narrow) {
+    nn::GptConfig c = named.gpt();
+    c.channels = 32;
+    config = c;
+  }
+  nn::ShardedModelOptions o;
   o.sharding.strategy = run.strategy;
   o.sharding.hybrid_shard_size = run.hybrid_shard;
   o.sharding.optimizer = run.optimizer;
@@ -75,7 +80,7 @@ inline absl::StatusOr<std::unique_ptr<nn::ShardedGpt>> MakeModel(Communicator& c
   o.seq_len = run.seq_len;
   o.wrap = run.wrap;
   o.seed = run.init_seed;
-  return nn::ShardedGpt::Create(config, backend, comm, o);
+  return nn::ShardedModel::Create(config, backend, comm, o);
 }
 
 // Trains `steps` steps on this rank, after loading `load_dir` when given, and saves to

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "src/checkpoint/safetensors_format.h"
+#include "tests/checkpoint/safetensors_ref_reader.h"
 #include "tests/checkpoint/ckpt_util.h"
 
 namespace fsdp::testing {
@@ -117,6 +118,60 @@ TEST_F(SafetensorsTest, F32ExportOnTwoImportOnThreeIsBitwiseIdentical) {
                 0)
           << "world " << world << " unit " << u;
     }
+  }
+}
+
+// Llama exports under the Hugging Face names, and a state_dict written by PyTorch
+// (tests/nn/golden/tiny_llama_hf_model.safetensors, make_llama_golden.py: LlamaForCausalLM
+// with grouped-query attention) imports into the sharded Llama and computes transformers'
+// loss; exported again, every tensor is the file's, bitwise.
+TEST_F(SafetensorsTest, LlamaStateDictFromTransformersImportsAndExportsBack) {
+  const std::string golden = std::string(FSDP_SOURCE_DIR) + "/tests/nn/golden/";
+  auto state = ref_st::Parse(ReadAll(golden + "tiny_llama_hf_model.safetensors"));
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto expect = ref_st::Parse(ReadAll(golden + "tiny_llama_hf.safetensors"));
+  ASSERT_TRUE(expect.ok()) << expect.status();
+  const float want_loss = ref_st::F32Values(expect->tensors.at("out.loss")).at(0);
+  auto tokens = [&](const char* name) {
+    const std::string& b = expect->tensors.at(name).bytes;
+    std::vector<int32_t> v(b.size() / 4);
+    std::memcpy(v.data(), b.data(), b.size());
+    return v;
+  };
+  const std::vector<int32_t> idx = tokens("tokens.idx"), tgt = tokens("tokens.tgt");
+  nn::LlamaConfig config = *nn::LlamaConfig::FromName("llama-nano");
+  config.vocab_size = 32;
+  config.block_size = 8;
+  config.channels = 16;
+  config.mlp_hidden = 24;  // L = 2, H = 4, Hkv = 2 as llama-nano
+  const int world = 2, T = 8;  // one of the file's two sequences per rank
+  const std::string back = dir_ + "/back.safetensors";
+  std::vector<float> losses(world);
+  absl::Status s = LocalWorld::Run(world, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    nn::ShardedModelOptions o;
+    o.sharding.strategy = ShardingStrategy::kFullShard;
+    o.batch_size = 1;
+    o.seq_len = T;
+    FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedModel::Create(config, backend.get(), comm, o));
+    FSDP_RETURN_IF_ERROR(ImportSafetensors(model->runtime(),
+                                           golden + "tiny_llama_hf_model.safetensors"));
+    const int r = comm.rank();
+    FSDP_ASSIGN_OR_RETURN(float loss, model->Forward(idx.data() + r * T, tgt.data() + r * T));
+    FSDP_ASSIGN_OR_RETURN(losses[r], model->MeanOverRanks(loss));
+    return ExportSafetensors(model->runtime(), back);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (float l : losses) EXPECT_NEAR(l, want_loss, 2e-6 * want_loss);
+  auto exported = ref_st::Parse(ReadAll(back));
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ASSERT_EQ(exported->tensors.size(), state->tensors.size());
+  for (const auto& [name, t] : state->tensors) {
+    auto it = exported->tensors.find(name);
+    ASSERT_NE(it, exported->tensors.end()) << name << " was not exported";
+    EXPECT_EQ(it->second.dtype, t.dtype) << name;
+    EXPECT_EQ(it->second.shape, t.shape) << name;
+    EXPECT_TRUE(it->second.bytes == t.bytes) << name << ": data differs";
   }
 }
 

@@ -26,7 +26,7 @@ kill -9 $pid 2>/dev/null
 wait $pid 2>/dev/null
 echo "killed with SIGKILL after $((waited / 2 + 1)) s; $(wc -c <"$log") bytes in the file"
 failed=0
-for want in "train_gpt: nano " "step     1/1000000 | loss"; do
+for want in "train_gpt: GPT nano " "step     1/1000000 | loss"; do
   if grep -qF "$want" "$log"; then
     echo "  ok      the file contains: $want"
   else

@@ -1,4 +1,4 @@
-// Shared by the sharding tests (threads and mpirun): train the GPT with a strategy on N
+// Shared by the sharding tests (threads and mpirun): train a bundled model (GPT or Llama) with a strategy on N
 // ranks, and the single-rank reference that trains on the concatenated batches.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include "fsdp/cpu_backend.h"
 #include "fsdp/communicator.h"
 #include "fsdp/nn/data.h"
-#include "fsdp/nn/sharded_gpt.h"
+#include "fsdp/nn/sharded_model.h"
 #include "fsdp/optim.h"
 #include "gtest/gtest.h"
 #include "tests/test_backend.h"
@@ -20,7 +20,7 @@
 namespace fsdp::testing {
 
 struct TrainSpec {
-  std::string config = "nano";
+  std::string config = "nano";  // any ModelConfig name, e.g. "llama-nano"
   int batch_size = 2;  // per rank and micro-batch
   int seq_len = 32;
   int steps = 20;
@@ -81,9 +81,9 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
                                                 ShardingOptions sharding, int threads_per_rank,
                                                 const std::string& backend_name =
                                                     TestBackendName()) {
-  FSDP_ASSIGN_OR_RETURN(nn::GptConfig config, nn::GptConfig::FromName(spec.config));
+  FSDP_ASSIGN_OR_RETURN(nn::ModelConfig config, nn::ModelConfig::FromName(spec.config));
   FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(threads_per_rank, 0, backend_name));
-  nn::ShardedGptOptions o;
+  nn::ShardedModelOptions o;
   sharding.max_grad_norm = spec.max_grad_norm;
   o.sharding = sharding;
   o.batch_size = spec.batch_size;
@@ -91,7 +91,7 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
   o.frozen = spec.frozen;
   o.wrap = spec.wrap;
   o.checkpoint_every = spec.checkpoint_every;
-  FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(config, backend.get(), comm, o));
+  FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedModel::Create(config, backend.get(), comm, o));
   TrainResult result;
   for (int s = 0; s < spec.steps; ++s) {
     double loss_sum = 0;
@@ -125,10 +125,10 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
 // Backward over whole units, per-unit AdamW and global-norm clipping.
 inline absl::StatusOr<TrainResult> TrainReference(const TrainSpec& spec, int world, int threads) {
   const int B = spec.batch_size * world * spec.micro_batches;
-  FSDP_ASSIGN_OR_RETURN(nn::GptConfig config, nn::GptConfig::FromName(spec.config));
+  FSDP_ASSIGN_OR_RETURN(nn::ModelConfig config, nn::ModelConfig::FromName(spec.config));
   FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = threads}));
   backend->BindCurrentThread();
-  FSDP_ASSIGN_OR_RETURN(auto model, nn::Gpt::Create(config, backend.get(), B, spec.seq_len));
+  FSDP_ASSIGN_OR_RETURN(auto model, config.CreateModel(backend.get(), B, spec.seq_len));
   const int U = model->num_units();
   // The reference runs on the CPU backend, whose buffers the host reads and writes directly.
   std::vector<Buffer> params(U), grads(U);
@@ -137,7 +137,9 @@ inline absl::StatusOr<TrainResult> TrainReference(const TrainSpec& spec, int wor
     const size_t bytes = static_cast<size_t>(model->unit_numel(u)) * sizeof(float);
     FSDP_ASSIGN_OR_RETURN(params[u], Buffer::Create(backend.get(), bytes));
     FSDP_ASSIGN_OR_RETURN(grads[u], Buffer::Create(backend.get(), bytes));
-    nn::InitUnit(config, u, 1337, params[u].as<float>());
+    for (const nn::ParamSpec* p : model->unit_params(u)) {
+      config.InitParamSlice(*p, 1337, 0, p->numel, params[u].as<float>() + p->offset);
+    }
     std::vector<DecayRange> ranges;
     for (const nn::ParamSpec* p : model->unit_params(u)) {
       bool frozen = false;

@@ -22,9 +22,11 @@ ShardingOptions With(ShardingStrategy strategy, int hybrid_shard = 0) {
 }
 
 // Parity with the single-rank reference for each way of clipping (tests/fsdp/parity_util.h).
-void ExpectParity(ShardingOptions sharding, int micro_batches) {
+void ExpectParity(ShardingOptions sharding, int micro_batches,
+                  const std::string& model = "nano") {
   for (Clip clip : {Clip::kOff, Clip::kSome, Clip::kAlways}) {
     TrainSpec spec;
+    spec.config = model;
     spec.steps = 10;
     spec.micro_batches = micro_batches;
     spec.max_grad_norm = 0;
@@ -49,6 +51,13 @@ TEST(ShardingMpiTest, FullShardWithAccumulation) {
 TEST(ShardingMpiTest, HybridShardOneRankPerShardGroup) {
   // The only mesh besides 1 x N that 2 and 3 processes allow.
   ExpectParity(With(ShardingStrategy::kHybridShard, 1), 1);
+}
+
+TEST(ShardingMpiTest, LlamaFullShard) {
+  ExpectParity(With(ShardingStrategy::kFullShard), 1, "llama-nano");
+}
+TEST(ShardingMpiTest, LlamaShardGradOpWithAccumulation) {
+  ExpectParity(With(ShardingStrategy::kShardGradOp), 2, "llama-nano");
 }
 
 TEST(ShardingMpiTest, FullShardHoldsOneNthOfThePersistentBytes) {

@@ -1,5 +1,5 @@
 // Parity of every strategy with a single rank training on the concatenated batches: 20 AdamW
-// steps on nano with clipping, ranks as threads.
+// steps on nano (GPT) and llama-nano with clipping, ranks as threads.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -19,10 +19,12 @@ struct Case {
   int hybrid_shard = 0;
   int micro_batches = 1;
   Clip clip = Clip::kAlways;
+  std::string model = "nano";
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  std::string s(StrategyName(info.param.strategy));
+  std::string s = info.param.model == "nano" ? "" : "llama_";
+  s += StrategyName(info.param.strategy);
   s += "_N" + std::to_string(info.param.world);
   if (info.param.hybrid_shard) s += "_S" + std::to_string(info.param.hybrid_shard);
   if (info.param.micro_batches > 1) s += "_accum" + std::to_string(info.param.micro_batches);
@@ -30,12 +32,12 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return s;
 }
 
-// The reference of a (world, micro_batches, clipping) case, computed once.
+// The reference of a (model, world, micro_batches, clipping) case, computed once.
 const TrainResult& Reference(const TrainSpec& spec, int world) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, float>, TrainResult> cache;
+  static std::map<std::tuple<std::string, int, int, float>, TrainResult> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(world, spec.micro_batches, spec.max_grad_norm);
+  auto key = std::make_tuple(spec.config, world, spec.micro_batches, spec.max_grad_norm);
   auto it = cache.find(key);
   if (it == cache.end()) {
     auto r = TrainReference(spec, world, 2);
@@ -50,6 +52,7 @@ class ParityTest : public ::testing::TestWithParam<Case> {};
 TEST_P(ParityTest, LossesAndParamsMatchSingleRankOnConcatenatedBatch) {
   const Case c = GetParam();
   TrainSpec spec;
+  spec.config = c.model;
   spec.micro_batches = c.micro_batches;
   spec.max_grad_norm = 0;
   spec.max_grad_norm = ClipThreshold(c.clip, Reference(spec, c.world).grad_norms);
@@ -96,7 +99,33 @@ std::vector<Case> AllCases() {
   return out;
 }
 
+// Llama (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied head) through the same
+// runtime: every strategy on 1 to 4 ranks, HYBRID 2x2, accumulation, and each clipping mode.
+std::vector<Case> LlamaCases() {
+  const std::vector<Case> base = {
+      {ShardingStrategy::kFullShard, 1}, {ShardingStrategy::kFullShard, 2},
+      {ShardingStrategy::kFullShard, 3}, {ShardingStrategy::kFullShard, 4},
+      {ShardingStrategy::kShardGradOp, 2}, {ShardingStrategy::kShardGradOp, 4},
+      {ShardingStrategy::kNoShard, 2}, {ShardingStrategy::kNoShard, 3},
+      {ShardingStrategy::kHybridShard, 4, 2}, {ShardingStrategy::kHybridShardGradOp, 4, 2},
+      {ShardingStrategy::kFullShard, 2, 0, 4}, {ShardingStrategy::kHybridShard, 4, 2, 4}};
+  std::vector<Case> out;
+  for (Case c : base) {
+    c.model = "llama-nano";
+    out.push_back(c);
+  }
+  for (Clip clip : {Clip::kOff, Clip::kSome}) {
+    for (Case c : {Case{ShardingStrategy::kFullShard, 2}, Case{ShardingStrategy::kHybridShard, 4, 2}}) {
+      c.model = "llama-nano";
+      c.clip = clip;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, ParityTest, ::testing::ValuesIn(AllCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Llama, ParityTest, ::testing::ValuesIn(LlamaCases()), CaseName);
 
 }  // namespace
 }  // namespace fsdp::testing

@@ -78,7 +78,7 @@ TEST_P(BlockedAttentionTest, ForwardAndBackwardMatchReferenceAndFiniteDifference
   DVec want_att;
   const DVec want_out = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_att);
   Vec out(B * T * C, 5.0f), att(B * NH * T * T, 5.0f);  // forward overwrites both fully
-  internal::AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH, block);
+  internal::AttentionForward(out.data(), att.data(), qkv.data(), B, T, NH, NH, C / NH, block);
   ExpectClose(out, want_out, 2e-6, 2e-5, "out");
   ExpectClose(att, want_att, 1e-6, 1e-5, "att");  // includes the zeros above the diagonal
 
@@ -86,8 +86,8 @@ TEST_P(BlockedAttentionTest, ForwardAndBackwardMatchReferenceAndFiniteDifference
       [&](const DVec& x) { return Dot(AttentionRef(x, B, T, C, NH), dout); }, ToDouble(qkv));
   const Vec dqkv0 = Random(qkv.size(), rng);
   Vec dqkv = dqkv0;
-  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH,
-                              block);
+  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, NH,
+                              C / NH, block);
   ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
 }
 

@@ -153,6 +153,95 @@ inline DVec AttentionRef(const DVec& qkv, int64_t B, int64_t T, int64_t C, int64
   return out;
 }
 
+// Grouped-query causal attention: qkv[B,T,(NH+2NKV)D] -> out[B,T,NH*D]; query head h uses kv
+// head h / (NH / NKV); att (optional) gets [B,NH,T,T] probabilities.
+inline DVec GqaAttentionRef(const DVec& qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t D, DVec* att = nullptr) {
+  const int64_t W = (NH + 2 * NKV) * D, C = NH * D;
+  DVec out(B * T * C, 0.0);
+  if (att) att->assign(B * NH * T * T, 0.0);
+  std::vector<double> p(T);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t g = h / (NH / NKV);
+      for (int64_t t = 0; t < T; ++t) {
+        const double* q = &qkv[(b * T + t) * W + h * D];
+        double mx = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          const double* k = &qkv[(b * T + s) * W + (NH + g) * D];
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+          p[s] = dot / std::sqrt(static_cast<double>(D));
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int64_t s = 0; s <= t; ++s) {
+          p[s] /= sum;
+          if (att) (*att)[((b * NH + h) * T + t) * T + s] = p[s];
+          const double* v = &qkv[(b * T + s) * W + (NH + NKV + g) * D];
+          for (int64_t d = 0; d < D; ++d) out[(b * T + t) * C + h * D + d] += p[s] * v[d];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight; rstd (optional) gets [N].
+inline DVec RmsnormRef(const DVec& inp, const DVec& weight, int64_t N, int64_t C,
+                       DVec* rstd = nullptr, double eps = 1e-5) {
+  DVec out(N * C);
+  if (rstd) rstd->assign(N, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    double ms = 0;
+    for (int64_t c = 0; c < C; ++c) ms += inp[n * C + c] * inp[n * C + c];
+    const double s = 1.0 / std::sqrt(ms / C + eps);
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = inp[n * C + c] * s * weight[c];
+    if (rstd) (*rstd)[n] = s;
+  }
+  return out;
+}
+
+// Rotary embeddings (Hugging Face layout) on the first NH heads of D columns of x[B,T,W], the
+// angles p * theta^(-2j/D) in double: x * cos + rotate_half(x) * sin with cos, sin the half
+// repeated, rotate_half(x) = [-x[D/2:], x[:D/2]].
+inline DVec RopeRef(const DVec& x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                    double theta) {
+  DVec out = x;
+  const int64_t half = D / 2;
+  DVec cos(D), sin(D), rot(D);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < D; ++i) {
+        const double angle = t * std::pow(theta, -2.0 * static_cast<double>(i % half) / D);
+        cos[i] = std::cos(angle);
+        sin[i] = std::sin(angle);
+      }
+      for (int64_t h = 0; h < NH; ++h) {
+        const double* in = &x[(b * T + t) * W + h * D];
+        for (int64_t i = 0; i < D; ++i) rot[i] = i < half ? -in[i + half] : in[i - half];
+        for (int64_t i = 0; i < D; ++i) {
+          out[(b * T + t) * W + h * D + i] = in[i] * cos[i] + rot[i] * sin[i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// SwiGLU: gu[N,2F] = [gate | up] -> out[N,F] = gate * sigmoid(gate) * up.
+inline DVec SwigluRef(const DVec& gu, int64_t N, int64_t F) {
+  DVec out(N * F);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = gu[n * 2 * F + f], u = gu[n * 2 * F + F + f];
+      out[n * F + f] = g / (1.0 + std::exp(-g)) * u;
+    }
+  }
+  return out;
+}
+
 // losses[N] (0 where target < 0) and probs[N,V].
 inline DVec CrossEntropyRef(const DVec& logits, const std::vector<int32_t>& targets, int64_t N,
                             int64_t V, DVec* probs = nullptr) {

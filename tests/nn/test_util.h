@@ -12,7 +12,7 @@
 #include "fsdp/cpu_backend.h"
 #include "fsdp/dtype.h"
 #include "fsdp/ops.h"
-#include "fsdp/nn/gpt.h"
+#include "fsdp/nn/model_config.h"
 #include "gtest/gtest.h"
 
 namespace fsdp::nn::testing {
@@ -29,19 +29,19 @@ inline std::unique_ptr<CpuBackend> MakeCpuBackend(int threads = 0) {
 struct UnitBuffers {
   std::vector<Buffer> params, grads;
 
-  static UnitBuffers Create(Backend* backend, const GptConfig& config) {
+  static UnitBuffers Create(Backend* backend, const ModelConfig& config) {
     UnitBuffers u;
-    for (int i = 0; i < GptNumUnits(config); ++i) {
-      const size_t bytes = GptUnitNumel(config, i) * sizeof(float);
+    for (int i = 0; i < config.num_units(); ++i) {
+      const size_t bytes = config.UnitNumel(i) * sizeof(float);
       u.params.push_back(*Buffer::Create(backend, bytes));
       u.grads.push_back(*Buffer::Create(backend, bytes));
     }
     u.ZeroGrads();
     return u;
   }
-  void Init(const GptConfig& config, uint64_t seed) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      InitUnit(config, static_cast<int>(i), seed, params[i].as<float>());
+  void Init(const ModelConfig& config, uint64_t seed) {
+    for (const ParamSpec& s : config.ParamSpecs()) {
+      config.InitParamSlice(s, seed, 0, s.numel, params[s.unit].as<float>() + s.offset);
     }
   }
   void ZeroGrads() {
@@ -74,11 +74,11 @@ struct LowpUnits {
   DType dtype = DType::kF32;
   std::vector<Buffer> params;
 
-  static LowpUnits Create(Backend* backend, const GptConfig& config, DType dtype) {
+  static LowpUnits Create(Backend* backend, const ModelConfig& config, DType dtype) {
     LowpUnits u;
     u.dtype = dtype;
-    for (int i = 0; i < GptNumUnits(config); ++i) {
-      u.params.push_back(*Buffer::Create(backend, GptUnitNumel(config, i) * DTypeSize(dtype)));
+    for (int i = 0; i < config.num_units(); ++i) {
+      u.params.push_back(*Buffer::Create(backend, config.UnitNumel(i) * DTypeSize(dtype)));
     }
     return u;
   }

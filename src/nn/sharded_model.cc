@@ -1,6 +1,6 @@
-// ShardedGpt: the GPT's staged forward/backward driven through the sharding runtime's hooks,
+// ShardedModel: a bundled model's staged forward/backward driven through the sharding runtime's hooks,
 // with units chosen by a wrap policy.
-#include "fsdp/nn/sharded_gpt.h"
+#include "fsdp/nn/sharded_model.h"
 
 #include <map>
 #include <set>
@@ -14,8 +14,9 @@ namespace {
 
 // Groups the blocks into runs per the policy. Returns, per block, the index of its group, or
 // -1 when the block joins the root unit.
-absl::StatusOr<std::vector<int>> GroupBlocks(const GptConfig& config, const WrapPolicy& policy) {
-  const int L = config.num_layers;
+absl::StatusOr<std::vector<int>> GroupBlocks(const ModelConfig& config,
+                                             const WrapPolicy& policy) {
+  const int L = config.num_layers();
   std::vector<int> group(L, -1);
   switch (policy.kind) {
     case WrapPolicy::Kind::kPerBlock:
@@ -30,7 +31,7 @@ absl::StatusOr<std::vector<int>> GroupBlocks(const GptConfig& config, const Wrap
       int64_t in_group = 0;
       for (int i = 0; i < L; ++i) {
         group[i] = g;
-        in_group += GptUnitNumel(config, 1 + i);
+        in_group += config.UnitNumel(1 + i);
         if (in_group >= policy.min_params && i + 1 < L) {
           ++g;
           in_group = 0;
@@ -48,7 +49,7 @@ absl::StatusOr<std::vector<int>> GroupBlocks(const GptConfig& config, const Wrap
       std::set<std::string> seen;
       for (const std::string& m : policy.modules) {
         int i = -1;
-        const std::string prefix = "transformer.h.";
+        const std::string prefix = config.BlockPrefix();
         if (m.rfind(prefix, 0) == 0) {
           const std::string digits = m.substr(prefix.size());
           if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
@@ -59,7 +60,7 @@ absl::StatusOr<std::vector<int>> GroupBlocks(const GptConfig& config, const Wrap
         if (i < 0 || i >= L) {
           return absl::InvalidArgumentError(absl::StrCat(
               "WrapPolicy kExplicit: '", m, "' is not a block of this model; name blocks as ",
-              "transformer.h.0 .. transformer.h.", L - 1));
+              config.BlockName(0), " .. ", config.BlockName(L - 1)));
         }
         if (!seen.insert(m).second) {
           return absl::InvalidArgumentError(
@@ -83,34 +84,34 @@ View GradsAt(const UnitView& v, int64_t offset, int64_t numel) {
 
 }  // namespace
 
-ShardedGpt::~ShardedGpt() = default;
+ShardedModel::~ShardedModel() = default;
 
-absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& config,
-                                                               Backend* backend,
-                                                               Communicator& world,
-                                                               ShardedGptOptions options) {
+absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::Create(const ModelConfig& config,
+                                                                   Backend* backend,
+                                                                   Communicator& world,
+                                                                   ShardedModelOptions options) {
   FSDP_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<ShardedGpt> g(new ShardedGpt());
+  std::unique_ptr<ShardedModel> g(new ShardedModel());
   g->config_ = config;
   g->backend_ = backend;
-  GptOptions model_options;
+  ModelOptions model_options;
   model_options.compute_dtype = options.sharding.mixed_precision.param_dtype;
   if (!options.checkpoint_blocks.empty()) {
-    if (static_cast<int>(options.checkpoint_blocks.size()) != config.num_layers) {
+    if (static_cast<int>(options.checkpoint_blocks.size()) != config.num_layers()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint_blocks has ", options.checkpoint_blocks.size(),
-          " flags; give one per block (", config.num_layers, ") or leave it empty"));
+          " flags; give one per block (", config.num_layers(), ") or leave it empty"));
     }
     model_options.checkpoint_layers = options.checkpoint_blocks;
   } else if (options.checkpoint_every > 0) {
-    for (int i = 0; i < config.num_layers; ++i) {
+    for (int i = 0; i < config.num_layers(); ++i) {
       model_options.checkpoint_layers.push_back(i % options.checkpoint_every == 0);
     }
   } else if (options.checkpoint_every < 0) {
     return absl::InvalidArgumentError("checkpoint_every must be >= 0 (0 = off)");
   }
-  FSDP_ASSIGN_OR_RETURN(g->model_, Gpt::Create(config, backend, options.batch_size,
-                                               options.seq_len, model_options));
+  FSDP_ASSIGN_OR_RETURN(g->model_, config.CreateModel(backend, options.batch_size,
+                                                      options.seq_len, model_options));
   FSDP_ASSIGN_OR_RETURN(g->runtime_, ShardingRuntime::Create(backend, world, options.sharding));
   FSDP_ASSIGN_OR_RETURN(std::vector<int> group, GroupBlocks(config, options.wrap));
 
@@ -131,7 +132,7 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
   g->module_offset_.assign(num_modules, 0);
   std::vector<ParamInfo> root = infos(0);
   int64_t root_numel = g->model_->unit_numel(0);
-  for (int i = 0; i < config.num_layers; ++i) {
+  for (int i = 0; i < config.num_layers(); ++i) {
     if (group[i] >= 0) continue;
     g->module_offset_[1 + i] = root_numel;
     root_numel += g->model_->unit_numel(1 + i);
@@ -141,7 +142,7 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
   FSDP_RETURN_IF_ERROR(g->runtime_->RegisterUnit("root", std::move(root)).status());
   g->first_block_.push_back(-1);
   g->last_block_.push_back(-1);
-  for (int i = 0; i < config.num_layers;) {
+  for (int i = 0; i < config.num_layers();) {
     if (group[i] < 0) {
       ++i;
       continue;
@@ -149,14 +150,14 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
     int j = i;
     std::vector<ParamInfo> params;
     int64_t numel = 0;
-    while (j < config.num_layers && group[j] == group[i]) {
+    while (j < config.num_layers() && group[j] == group[i]) {
       g->module_offset_[1 + j] = numel;
       numel += g->model_->unit_numel(1 + j);
       for (ParamInfo& p : infos(1 + j)) params.push_back(std::move(p));
       ++j;
     }
-    const std::string name = j - i == 1 ? absl::StrCat("transformer.h.", i)
-                                        : absl::StrCat("transformer.h.", i, "-", j - 1);
+    const std::string name =
+        j - i == 1 ? config.BlockName(i) : absl::StrCat(config.BlockName(i), "-", j - 1);
     FSDP_ASSIGN_OR_RETURN(int unit, g->runtime_->RegisterUnit(name, std::move(params)));
     for (int b = i; b < j; ++b) g->module_unit_[1 + b] = unit;
     g->first_block_.push_back(i);
@@ -175,7 +176,7 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
   const uint64_t seed = options.seed;
   FSDP_RETURN_IF_ERROR(g->runtime_->Finalize(
       [&](int, const ParamInfo& p, int64_t begin, int64_t end, float* out) {
-        InitParamSlice(config, *by_name.at(p.name), seed, begin, end, out);
+        config.InitParamSlice(*by_name.at(p.name), seed, begin, end, out);
       }));
   const size_t token_bytes = sizeof(int32_t) * options.batch_size * options.seq_len;
   FSDP_ASSIGN_OR_RETURN(g->inputs_, Buffer::Create(backend, token_bytes));
@@ -186,28 +187,28 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const GptConfig& 
   return g;
 }
 
-absl::Status ShardedGpt::CopyTokens(const int32_t* inputs, const int32_t* targets) {
-  if (inputs == nullptr) return absl::InvalidArgumentError("ShardedGpt: inputs is null");
+absl::Status ShardedModel::CopyTokens(const int32_t* inputs, const int32_t* targets) {
+  if (inputs == nullptr) return absl::InvalidArgumentError("ShardedModel: inputs is null");
   const int64_t n = static_cast<int64_t>(model_->batch_size()) * model_->seq_len();
   // The ids are checked here, where they are host data, before they go to the device.
-  FSDP_RETURN_IF_ERROR(CheckTokenIds(inputs, n, config_.vocab_size, model_->seq_len(), "idx"));
+  FSDP_RETURN_IF_ERROR(CheckTokenIds(inputs, n, config_.vocab_size(), model_->seq_len(), "idx"));
   FSDP_RETURN_IF_ERROR(backend_->CopyFromHost(inputs_.view(DType::kI32), inputs));
   if (targets != nullptr) {
     FSDP_RETURN_IF_ERROR(
-        CheckTokenIds(targets, n, config_.vocab_size, model_->seq_len(), "targets"));
+        CheckTokenIds(targets, n, config_.vocab_size(), model_->seq_len(), "targets"));
     FSDP_RETURN_IF_ERROR(backend_->CopyFromHost(targets_.view(DType::kI32), targets));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
+absl::StatusOr<float> ShardedModel::RunForward(bool with_targets) {
   ShardingRuntime& rt = *runtime_;
   const int root = module_unit_[0];
   FSDP_ASSIGN_OR_RETURN(UnitView root_view, rt.PreForward(root));
   const View root_params = ParamsAt(root_view, module_offset_[0], model_->unit_numel(0));
   FSDP_RETURN_IF_ERROR(model_->ForwardEmbed(root_params, inputs_.view(DType::kI32)));
   UnitView view = root_view;
-  for (int i = 0; i < config_.num_layers; ++i) {
+  for (int i = 0; i < config_.num_layers(); ++i) {
     const int u = module_unit_[1 + i];
     if (u == root) {
       view = root_view;
@@ -228,7 +229,7 @@ absl::StatusOr<float> ShardedGpt::RunForward(bool with_targets) {
   return loss;
 }
 
-absl::Status ShardedGpt::RunBackward() {
+absl::Status ShardedModel::RunBackward() {
   ShardingRuntime& rt = *runtime_;
   const int root = module_unit_[0];
   const int64_t root_numel = model_->unit_numel(0);
@@ -237,7 +238,7 @@ absl::Status ShardedGpt::RunBackward() {
                                             GradsAt(root_view, module_offset_[0], root_numel),
                                             rt.loss_scale()));
   UnitView view = root_view;
-  for (int i = config_.num_layers - 1; i >= 0; --i) {
+  for (int i = config_.num_layers() - 1; i >= 0; --i) {
     const int u = module_unit_[1 + i];
     if (u == root) {
       view = root_view;
@@ -261,7 +262,7 @@ absl::Status ShardedGpt::RunBackward() {
   return rt.FinishBackward();
 }
 
-absl::StatusOr<float> ShardedGpt::ForwardBackward(const int32_t* inputs, const int32_t* targets) {
+absl::StatusOr<float> ShardedModel::ForwardBackward(const int32_t* inputs, const int32_t* targets) {
   if (targets == nullptr) return absl::InvalidArgumentError("ForwardBackward: targets is null");
   FSDP_RETURN_IF_ERROR(CopyTokens(inputs, targets));
   FSDP_ASSIGN_OR_RETURN(float loss, RunForward(true));
@@ -269,31 +270,31 @@ absl::StatusOr<float> ShardedGpt::ForwardBackward(const int32_t* inputs, const i
   return loss;
 }
 
-absl::StatusOr<float> ShardedGpt::Forward(const int32_t* inputs, const int32_t* targets) {
+absl::StatusOr<float> ShardedModel::Forward(const int32_t* inputs, const int32_t* targets) {
   FSDP_RETURN_IF_ERROR(CopyTokens(inputs, targets));
   FSDP_ASSIGN_OR_RETURN(float loss, RunForward(targets != nullptr));
   FSDP_RETURN_IF_ERROR(runtime_->FinishForwardOnly());
   return loss;
 }
 
-absl::StatusOr<StepStats> ShardedGpt::Step(float lr) { return runtime_->Step(lr); }
+absl::StatusOr<StepStats> ShardedModel::Step(float lr) { return runtime_->Step(lr); }
 
-absl::StatusOr<float> ShardedGpt::MeanOverRanks(float value) {
+absl::StatusOr<float> ShardedModel::MeanOverRanks(float value) {
   // A host scalar: the control plane (the world's host communicator) carries it.
   float out = 0;
   FSDP_RETURN_IF_ERROR(runtime_->world().AllReduce(&value, &out, 1, DType::kF32, ReduceOp::kAvg));
   return out;
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::GatherModelUnits() {
+absl::StatusOr<std::vector<std::vector<float>>> ShardedModel::GatherModelUnits() {
   return GatherModel(false);
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::GatherModelGradients() {
+absl::StatusOr<std::vector<std::vector<float>>> ShardedModel::GatherModelGradients() {
   return GatherModel(true);
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::GatherModel(bool gradients) {
+absl::StatusOr<std::vector<std::vector<float>>> ShardedModel::GatherModel(bool gradients) {
   std::vector<std::vector<float>> out(model_->num_units());
   for (int m = 0; m < model_->num_units(); ++m) out[m].resize(model_->unit_numel(m));
   for (int u = 0; u < runtime_->num_units(); ++u) {

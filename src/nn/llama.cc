@@ -1,0 +1,284 @@
+// The Llama 2 model (MODEL_SPEC.md), written as the GPT is: each stage calls the forward or
+// backward ops of its layers in order through the backend's op table, on activations
+// allocated at Create.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fsdp/nn/llama.h"
+#include "fsdp/ops.h"
+#include "src/nn/activation_alloc.h"
+#include "src/nn/llama_layout.h"
+
+namespace fsdp::nn {
+
+using internal::Carve;
+using internal::LlamaBlockDefs;
+using internal::LlamaRootDefs;
+namespace t = internal;
+
+// What a layer's backward reads besides its input resid[i]. qkv holds q and k after the
+// rotary embedding (what attention read), v as projected.
+struct Llama::BlockActs {
+  Buffer ln1, ln1_rstd, qkv, atty, att, resid2, ln2, ln2_rstd, gu, h;
+};
+
+// Activations of one B x T step, kept as the GPT keeps them (gpt.cc): everything a layer's
+// backward reads, or, for a checkpointed layer, only its input.
+struct Llama::Activations {
+  std::vector<Buffer> resid;      // L+1 x [B,T,C]: resid[i] is the input of layer i
+  std::vector<BlockActs> blocks;  // per layer (left empty for checkpointed layers)
+  BlockActs shared;               // the checkpointed layers' one set (empty when none)
+  Buffer proj;  // [B,T,C] output of o_proj / down_proj, consumed at once by the residual add
+  Buffer lnf, lnf_rstd, logits, probs, losses, loss;
+  // Gradient scratch reused by every layer: dx is the residual stream's gradient; dbranch
+  // holds the mlp's dh (F) and dgu (2F), then the attention's datty (C) and dqkv (QKV).
+  Buffer dx, dln, dbranch;
+  Buffer params32;  // bf16/f16 compute: f32 upcasts of the parameters the f32 kernels read
+  int64_t bytes = 0;
+};
+
+namespace {
+
+// Element offsets of the fused projections inside a layer's flat buffer.
+struct Fused {
+  int64_t qkv, gate_up;
+};
+Fused FusedOffsets(const LlamaConfig& c) {
+  const auto defs = LlamaBlockDefs(c);
+  int64_t off = 0;
+  Fused f{};
+  for (int i = 0; i < t::kNumLlamaBlockTensors; ++i) {
+    if (i == t::kQ) f.qkv = off;
+    if (i == t::kGate) f.gate_up = off;
+    off += defs[i].numel();
+  }
+  return f;
+}
+
+// A slice of a flat buffer, or an empty view (a gradient that is not computed).
+View SliceOrEmpty(const View& flat, int64_t offset, int64_t count) {
+  return flat.empty() ? View{} : flat.Slice(offset, count);
+}
+
+// Allocates (or, counting only, sizes) every buffer of one B x T step.
+absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
+                                 const ModelOptions& options, auto& a,
+                                 internal::ActivationAllocator& alloc) {
+  const int64_t BT = static_cast<int64_t>(B) * T, C = config.channels;
+  const int64_t V = config.vocab_size, H = config.num_heads, L = config.num_layers;
+  const int64_t F = config.mlp_hidden, QKV = config.qkv_width();
+  a.resid.resize(L + 1);
+  for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT * C));
+  auto alloc_block = [&](auto& b) -> absl::Status {
+    for (Buffer* buf : {&b.ln1, &b.atty, &b.resid2, &b.ln2}) {
+      FSDP_RETURN_IF_ERROR(alloc(*buf, BT * C));
+    }
+    for (Buffer* buf : {&b.ln1_rstd, &b.ln2_rstd}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
+    FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT * QKV));
+    FSDP_RETURN_IF_ERROR(alloc(b.att, B * H * T * T));
+    FSDP_RETURN_IF_ERROR(alloc(b.gu, BT * 2 * F));
+    return alloc(b.h, BT * F);
+  };
+  a.blocks.resize(L);
+  bool any_checkpointed = false;
+  for (int i = 0; i < L; ++i) {
+    if (i < static_cast<int>(options.checkpoint_layers.size()) && options.checkpoint_layers[i]) {
+      any_checkpointed = true;
+    } else {
+      FSDP_RETURN_IF_ERROR(alloc_block(a.blocks[i]));
+    }
+  }
+  if (any_checkpointed) FSDP_RETURN_IF_ERROR(alloc_block(a.shared));
+  for (Buffer* buf : {&a.proj, &a.lnf, &a.dx, &a.dln}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT * C));
+  for (Buffer* buf : {&a.lnf_rstd, &a.losses}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
+  FSDP_RETURN_IF_ERROR(alloc(a.loss, 1));
+  FSDP_RETURN_IF_ERROR(alloc(a.logits, BT * V));
+  FSDP_RETURN_IF_ERROR(alloc(a.probs, BT * V));
+  FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT * std::max(3 * F, C + QKV)));
+  if (options.compute_dtype != DType::kF32) {
+    // The largest set one stage reads in f32: the embedding table (ForwardEmbed).
+    FSDP_RETURN_IF_ERROR(alloc(a.params32, std::max(V * C, 2 * C)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t LlamaActivationBytes(const LlamaConfig& config, int B, int T,
+                             const ModelOptions& options) {
+  Llama::Activations a;
+  internal::ActivationAllocator count(nullptr, "Llama", &a.bytes);
+  (void)AllocateActivations(config, B, T, options, a, count);  // counting cannot fail
+  return a.bytes;
+}
+
+Llama::Llama(LlamaConfig config, Backend* backend, int B, int T, ModelOptions options)
+    : StagedModel("Llama", backend, B, T, config.num_layers, config.vocab_size,
+                  LlamaParamSpecs(config), std::move(options)),
+      config_(std::move(config)),
+      acts_(std::make_unique<Activations>()) {}
+
+Llama::~Llama() = default;
+
+absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config,
+                                                     Backend* backend, int B, int T,
+                                                     ModelOptions options) {
+  FSDP_RETURN_IF_ERROR(config.Validate());
+  FSDP_RETURN_IF_ERROR(
+      CheckCreate("Llama", backend, B, T, config.block_size, config.num_layers, options));
+  std::unique_ptr<Llama> m(new Llama(config, backend, B, T, std::move(options)));
+  internal::ActivationAllocator alloc(backend, "Llama", &m->acts_->bytes);
+  FSDP_RETURN_IF_ERROR(AllocateActivations(config, B, T, m->options(), *m->acts_, alloc));
+  return m;
+}
+
+int64_t Llama::activation_bytes() const { return acts_->bytes; }
+View Llama::logits() const { return acts_->logits.view(); }
+View Llama::loss_view() const { return acts_->loss.view(); }
+
+Llama::BlockActs& Llama::Acts(int layer) const {
+  return layer_checkpointed(layer) ? acts_->shared : acts_->blocks[layer];
+}
+
+View Llama::ParamF32(View p, int64_t slot) const {
+  if (p.dtype == DType::kF32) return p;
+  const View out = acts_->params32.view().Slice(slot, p.count);
+  backend_->ops().Cast(Stream::kCompute, out, p);
+  return out;
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+void Llama::RunForwardEmbed(View root, View idx) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
+  const auto p = Carve(root, LlamaRootDefs(config_));
+  backend_->ops().EmbeddingForward(Stream::kCompute, acts_->resid[0].view().Slice(0, BT * C),
+                                   idx, ParamF32(p[t::kEmbed], 0), BT, C);
+}
+
+void Llama::RunForwardBlock(int layer, View block) {
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
+  const auto p = Carve(block, LlamaBlockDefs(config_));
+  const Fused fused = FusedOffsets(config_);
+  const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, F = config_.mlp_hidden;
+  const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = config_.head_size();
+  const int64_t QKV = config_.qkv_width();
+  const float eps = config_.norm_eps, theta = config_.rope_theta;
+  Activations& a = *acts_;
+  BlockActs& b = Acts(layer);
+  const View x = a.resid[layer].view();
+  const View proj = a.proj.view();
+  // x + attn(rmsnorm(x)): one GEMM for q, k and v; RoPE on q and k (H + KV heads) in place.
+  ops.RmsnormForward(cs, b.ln1.view(), b.ln1_rstd.view(), x, ParamF32(p[t::kInNorm], 0), BT, C,
+                     eps);
+  ops.MatmulForward(cs, b.qkv.view(), b.ln1.view(), block.Slice(fused.qkv, QKV * C), View{}, BT,
+                    C, QKV);
+  ops.RopeForward(cs, b.qkv.view(), B, T, QKV, H + KV, D, theta);
+  ops.GqaAttentionForward(cs, b.atty.view(), b.att.view(), b.qkv.view(), B, T, H, KV, D);
+  ops.MatmulForward(cs, proj, b.atty.view(), p[t::kO], View{}, BT, H * D, C);
+  ops.Add(cs, b.resid2.view(), x, proj);
+  // + down(silu(gate(.)) * up(.)) of rmsnorm(.): one GEMM for gate and up.
+  ops.RmsnormForward(cs, b.ln2.view(), b.ln2_rstd.view(), b.resid2.view(),
+                     ParamF32(p[t::kPostNorm], C), BT, C, eps);
+  ops.MatmulForward(cs, b.gu.view(), b.ln2.view(), block.Slice(fused.gate_up, 2 * F * C), View{},
+                    BT, C, 2 * F);
+  ops.SwigluForward(cs, b.h.view(), b.gu.view(), BT, F);
+  ops.MatmulForward(cs, proj, b.h.view(), p[t::kDown], View{}, BT, F, C);
+  ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
+}
+
+void Llama::RunForwardHead(View root, View targets) {
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
+  const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
+  const int64_t V = config_.vocab_size;
+  const auto p = Carve(root, LlamaRootDefs(config_));
+  Activations& a = *acts_;
+  ops.RmsnormForward(cs, a.lnf.view(), a.lnf_rstd.view(), a.resid[config_.num_layers].view(),
+                     ParamF32(p[t::kNorm], 0), BT, C, config_.norm_eps);
+  ops.MatmulForward(cs, a.logits.view(), a.lnf.view(), p[t::kLmHead], View{}, BT, C, V);
+  if (targets.empty()) return;
+  ops.SoftmaxCrossEntropyForward(cs, a.losses.view(), a.probs.view(), a.logits.view(), targets,
+                                 BT, V);
+  ops.Mean(cs, a.loss.view(), a.losses.view());
+}
+
+// ---- backward --------------------------------------------------------------------------------
+
+absl::Status Llama::RunBackwardHead(View root, View droot, View targets, float loss_scale) {
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
+  const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
+  const int64_t V = config_.vocab_size;
+  const auto defs = LlamaRootDefs(config_);
+  const auto p = Carve(root, defs);
+  const auto g = Carve(droot, defs);
+  Activations& a = *acts_;
+  const View dlogits = a.logits.view();  // the logits are no longer needed
+  FSDP_RETURN_IF_ERROR(Zero(dlogits));
+  ops.SoftmaxCrossEntropyBackward(cs, dlogits, a.probs.view(), targets,
+                                  loss_scale / static_cast<float>(BT), BT, V);
+  FSDP_RETURN_IF_ERROR(Zero(a.dln.view()));
+  ops.MatmulBackward(cs, a.dln.view(), g[t::kLmHead], View{}, dlogits, a.lnf.view(),
+                     p[t::kLmHead], BT, C, V);
+  FSDP_RETURN_IF_ERROR(Zero(a.dx.view()));
+  ops.RmsnormBackward(cs, a.dx.view(), g[t::kNorm], a.dln.view(),
+                      a.resid[config_.num_layers].view(), ParamF32(p[t::kNorm], 0),
+                      a.lnf_rstd.view(), BT, C);
+  return absl::OkStatus();
+}
+
+absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
+  Ops& ops = backend_->ops();
+  const Stream cs = Stream::kCompute;
+  const auto defs = LlamaBlockDefs(config_);
+  const auto p = Carve(block, defs);
+  const auto g = Carve(dblock, defs);
+  const Fused fused = FusedOffsets(config_);
+  const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, F = config_.mlp_hidden;
+  const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = config_.head_size();
+  const int64_t QKV = config_.qkv_width();
+  Activations& a = *acts_;
+  BlockActs& b = Acts(layer);
+  const View dx = a.dx.view();  // in: d resid[layer + 1]; out: d resid[layer]
+  const View dln = a.dln.view();
+  const View dbranch = a.dbranch.view();
+  const View dh = dbranch.Slice(0, BT * F);  // mlp part
+  const View dgu = dbranch.Slice(BT * F, BT * 2 * F);
+  const View datty = dbranch.Slice(0, BT * C);  // attention part, once the mlp's are dead
+  const View dqkv = dbranch.Slice(BT * C, BT * QKV);
+  // mlp: dx is also the gradient of its output (residual add)
+  FSDP_RETURN_IF_ERROR(Zero(dh));
+  ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, b.h.view(), p[t::kDown], BT, F, C);
+  FSDP_RETURN_IF_ERROR(Zero(dgu));
+  ops.SwigluBackward(cs, dgu, dh, b.gu.view(), BT, F);
+  FSDP_RETURN_IF_ERROR(Zero(dln));
+  ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.gate_up, 2 * F * C), View{}, dgu,
+                     b.ln2.view(), block.Slice(fused.gate_up, 2 * F * C), BT, C, 2 * F);
+  ops.RmsnormBackward(cs, dx, g[t::kPostNorm], dln, b.resid2.view(),
+                      ParamF32(p[t::kPostNorm], 0), b.ln2_rstd.view(), BT, C);
+  // attention: dx is now d resid2, the gradient of the attention branch's output
+  FSDP_RETURN_IF_ERROR(Zero(datty));
+  ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, b.atty.view(), p[t::kO], BT, H * D, C);
+  FSDP_RETURN_IF_ERROR(Zero(dqkv));
+  ops.GqaAttentionBackward(cs, dqkv, datty, b.qkv.view(), b.att.view(), B, T, H, KV, D);
+  ops.RopeBackward(cs, dqkv, B, T, QKV, H + KV, D, config_.rope_theta);
+  FSDP_RETURN_IF_ERROR(Zero(dln));
+  ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.qkv, QKV * C), View{}, dqkv,
+                     b.ln1.view(), block.Slice(fused.qkv, QKV * C), BT, C, QKV);
+  ops.RmsnormBackward(cs, dx, g[t::kInNorm], dln, a.resid[layer].view(),
+                      ParamF32(p[t::kInNorm], 0), b.ln1_rstd.view(), BT, C);
+  return absl::OkStatus();
+}
+
+void Llama::RunBackwardEmbed(View droot, View idx) {
+  const auto g = Carve(droot, LlamaRootDefs(config_));
+  const int64_t BT = static_cast<int64_t>(B_) * T_, C = config_.channels;
+  backend_->ops().EmbeddingBackward(Stream::kCompute, g[t::kEmbed], acts_->dx.view(), idx, BT,
+                                    C);
+}
+
+}  // namespace fsdp::nn
