@@ -1,0 +1,186 @@
+// The memory planner: what one rank of a sharded training run holds on its device, by the
+// categories of the runtime's MemoryReport (fsdp/sharding.h), before anything is allocated.
+//
+// The figures come from the runtime's own rules, not from a formula fitted to them: the planner
+// replays one training step's hooks (PreForward ... FinishBackward, Step) over the units' sizes
+// with the runtime's allocation order, padding, dtypes, prefetch and rate limit, reduction queue
+// and deferred frees, and counts every buffer in the category the runtime books it in. The
+// model's share (activations) is what the model's Create would allocate for B x T. So a plan
+// holds for any model size without allocating it (Llama 2 70B on a laptop), and the test
+// tests/plan/plan_test.cc holds it to within 5% of the report measured on real training steps.
+//
+//   fsdp::PlanRequest r;
+//   r.model = "llama2-7b";
+//   r.world_size = 16;
+//   r.ranks_per_host = 8;
+//   r.strategy = fsdp::ShardingStrategy::kHybridShard;  // shard group: one host (8 ranks)
+//   r.param_dtype = fsdp::DType::kBF16;
+//   r.seq_len = 4096;
+//   r.device_memory_bytes = 80LL << 30;
+//   absl::StatusOr<fsdp::MemoryPlan> plan = fsdp::PlanMemory(r);
+//   if (plan.ok()) std::puts(fsdp::FormatMemoryPlan(*plan).c_str());
+//
+// The step planned is the one ShardedModel runs (the root unit used for the whole step, each
+// block unit in forward and, in reverse, in backward), on a backend whose compute completes in
+// order (the CPU backend), from the second step on (the first records the order prefetching
+// follows). A collective is taken to complete when the runtime waits for it: with
+// max_prefetch_units <= 1 that changes nothing, with more it makes the gradient buffers an upper
+// bound. An asynchronous accelerator may hold one more gathered unit that its queued compute
+// still reads (docs/planning.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/dtype.h"
+#include "fsdp/nn/model_config.h"
+#include "fsdp/sharding.h"
+#include "fsdp/status.h"
+
+namespace fsdp {
+
+// A model as the planner needs it: plain numbers. PlanModelFor builds one from a bundled
+// model's configuration; a framework with its own model fills it in itself.
+struct PlanModel {
+  std::string name;
+  int64_t num_parameters = 0;
+  // The runtime's units in registration order, as ShardedModel registers them: unit 0 is the
+  // root unit (the model's root tensors plus every block that no other unit took), used for
+  // the whole step; units 1.. are the wrapped blocks (or runs of blocks) in forward order.
+  // Unpadded element counts; the runtime pads each to a multiple of the shard group size.
+  std::vector<std::string> unit_names;
+  std::vector<int64_t> unit_numel;
+  // Bytes the model holds on the device for one micro-batch (its activations, gradient
+  // scratch, f32 copies of low-precision parameters and the token buffers): with the
+  // checkpointing of the request, with none, and with every block checkpointed (or with the
+  // request's pattern when it asks for some).
+  int64_t activation_bytes = 0;
+  int64_t activation_bytes_without_checkpointing = 0;
+  int64_t activation_bytes_with_checkpointing = 0;
+};
+
+struct PlanRequest {
+  // The model: a bundled configuration's name (fsdp::nn::ModelConfig::Names(): "nano", "mini",
+  // "gpt2", "gpt2-medium", "gpt2-xl", "llama-nano", "llama-mini", "llama2-7b", "llama2-13b",
+  // "llama2-70b"), or `config` with explicit sizes (used when set; `model` is then ignored),
+  // or `explicit_model`, a model given by its units' sizes (used when set).
+  std::string model = "nano";
+  std::optional<nn::ModelConfig> config;
+  std::optional<PlanModel> explicit_model;
+
+  int world_size = 1;      // data-parallel ranks
+  int ranks_per_host = 0;  // 0: all ranks on one host. Must divide world_size.
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  // HYBRID strategies: ranks per shard group; 0 = ranks_per_host (one host per group).
+  int hybrid_shard_size = 0;
+  DType param_dtype = DType::kF32;   // gathered parameters and the model's Linear layers
+  DType reduce_dtype = DType::kF32;  // gradient reductions
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  bool sgd_momentum = false;  // SGD: a momentum buffer (momentum != 0)
+  // Activation checkpointing, as ShardedModelOptions: one flag per block, or every k-th block
+  // (blocks 0, k, 2k, ...) when checkpoint_blocks is empty and checkpoint_every > 0.
+  int checkpoint_every = 0;
+  std::vector<bool> checkpoint_blocks;
+  int batch_size = 1;  // B, sequences per rank and micro-batch
+  int seq_len = 0;     // T; 0 = the model's block size
+  int max_prefetch_units = 1;
+  bool forward_prefetch = true;
+  bool backward_prefetch = true;
+  // Device memory per rank; 0 = unknown (the plan then says nothing about fitting).
+  int64_t device_memory_bytes = 0;
+};
+
+// Bytes per rank. The first eight fields are the MemoryReport fields of the same names (the
+// "now" fields of a report are not planned: they are 0 between steps).
+struct MemoryPlan {
+  int64_t param_shard_bytes = 0;          // f32 master shards
+  int64_t grad_shard_bytes = 0;           // f32 gradient shards
+  int64_t optimizer_bytes = 0;            // AdamW exp_avg + exp_avg_sq (f32), SGD momentum
+  int64_t gathered_param_peak_bytes = 0;  // unsharded units in param_dtype, at peak
+  // Unsharded f32 gradients and the reductions' buffers, at peak (includes the next field).
+  int64_t grad_buffer_peak_bytes = 0;
+  int64_t activation_peak_bytes = 0;  // the model's buffers for B x T (a fixed allocation)
+  int64_t peak_bytes = 0;  // everything together at its peak (not the sum of the peaks)
+  // Communication buffers: the runtime has no separate category for them. All-gathers run in
+  // place into the gathered buffer (counted in gathered_param_peak_bytes); the reductions'
+  // low-precision send copies, reduce-scatter outputs and widened shards are counted in
+  // grad_buffer_peak_bytes, and this is their own peak. The transport's staging (the MPI
+  // transport widens bf16/f16 reductions to f32 on the host) is host memory, outside the plan.
+  int64_t communication_peak_bytes = 0;
+
+  // What was planned.
+  std::string model;
+  int64_t num_parameters = 0;
+  int num_units = 0;
+  int world_size = 1;
+  int replicate_size = 1;  // R of the R x S mesh
+  int shard_size = 1;      // S: ranks each unit is sharded over
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  DType param_dtype = DType::kF32;
+  DType reduce_dtype = DType::kF32;
+  int batch_size = 1;
+  int seq_len = 1;
+  int checkpointed_blocks = 0;
+  int num_blocks = 0;
+  int max_prefetch_units = 1;
+  // The activations without checkpointing and with (see PlanModel), for comparison.
+  int64_t activation_bytes_without_checkpointing = 0;
+  int64_t activation_bytes_with_checkpointing = 0;
+  int64_t device_memory_bytes = 0;
+  bool fits = true;  // peak_bytes <= device_memory_bytes (true when the latter is 0)
+
+  int64_t persistent_bytes() const {
+    return param_shard_bytes + grad_shard_bytes + optimizer_bytes;
+  }
+  // The plan as a MemoryReport, to compare with ShardingRuntime::memory().
+  MemoryReport AsReport() const;
+};
+
+// Everything but the model: the settings a plan of a PlanModel needs. PlanMemory(PlanRequest)
+// takes them from the request.
+absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest& settings);
+
+// The PlanModel of a bundled model for the request's B, T, param_dtype and checkpointing,
+// wrapped as ShardedModel wraps it (one unit per block, plus the root). Nothing is allocated.
+absl::StatusOr<PlanModel> PlanModelFor(const nn::ModelConfig& config, const PlanRequest& request);
+
+// The plan of a request. InvalidArgument, saying what is wrong and what to do, for bad input:
+// an unknown model, T above the block size, B < 1, a world size the hybrid shard size or
+// ranks_per_host does not divide, a dtype other than f32/bf16/f16, ...
+absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& request);
+
+// The largest micro-batch B (sequences per rank) whose plan fits the request's device memory,
+// everything else as in the request (its batch_size is ignored); 0 when not even B = 1 fits.
+// Needs device_memory_bytes > 0 and a model whose activations the planner can size for any B
+// (a bundled model or a config). Searches up to B = 1 << 20.
+absl::StatusOr<int> LargestMicroBatch(const PlanRequest& request);
+
+// One cell of a strategies x world sizes table.
+struct PlanTableCell {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  int world_size = 1;
+  absl::Status status;  // why there is no plan (e.g. a hybrid shard size that does not divide)
+  MemoryPlan plan;
+  int largest_micro_batch = -1;  // -1 when the request has no device memory
+};
+
+// The request planned for every strategy and world size (row-major: strategies outer).
+// Per-cell errors are in the cells; an error that no cell can avoid (a bad model, B < 1, ...)
+// is returned.
+absl::StatusOr<std::vector<PlanTableCell>> PlanTable(
+    const PlanRequest& request, const std::vector<ShardingStrategy>& strategies,
+    const std::vector<int>& world_sizes);
+
+// Human-readable text: one line per category in GiB (and MiB), the total against the device.
+std::string FormatMemoryPlan(const MemoryPlan& plan);
+// A table: one row per cell (strategy, world, per-rank GiB of each category, peak, fits,
+// largest micro-batch), as aligned text or as a Markdown table.
+std::string FormatPlanTable(const std::vector<PlanTableCell>& cells, bool markdown = false);
+
+// "80GiB", "80GB", "80 GiB", "81920MiB", "85899345920" (bytes), "1.5TiB": bytes. GB/MB/KB/TB
+// are powers of 1000, GiB/MiB/KiB/TiB of 1024, a bare number is bytes.
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text);
+
+}  // namespace fsdp

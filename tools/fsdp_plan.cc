@@ -1,0 +1,370 @@
+// fsdp_plan: how much device memory one rank of a sharded training run needs, by category,
+// before anything is allocated (fsdp/plan.h; docs/planning.md). E.g.
+//
+//   fsdp_plan --model llama2-7b --world 16 --ranks_per_host 8 --strategy HYBRID_SHARD
+//             --param_dtype bf16 --seq 4096 --checkpoint all --device_memory 80GiB
+//   fsdp_plan --model llama2-70b --table --ranks_per_host 8 --nodes 1,2,4,8,16
+//             --strategies FULL_SHARD,HYBRID_SHARD --param_dtype bf16 --seq 4096
+//             --device_memory 80GiB
+//
+// Exit codes: 0 planned (whether or not it fits; the output says), 2 bad usage (one line on
+// stderr saying what to fix).
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "fsdp/nn/model_config.h"
+#include "fsdp/plan.h"
+
+ABSL_FLAG(std::string, model, "nano",
+          "the model: nano, mini, gpt2, gpt2-medium, gpt2-xl, llama-nano, llama-mini, "
+          "llama2-7b, llama2-13b or llama2-70b. The size flags below change its shape "
+          "(explicit sizes: start from the family's model and override)");
+ABSL_FLAG(int, layers, 0, "explicit size: number of blocks L (0 = the model's)");
+ABSL_FLAG(int, channels, 0, "explicit size: width C (0 = the model's)");
+ABSL_FLAG(int, heads, 0, "explicit size: attention (query) heads H (0 = the model's)");
+ABSL_FLAG(int, kv_heads, 0, "explicit size, Llama: key/value heads (0 = the model's)");
+ABSL_FLAG(int, mlp_hidden, 0, "explicit size, Llama: MLP hidden width F (0 = the model's)");
+ABSL_FLAG(int, vocab, 0, "explicit size: vocabulary size V (0 = the model's)");
+ABSL_FLAG(int, block_size, 0, "explicit size: longest sequence the model takes (0 = the model's)");
+ABSL_FLAG(int, world, 1, "data-parallel ranks (devices) in all");
+ABSL_FLAG(int, ranks_per_host, 0,
+          "ranks (devices) per host; must divide --world (0 = all on one host). The default "
+          "shard group of the HYBRID strategies is one host");
+ABSL_FLAG(std::string, strategy, "FULL_SHARD",
+          "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP");
+ABSL_FLAG(int, hybrid_shard_size, 0,
+          "HYBRID strategies: ranks per shard group; must divide --world (0 = --ranks_per_host)");
+ABSL_FLAG(std::string, param_dtype, "f32",
+          "f32, bf16 or f16: the dtype parameters are gathered in and the Linear layers use "
+          "(the master shards and the optimizer stay f32)");
+ABSL_FLAG(std::string, reduce_dtype, "f32", "f32, bf16 or f16: the dtype gradients are reduced in");
+ABSL_FLAG(std::string, optimizer, "adamw",
+          "adamw (two f32 states per element), sgd (none) or sgd_momentum (one)");
+ABSL_FLAG(std::string, checkpoint, "off",
+          "activation checkpointing: off, all (every block), or k (blocks 0, k, 2k, ...)");
+ABSL_FLAG(int, batch, 1, "micro-batch size B: sequences per rank and micro-batch");
+ABSL_FLAG(int, seq, 0, "sequence length T (0 = the model's block size)");
+ABSL_FLAG(int, prefetch, 1,
+          "units gathered ahead of their use at most (max_prefetch_units); 0 = no prefetch");
+ABSL_FLAG(std::string, device_memory, "",
+          "device memory per rank, e.g. 80GiB, 80GB, 40960MiB (empty = unknown: no fit check)");
+ABSL_FLAG(bool, table, false,
+          "print a table over strategies x world sizes instead of one plan (--strategies, "
+          "--worlds or --nodes)");
+ABSL_FLAG(std::string, strategies, "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD,HYBRID_SHARD",
+          "--table: comma-separated strategies");
+ABSL_FLAG(std::string, worlds, "",
+          "--table: comma-separated world sizes (default 1,2,4,8 ranks, or --nodes)");
+ABSL_FLAG(bool, markdown, false, "--table: print the table in Markdown");
+ABSL_FLAG(std::string, nodes, "",
+          "--table: comma-separated numbers of hosts of --ranks_per_host ranks each, instead of "
+          "--worlds");
+
+namespace {
+
+constexpr int kExitUsage = 2;
+
+absl::Status BadFlag(absl::string_view flag, absl::string_view value, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", what));
+}
+
+absl::StatusOr<fsdp::DType> ParseDType(absl::string_view flag, const std::string& value) {
+  const std::string v = absl::AsciiStrToLower(value);
+  if (v == "f32") return fsdp::DType::kF32;
+  if (v == "bf16") return fsdp::DType::kBF16;
+  if (v == "f16") return fsdp::DType::kF16;
+  return BadFlag(flag, value, "allowed: f32, bf16 or f16");
+}
+
+absl::StatusOr<std::vector<int>> ParseInts(absl::string_view flag, const std::string& value) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v) || v < 1) {
+      return BadFlag(flag, value, "allowed: a comma-separated list of positive integers");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return BadFlag(flag, value, "give at least one positive integer");
+  return out;
+}
+
+// The model's config with the size flags applied.
+absl::StatusOr<fsdp::nn::ModelConfig> ConfigFromFlags() {
+  const std::string name = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<fsdp::nn::ModelConfig> c = fsdp::nn::ModelConfig::FromName(name);
+  if (!c.ok()) return BadFlag("model", name, c.status().message());
+  struct Size {
+    const char* flag;
+    int value;
+  };
+  const Size sizes[] = {{"layers", absl::GetFlag(FLAGS_layers)},
+                        {"channels", absl::GetFlag(FLAGS_channels)},
+                        {"heads", absl::GetFlag(FLAGS_heads)},
+                        {"kv_heads", absl::GetFlag(FLAGS_kv_heads)},
+                        {"mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden)},
+                        {"vocab", absl::GetFlag(FLAGS_vocab)},
+                        {"block_size", absl::GetFlag(FLAGS_block_size)}};
+  for (const Size& s : sizes) {
+    if (s.value < 0) {
+      return BadFlag(s.flag, absl::StrCat(s.value), "allowed: 0 (the model's) or a positive size");
+    }
+  }
+  auto set = [](int v, int& field) {
+    if (v > 0) field = v;
+  };
+  bool explicit_sizes = false;
+  for (const Size& s : sizes) explicit_sizes |= s.value > 0;
+  if (c->is_gpt()) {
+    for (const char* f : {"kv_heads", "mlp_hidden"}) {
+      for (const Size& s : sizes) {
+        if (s.value > 0 && std::string_view(s.flag) == f) {
+          return BadFlag(f, absl::StrCat(s.value),
+                         "only Llama models have this size; use a llama model with it");
+        }
+      }
+    }
+    fsdp::nn::GptConfig g = c->gpt();
+    set(absl::GetFlag(FLAGS_layers), g.num_layers);
+    set(absl::GetFlag(FLAGS_channels), g.channels);
+    set(absl::GetFlag(FLAGS_heads), g.num_heads);
+    set(absl::GetFlag(FLAGS_vocab), g.vocab_size);
+    set(absl::GetFlag(FLAGS_block_size), g.block_size);
+    if (explicit_sizes) g.name = absl::StrCat(g.name, " (resized)");
+    c = fsdp::nn::ModelConfig(g);
+  } else {
+    fsdp::nn::LlamaConfig l = c->llama();
+    set(absl::GetFlag(FLAGS_layers), l.num_layers);
+    set(absl::GetFlag(FLAGS_channels), l.channels);
+    set(absl::GetFlag(FLAGS_heads), l.num_heads);
+    set(absl::GetFlag(FLAGS_kv_heads), l.num_kv_heads);
+    set(absl::GetFlag(FLAGS_mlp_hidden), l.mlp_hidden);
+    set(absl::GetFlag(FLAGS_vocab), l.vocab_size);
+    set(absl::GetFlag(FLAGS_block_size), l.block_size);
+    if (explicit_sizes) l.name = absl::StrCat(l.name, " (resized)");
+    c = fsdp::nn::ModelConfig(l);
+  }
+  if (absl::Status s = c->Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's sizes are not valid: ", s.message(),
+                     "; change --layers/--channels/--heads/--kv_heads/--mlp_hidden/--vocab"));
+  }
+  return c;
+}
+
+absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
+  fsdp::PlanRequest r;
+  FSDP_ASSIGN_OR_RETURN(fsdp::nn::ModelConfig config, ConfigFromFlags());
+  r.model = config.name();
+  r.config = config;
+  r.world_size = absl::GetFlag(FLAGS_world);
+  if (r.world_size < 1) {
+    return BadFlag("world", absl::StrCat(r.world_size), "allowed: 1 or more ranks");
+  }
+  r.ranks_per_host = absl::GetFlag(FLAGS_ranks_per_host);
+  if (r.ranks_per_host < 0) {
+    return BadFlag("ranks_per_host", absl::StrCat(r.ranks_per_host),
+                   "allowed: 0 (one host) or the devices of one host, e.g. 8");
+  }
+  const std::string strategy = absl::GetFlag(FLAGS_strategy);
+  absl::StatusOr<fsdp::ShardingStrategy> s = fsdp::ParseStrategy(strategy);
+  if (!s.ok()) return BadFlag("strategy", strategy, s.status().message());
+  r.strategy = *s;
+  r.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
+  if (r.hybrid_shard_size < 0) {
+    return BadFlag("hybrid_shard_size", absl::StrCat(r.hybrid_shard_size),
+                   "allowed: 0 (= --ranks_per_host) or the ranks of a shard group");
+  }
+  FSDP_ASSIGN_OR_RETURN(r.param_dtype, ParseDType("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
+  FSDP_ASSIGN_OR_RETURN(r.reduce_dtype,
+                        ParseDType("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
+  const std::string opt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_optimizer));
+  if (opt == "adamw") {
+    r.optimizer = fsdp::OptimizerKind::kAdamW;
+  } else if (opt == "sgd" || opt == "sgd_momentum") {
+    r.optimizer = fsdp::OptimizerKind::kSgd;
+    r.sgd_momentum = opt == "sgd_momentum";
+  } else {
+    return BadFlag("optimizer", opt, "allowed: adamw, sgd or sgd_momentum");
+  }
+  const std::string ckpt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_checkpoint));
+  const int L = config.num_layers();
+  if (ckpt == "off" || ckpt == "0" || ckpt == "none") {
+    r.checkpoint_every = 0;
+  } else if (ckpt == "all") {
+    r.checkpoint_every = 1;
+  } else if (!absl::SimpleAtoi(ckpt, &r.checkpoint_every) || r.checkpoint_every < 1 ||
+             r.checkpoint_every > L) {
+    return BadFlag("checkpoint", ckpt,
+                   absl::StrCat("allowed: off, all, or k from 1 to the number of blocks (", L,
+                                ") to checkpoint blocks 0, k, 2k, ..."));
+  }
+  r.batch_size = absl::GetFlag(FLAGS_batch);
+  if (r.batch_size < 1) {
+    return BadFlag("batch", absl::StrCat(r.batch_size), "allowed: 1 or more sequences");
+  }
+  r.seq_len = absl::GetFlag(FLAGS_seq);
+  if (r.seq_len < 0 || r.seq_len > config.block_size()) {
+    return BadFlag("seq", absl::StrCat(r.seq_len),
+                   absl::StrCat("allowed: 1 to ", config.name(), "'s block size ",
+                                config.block_size(), " (0 = the block size); --block_size "
+                                "changes the model's"));
+  }
+  r.max_prefetch_units = absl::GetFlag(FLAGS_prefetch);
+  if (r.max_prefetch_units < 0) {
+    return BadFlag("prefetch", absl::StrCat(r.max_prefetch_units),
+                   "allowed: 0 (no prefetch) or the units gathered ahead at most, e.g. 1");
+  }
+  r.forward_prefetch = r.backward_prefetch = r.max_prefetch_units > 0;
+  const std::string mem = absl::GetFlag(FLAGS_device_memory);
+  if (!mem.empty()) {
+    absl::StatusOr<int64_t> bytes = fsdp::ParseByteSize(mem);
+    if (!bytes.ok()) return BadFlag("device_memory", mem, bytes.status().message());
+    if (*bytes <= 0) return BadFlag("device_memory", mem, "give a size above 0, e.g. 80GiB");
+    r.device_memory_bytes = *bytes;
+  }
+  return r;
+}
+
+absl::Status RunPlan(const fsdp::PlanRequest& r) {
+  FSDP_ASSIGN_OR_RETURN(fsdp::MemoryPlan plan, fsdp::PlanMemory(r));
+  std::fputs(fsdp::FormatMemoryPlan(plan).c_str(), stdout);
+  if (r.device_memory_bytes > 0) {
+    FSDP_ASSIGN_OR_RETURN(int largest, fsdp::LargestMicroBatch(r));
+    if (largest == 0) {
+      std::printf("largest micro-batch that fits: none (B = 1 needs %.3f GiB)\n",
+                  static_cast<double>(plan.peak_bytes) / (1 << 30));
+    } else {
+      fsdp::PlanRequest next = r;
+      next.batch_size = largest + 1;
+      absl::StatusOr<fsdp::MemoryPlan> over = fsdp::PlanMemory(next);
+      std::printf("largest micro-batch that fits: B = %d", largest);
+      if (over.ok()) {
+        std::printf(" (B = %d needs %.3f GiB)", largest + 1,
+                    static_cast<double>(over->peak_bytes) / (1 << 30));
+      }
+      std::printf("\n");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunTable(const fsdp::PlanRequest& r) {
+  std::vector<fsdp::ShardingStrategy> strategies;
+  const std::string names = absl::GetFlag(FLAGS_strategies);
+  for (absl::string_view n : absl::StrSplit(names, ',', absl::SkipWhitespace())) {
+    absl::StatusOr<fsdp::ShardingStrategy> s =
+        fsdp::ParseStrategy(std::string(absl::StripAsciiWhitespace(n)));
+    if (!s.ok()) return BadFlag("strategies", names, s.status().message());
+    strategies.push_back(*s);
+  }
+  if (strategies.empty()) return BadFlag("strategies", names, "give at least one strategy");
+  std::vector<int> worlds;
+  const std::string w = absl::GetFlag(FLAGS_worlds), nodes = absl::GetFlag(FLAGS_nodes);
+  if (!w.empty() && !nodes.empty()) {
+    return BadFlag("nodes", nodes, "give --worlds or --nodes, not both");
+  }
+  if (!nodes.empty()) {
+    if (r.ranks_per_host < 1) {
+      return BadFlag("nodes", nodes, "needs --ranks_per_host (the devices of one host)");
+    }
+    FSDP_ASSIGN_OR_RETURN(std::vector<int> n, ParseInts("nodes", nodes));
+    for (int x : n) worlds.push_back(x * r.ranks_per_host);
+  } else if (!w.empty()) {
+    FSDP_ASSIGN_OR_RETURN(worlds, ParseInts("worlds", w));
+  } else {
+    const int h = r.ranks_per_host > 0 ? r.ranks_per_host : 1;
+    worlds = {h, 2 * h, 4 * h, 8 * h};
+  }
+  FSDP_ASSIGN_OR_RETURN(std::vector<fsdp::PlanTableCell> cells,
+                        fsdp::PlanTable(r, strategies, worlds));
+  const fsdp::MemoryPlan* any = nullptr;
+  for (const auto& c : cells) {
+    if (c.status.ok()) {
+      any = &c.plan;
+      break;
+    }
+  }
+  if (any != nullptr) {
+    std::printf("%s (%.3f B parameters), param %s, reduce %s, B=%d T=%d, %s, prefetch %d%s\n",
+                any->model.c_str(), static_cast<double>(any->num_parameters) / 1e9,
+                std::string(fsdp::DTypeName(any->param_dtype)).c_str(),
+                std::string(fsdp::DTypeName(any->reduce_dtype)).c_str(), any->batch_size,
+                any->seq_len,
+                any->checkpointed_blocks == 0
+                    ? "no activation checkpointing"
+                    : absl::StrCat("checkpointing ", any->checkpointed_blocks, " of ",
+                                   any->num_blocks, " blocks")
+                          .c_str(),
+                any->max_prefetch_units,
+                r.device_memory_bytes > 0
+                    ? absl::StrFormat(", device %.1f GiB per rank",
+                                      static_cast<double>(r.device_memory_bytes) / (1 << 30))
+                          .c_str()
+                    : "");
+  }
+  std::fputs(fsdp::FormatPlanTable(cells, absl::GetFlag(FLAGS_markdown)).c_str(), stdout);
+  return absl::OkStatus();
+}
+
+// absl::ParseCommandLine ends the process with exit(1) on a malformed command line (an
+// unknown flag, "--world=abc") and after --help; this turns that into 2 and 0.
+std::atomic<int> exit_code_while_parsing{-1};
+void ExitCodeWhileParsing() {
+  const int code = exit_code_while_parsing.load();
+  if (code >= 0) {
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Plans the device memory of one rank of a sharded training run (libfsdp's runtime and "
+      "bundled models) without allocating the model: parameter, gradient and optimizer "
+      "shards, gathered parameters and unsharded gradient buffers at peak, activations with "
+      "and without checkpointing, the peak against --device_memory, the largest micro-batch "
+      "that fits, or (--table) all of it over strategies x world sizes. docs/planning.md "
+      "explains every figure.\n\n"
+      "  fsdp_plan --model llama2-7b --world 16 --ranks_per_host 8 --strategy HYBRID_SHARD "
+      "--param_dtype bf16 --seq 4096 --checkpoint all --device_memory 80GiB\n\n"
+      "Exit codes: 0 planned (fitting or not), 2 bad usage.");
+  bool help = false;
+  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+    std::string_view a = argv[i];
+    while (!a.empty() && a.front() == '-') a.remove_prefix(1);
+    help = help || a.starts_with("help") || a == "version" || a == "only_check_args";
+  }
+  exit_code_while_parsing = help ? 0 : kExitUsage;
+  std::atexit(ExitCodeWhileParsing);
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  exit_code_while_parsing = -1;
+  auto usage_error = [](const absl::Status& s) {
+    std::fprintf(stderr, "fsdp_plan: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  };
+  if (rest.size() > 1) {
+    return usage_error(absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", rest[1], "': flags start with -- (see --help)")));
+  }
+  absl::StatusOr<fsdp::PlanRequest> r = RequestFromFlags();
+  if (!r.ok()) return usage_error(r.status());
+  const absl::Status s = absl::GetFlag(FLAGS_table) ? RunTable(*r) : RunPlan(*r);
+  if (!s.ok()) return usage_error(s);
+  return 0;
+}
