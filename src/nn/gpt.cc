@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, Backen
   Activations& a = *gpt->acts_;
   internal::ActivationAllocator alloc(backend, "GPT", &a.bytes);
   FSDP_RETURN_IF_ERROR(AllocateActivations(config, B, T, gpt->options(), a, alloc));
+  gpt->params32_ = a.params32.view();
   const int64_t BT = static_cast<int64_t>(B) * T;
   std::vector<int32_t> pos(BT);
   for (int64_t i = 0; i < BT; ++i) pos[i] = static_cast<int32_t>(i % T);
@@ -128,15 +129,6 @@ View Gpt::loss_view() const { return acts_->loss.view(); }
 
 Gpt::BlockActs& Gpt::Acts(int layer) const {
   return layer_checkpointed(layer) ? acts_->shared : acts_->blocks[layer];
-}
-
-// ---- compute dtype -----------------------------------------------------------------------------
-
-View Gpt::ParamF32(View p, int64_t slot) const {
-  if (p.dtype == DType::kF32) return p;
-  const View out = acts_->params32.view().Slice(slot, p.count);
-  backend_->ops().Cast(Stream::kCompute, out, p);
-  return out;
 }
 
 // ---- forward ---------------------------------------------------------------------------------

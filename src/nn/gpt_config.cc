@@ -12,7 +12,6 @@ namespace {
 
 using internal::BlockDefs;
 using internal::RootDefs;
-using internal::SpecOf;
 using internal::TensorDef;
 
 const std::array<GptConfig, 5>& NamedConfigs() {
@@ -78,23 +77,9 @@ int64_t GptUnitNumel(const GptConfig& config, int unit) {
 }
 
 std::vector<ParamSpec> GptParamSpecs(const GptConfig& config) {
-  std::vector<ParamSpec> specs;
-  const auto root = RootDefs(config.vocab_size, config.block_size, config.channels);
-  int64_t offset = 0;
-  for (const TensorDef& d : root) {
-    specs.push_back(SpecOf("transformer.", d, 0, offset));
-    offset += d.numel();
-  }
-  const auto block = BlockDefs(config.channels);
-  for (int i = 0; i < config.num_layers; ++i) {
-    const std::string prefix = absl::StrCat("transformer.h.", i, ".");
-    offset = 0;
-    for (const TensorDef& d : block) {
-      specs.push_back(SpecOf(prefix, d, 1 + i, offset));
-      offset += d.numel();
-    }
-  }
-  return specs;
+  return internal::ModelSpecs("transformer.",
+                              RootDefs(config.vocab_size, config.block_size, config.channels),
+                              "transformer.h.", BlockDefs(config.channels), config.num_layers);
 }
 
 }  // namespace fsdp::nn

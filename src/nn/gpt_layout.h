@@ -53,6 +53,30 @@ inline ParamSpec SpecOf(const std::string& prefix, const TensorDef& d, int unit,
   return s;
 }
 
+// All parameter specs of a model: the root unit's tensors named root_prefix + name, then, for
+// each block i of `layers`, the block's tensors named block_prefix + i + "." + name.
+template <size_t R, size_t K>
+std::vector<ParamSpec> ModelSpecs(const std::string& root_prefix,
+                                  const std::array<TensorDef, R>& root,
+                                  const std::string& block_prefix,
+                                  const std::array<TensorDef, K>& block, int layers) {
+  std::vector<ParamSpec> specs;
+  int64_t offset = 0;
+  for (const TensorDef& d : root) {
+    specs.push_back(SpecOf(root_prefix, d, 0, offset));
+    offset += d.numel();
+  }
+  for (int i = 0; i < layers; ++i) {
+    const std::string prefix = block_prefix + std::to_string(i) + ".";
+    offset = 0;
+    for (const TensorDef& d : block) {
+      specs.push_back(SpecOf(prefix, d, 1 + i, offset));
+      offset += d.numel();
+    }
+  }
+  return specs;
+}
+
 // Each tensor of a unit's flat buffer as a view (dtype and all come from `flat`; an empty
 // `flat` gives empty views: a gradient that is not computed).
 template <size_t N>

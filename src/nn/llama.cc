@@ -131,6 +131,7 @@ absl::StatusOr<std::unique_ptr<Llama>> Llama::Create(const LlamaConfig& config,
   std::unique_ptr<Llama> m(new Llama(config, backend, B, T, std::move(options)));
   internal::ActivationAllocator alloc(backend, "Llama", &m->acts_->bytes);
   FSDP_RETURN_IF_ERROR(AllocateActivations(config, B, T, m->options(), *m->acts_, alloc));
+  m->params32_ = m->acts_->params32.view();
   return m;
 }
 
@@ -142,12 +143,6 @@ Llama::BlockActs& Llama::Acts(int layer) const {
   return layer_checkpointed(layer) ? acts_->shared : acts_->blocks[layer];
 }
 
-View Llama::ParamF32(View p, int64_t slot) const {
-  if (p.dtype == DType::kF32) return p;
-  const View out = acts_->params32.view().Slice(slot, p.count);
-  backend_->ops().Cast(Stream::kCompute, out, p);
-  return out;
-}
 
 // ---- forward ---------------------------------------------------------------------------------
 

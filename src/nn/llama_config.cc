@@ -12,7 +12,6 @@ namespace {
 
 using internal::LlamaBlockDefs;
 using internal::LlamaRootDefs;
-using internal::SpecOf;
 using internal::TensorDef;
 
 const std::array<LlamaConfig, 5>& NamedConfigs() {
@@ -79,22 +78,8 @@ int64_t LlamaUnitNumel(const LlamaConfig& config, int unit) {
 }
 
 std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& config) {
-  std::vector<ParamSpec> specs;
-  int64_t offset = 0;
-  for (const TensorDef& d : LlamaRootDefs(config)) {
-    specs.push_back(SpecOf("", d, 0, offset));
-    offset += d.numel();
-  }
-  const auto block = LlamaBlockDefs(config);
-  for (int i = 0; i < config.num_layers; ++i) {
-    const std::string prefix = absl::StrCat("model.layers.", i, ".");
-    offset = 0;
-    for (const TensorDef& d : block) {
-      specs.push_back(SpecOf(prefix, d, 1 + i, offset));
-      offset += d.numel();
-    }
-  }
-  return specs;
+  return internal::ModelSpecs("", LlamaRootDefs(config), "model.layers.", LlamaBlockDefs(config),
+                              config.num_layers);
 }
 
 }  // namespace fsdp::nn

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/nn/model.h"
+#include "fsdp/ops.h"
 
 namespace fsdp::nn {
 
@@ -66,6 +67,13 @@ int64_t StagedModel::unit_numel(int unit) const {
 bool StagedModel::layer_checkpointed(int i) const {
   return i >= 0 && static_cast<size_t>(i) < options_.checkpoint_layers.size() &&
          options_.checkpoint_layers[i];
+}
+
+View StagedModel::ParamF32(View p, int64_t slot) const {
+  if (p.dtype == DType::kF32) return p;
+  const View out = params32_.Slice(slot, p.count);
+  backend_->ops().Cast(Stream::kCompute, out, p);
+  return out;
 }
 
 absl::Status StagedModel::NullArgument(const char* stage, const char* what) const {

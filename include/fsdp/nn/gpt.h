@@ -87,8 +87,6 @@ class Gpt final : public StagedModel {
   View loss_view() const override;
   friend int64_t GptActivationBytes(const GptConfig&, int, int, const ModelOptions&);
   BlockActs& Acts(int layer) const;  // the block's own activations, or the shared set
-  // f32 values of parameters: `p` itself in f32, else upcast into the scratch at `slot`.
-  View ParamF32(View p, int64_t slot) const;
   GptConfig config_;
   std::unique_ptr<Activations> acts_;
 };

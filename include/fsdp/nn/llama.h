@@ -87,7 +87,6 @@ class Llama final : public StagedModel {
   View loss_view() const override;
   friend int64_t LlamaActivationBytes(const LlamaConfig&, int, int, const ModelOptions&);
   BlockActs& Acts(int layer) const;
-  View ParamF32(View p, int64_t slot) const;
 
   LlamaConfig config_;
   std::unique_ptr<Activations> acts_;

@@ -135,9 +135,13 @@ class StagedModel {
   virtual View loss_view() const = 0;
 
   absl::Status Zero(View v) const { return backend_->Memset(v, 0); }
+  // f32 values of parameters for the kernels that read f32: `p` itself in f32, else its
+  // upcast into params32_ (the family's scratch, set at Create for bf16/f16) at `slot`.
+  View ParamF32(View p, int64_t slot) const;
 
   Backend* backend_;
   const int B_, T_;
+  View params32_;
 
  private:
   absl::Status CheckTokens(View tokens, const char* what) const;
