@@ -342,6 +342,16 @@ absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions
     return absl::InvalidArgumentError(
         "SimBackend: memory_limit_bytes, op_latency and copy_bytes_per_second must be >= 0");
   }
+  const CommOptions& plane = options.data_plane;
+  if (plane.ranks_per_host != 0 || plane.inter_host_bytes_per_second != 0 ||
+      plane.inter_host_latency != absl::ZeroDuration()) {
+    // The data plane is a world per group, made from the group's ranks alone: it does not know
+    // where the members sit in the world, so it has no hosts to put them on.
+    return absl::InvalidArgumentError(
+        "SimBackend: data_plane has one level of simulated link (link_bytes_per_second, "
+        "link_latency); leave ranks_per_host and inter_host_* at 0 (the local communicator "
+        "honours them: pass them to LocalWorld)");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->compute = std::make_unique<SimStream>(std::string(kDeviceComputeStream), options.num_threads);

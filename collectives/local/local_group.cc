@@ -16,11 +16,20 @@
 #include "collectives/work_state.h"
 
 namespace fsdp::internal {
+namespace {
+std::vector<int> IdentityRanks(int size) {
+  std::vector<int> ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  return ranks;
+}
+}  // namespace
 
-LocalGroup::LocalGroup(std::string name, int size, CommOptions options)
+LocalGroup::LocalGroup(std::string name, int size, CommOptions options,
+                       std::vector<int> world_ranks)
     : name_(std::move(name)),
       size_(size),
       options_(options),
+      world_ranks_(world_ranks.empty() ? IdentityRanks(size) : std::move(world_ranks)),
       issued_(new std::atomic<int64_t>[size]),
       arrived_seq_(size, -1),
       completed_seq_(size, -1) {
@@ -115,8 +124,11 @@ void LocalGroup::Decide(Slot& s) {
     const std::string label = s.posts[0].label.empty() ? "split" : s.posts[0].label;
     for (auto& [color, list] : members) {
       std::sort(list.begin(), list.end());
+      std::vector<int> world_ranks;
+      for (const auto& member : list) world_ranks.push_back(world_ranks_[member.second]);
       auto group = std::make_shared<LocalGroup>(absl::StrFormat("%s/%s%d", name_, label, color),
-                                                static_cast<int>(list.size()), options_);
+                                                static_cast<int>(list.size()), options_,
+                                                std::move(world_ranks));
       for (size_t i = 0; i < list.size(); ++i) {
         s.split_results[list[i].second] = {group, static_cast<int>(i)};
       }
@@ -226,6 +238,48 @@ void LocalGroup::ChargeLink(std::chrono::steady_clock::time_point start, int tra
                                             std::chrono::duration<double>(per * transfers)));
 }
 
+namespace {
+void SleepUntil(std::chrono::steady_clock::time_point start, double seconds) {
+  if (seconds <= 0) return;
+  std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::duration<double>(seconds)));
+}
+}  // namespace
+
+double LocalGroup::TransferSeconds(int a, int b, size_t bytes) const {
+  const int per_host = options_.ranks_per_host;
+  const bool inter = world_ranks_[a] / per_host != world_ranks_[b] / per_host;
+  const double bw = inter ? options_.inter_host_bytes_per_second : options_.link_bytes_per_second;
+  const absl::Duration latency = inter ? options_.inter_host_latency : options_.link_latency;
+  return std::max(0.0, absl::ToDoubleSeconds(latency)) +
+         (bw > 0 ? static_cast<double>(bytes) / bw : 0.0);
+}
+
+void LocalGroup::ChargePeer(std::chrono::steady_clock::time_point start, int rank, int peer,
+                            size_t bytes) const {
+  if (!two_levels()) return ChargeLink(start, 1, bytes);
+  SleepUntil(start, TransferSeconds(rank, peer, bytes));
+}
+
+void LocalGroup::ChargeAllPeers(std::chrono::steady_clock::time_point start, int rank,
+                                size_t bytes) const {
+  if (!two_levels()) return ChargeLink(start, size_ - 1, bytes);
+  double seconds = 0;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank) seconds += TransferSeconds(rank, q, bytes);
+  }
+  SleepUntil(start, seconds);
+}
+
+void LocalGroup::ChargeBarrier(std::chrono::steady_clock::time_point start, int rank) const {
+  if (!two_levels()) return ChargeLink(start, size_ > 1 ? 1 : 0, 0);
+  double seconds = 0;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank) seconds = std::max(seconds, TransferSeconds(rank, q, 0));
+  }
+  SleepUntil(start, seconds);
+}
+
 void LocalGroup::Move(int rank, Slot& s, std::unique_lock<std::mutex>& lock) {
   const CollectiveCall& me = s.posts[rank].call;
   const int n = size_;
@@ -244,14 +298,14 @@ void LocalGroup::Move(int rank, Slot& s, std::unique_lock<std::mutex>& lock) {
         const int q = (rank + k) % n;
         coll::CopyBytes(recv + q * chunk, s.posts[q].call.send, chunk);
       }
-      ChargeLink(start, n - 1, chunk);
+      ChargeAllPeers(start, rank, chunk);
       break;
     }
     case CollectiveKind::kReduceScatter: {
       const size_t chunk = c * e;
       for (int q = 0; q < n; ++q) srcs[q] = byte_ptr(s.posts[q].call.send, rank * chunk);
       coll::ReduceBuffers(me.dtype, me.op, srcs.data(), n, me.recv, c, n);
-      ChargeLink(start, n - 1, chunk);
+      ChargeAllPeers(start, rank, chunk);
       break;
     }
     case CollectiveKind::kAllReduce: {
@@ -268,7 +322,7 @@ void LocalGroup::Move(int rank, Slot& s, std::unique_lock<std::mutex>& lock) {
       for (int q = 0; q < n; ++q) srcs[q] = byte_ptr(s.posts[q].call.send, lo * e);
       coll::ReduceBuffers(me.dtype, me.op, srcs.data(), n, static_cast<char*>(me.recv) + lo * e,
                           hi - lo, n);
-      ChargeLink(start, n - 1, (hi - lo) * e);
+      ChargeAllPeers(start, rank, (hi - lo) * e);
       lock.lock();
       if (++s.phase[0] == n) cv_.notify_all();
       WaitCount(lock, s.phase[0]);
@@ -280,17 +334,17 @@ void LocalGroup::Move(int rank, Slot& s, std::unique_lock<std::mutex>& lock) {
         coll::CopyBytes(static_cast<char*>(me.recv) + lo * e, byte_ptr(s.posts[q].call.recv, lo * e),
                         (hi - lo) * e);
       }
-      ChargeLink(start, n - 1, per * e);
+      ChargeAllPeers(start, rank, per * e);
       break;
     }
     case CollectiveKind::kBroadcast:
       if (rank != me.root) {
         coll::CopyBytes(me.recv, s.posts[me.root].call.recv, c * e);
-        ChargeLink(start, 1, c * e);
+        ChargePeer(start, rank, me.root, c * e);
       }
       break;
     case CollectiveKind::kBarrier:
-      ChargeLink(start, n > 1 ? 1 : 0, 0);
+      ChargeBarrier(start, rank);
       break;
     case CollectiveKind::kSplit:
       break;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdp/communicator.h"
@@ -32,7 +33,9 @@ struct LocalSplitResult {
 
 class LocalGroup {
  public:
-  LocalGroup(std::string name, int size, CommOptions options);
+  // world_ranks[i]: the world rank of member i, which places it on a host of the simulated
+  // link (CommOptions::ranks_per_host); empty means member i is world rank i.
+  LocalGroup(std::string name, int size, CommOptions options, std::vector<int> world_ranks = {});
 
   const std::string& name() const { return name_; }
   int size() const { return size_; }
@@ -78,11 +81,26 @@ class LocalGroup {
   void WaitCount(std::unique_lock<std::mutex>& lock, int& counter);
   // The data movement of one call; runs without the lock.
   void Move(int rank, Slot& slot, std::unique_lock<std::mutex>& lock);
+  // The simulated link: sleeps until `start` plus the time the transfers take. One level
+  // (ranks_per_host == 0): `transfers` transfers of `bytes` each at the link_* figures.
   void ChargeLink(std::chrono::steady_clock::time_point start, int transfers, size_t bytes) const;
+  // Either level: one transfer of `bytes` between member `rank` and `peer`, at the figures of
+  // its level (same host or not).
+  void ChargePeer(std::chrono::steady_clock::time_point start, int rank, int peer,
+                  size_t bytes) const;
+  // One transfer of `bytes` with every other member, one after another, each at the figures
+  // of its level.
+  void ChargeAllPeers(std::chrono::steady_clock::time_point start, int rank, size_t bytes) const;
+  // A barrier: the latency of the slowest level among the peers.
+  void ChargeBarrier(std::chrono::steady_clock::time_point start, int rank) const;
+  // Seconds of one transfer of `bytes` between members a and b (two levels only).
+  double TransferSeconds(int a, int b, size_t bytes) const;
+  bool two_levels() const { return options_.ranks_per_host > 0; }
 
   const std::string name_;
   const int size_;
   const CommOptions options_;
+  const std::vector<int> world_ranks_;  // member -> world rank
   std::unique_ptr<std::atomic<int64_t>[]> issued_;
 
   mutable std::mutex mu_;
@@ -93,5 +111,9 @@ class LocalGroup {
   std::vector<int64_t> completed_seq_;  // last sequence each rank completed
   Slot slots_[2];
 };
+
+// Checks the two-level fields of CommOptions (ranks_per_host, inter_host_*) for a world of
+// `size` ranks: OK or InvalidArgument naming `who` and saying what to fix.
+absl::Status CheckHostLevel(const CommOptions& options, int size, std::string_view who);
 
 }  // namespace fsdp::internal

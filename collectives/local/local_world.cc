@@ -142,6 +142,39 @@ class LocalCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+absl::Status CheckHostLevel(const CommOptions& options, int size, std::string_view who) {
+  if (options.ranks_per_host < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: CommOptions::ranks_per_host must be >= 0 (0 = one level of simulated link), got %d",
+        who, options.ranks_per_host));
+  }
+  if (options.inter_host_bytes_per_second < 0 ||
+      options.inter_host_latency < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the simulated link between hosts needs inter_host_bytes_per_second >= 0 and "
+        "inter_host_latency >= 0, got %g bytes/s and %s",
+        who, options.inter_host_bytes_per_second,
+        absl::FormatDuration(options.inter_host_latency)));
+  }
+  const bool inter_figures = options.inter_host_bytes_per_second > 0 ||
+                             options.inter_host_latency > absl::ZeroDuration();
+  if (options.ranks_per_host == 0 && inter_figures) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: inter_host_bytes_per_second / inter_host_latency are set but ranks_per_host is 0; "
+        "set ranks_per_host to the number of ranks that share a host (a divisor of the world "
+        "size %d), or leave the inter-host figures at 0",
+        who, size));
+  }
+  if (options.ranks_per_host > 0 && size % options.ranks_per_host != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: ranks_per_host %d does not divide the world size %d; every host holds the same "
+        "number of ranks, so use a divisor of %d (or 0 for one level of simulated link)",
+        who, options.ranks_per_host, size, size));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace internal
 
 LocalWorld::LocalWorld(int size, std::shared_ptr<internal::LocalGroup> group)
@@ -162,6 +195,7 @@ absl::StatusOr<std::unique_ptr<LocalWorld>> LocalWorld::Create(int size, CommOpt
   if (options.link_bytes_per_second < 0 || options.link_latency < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("LocalWorld: the simulated link needs bandwidth >= 0 and latency >= 0");
   }
+  FSDP_RETURN_IF_ERROR(internal::CheckHostLevel(options, size, "LocalWorld"));
   auto group = std::make_shared<internal::LocalGroup>(std::move(name), size, options);
   return std::unique_ptr<LocalWorld>(new LocalWorld(size, std::move(group)));
 }

@@ -77,6 +77,13 @@ struct CommOptions {
   // benchmark or test can make a step communication-bound on purpose.
   double link_bytes_per_second = 0;
   absl::Duration link_latency = absl::ZeroDuration();
+  // A second, slower level of the simulated link (hosts): with ranks_per_host > 0, world ranks
+  // r and q share a host when r / ranks_per_host == q / ranks_per_host, and a transfer between
+  // two hosts takes inter_host_latency + S / inter_host_bytes_per_second instead of the link_*
+  // figures (which then describe the link inside a host). ranks_per_host == 0: one level.
+  int ranks_per_host = 0;
+  double inter_host_bytes_per_second = 0;
+  absl::Duration inter_host_latency = absl::ZeroDuration();
 };
 
 // One collective call, as the group compares it across ranks. Fields a kind does not use are

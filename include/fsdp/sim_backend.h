@@ -32,7 +32,8 @@ struct SimBackendOptions {
   // S / copy_bytes_per_second more (0 = as fast as the host runs it).
   absl::Duration op_latency = absl::ZeroDuration();
   double copy_bytes_per_second = 0;
-  // The data plane's deadline and simulated link (CommOptions::link_*).
+  // The data plane's deadline and simulated link (CommOptions::link_*). One level only:
+  // ranks_per_host and inter_host_* must stay 0 (Create rejects them).
   CommOptions data_plane = {};
 };
 

@@ -156,6 +156,19 @@ TEST(SimBackendTest, DataPlaneCollectivesOnDeviceViews) {
   }
 }
 
+// The data plane's simulated link has one level: the host level of CommOptions is refused at
+// Create, saying where it is honoured.
+TEST(SimBackendTest, DataPlaneRefusesTheHostLevelOfTheLink) {
+  SimBackendOptions so;
+  so.data_plane.ranks_per_host = 2;
+  auto s = SimBackend::Create(so);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("leave ranks_per_host and inter_host_* at 0"));
+  so.data_plane.ranks_per_host = 0;
+  so.data_plane.inter_host_latency = absl::Milliseconds(1);
+  EXPECT_EQ(SimBackend::Create(so).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A view of another rank's device is refused, not read.
 TEST(SimBackendTest, DataPlaneRefusesAnotherDevicesBuffer) {
   auto other = MakeSim();

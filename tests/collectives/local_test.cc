@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "fsdp/local_world.h"
+#include "fsdp/mesh.h"
 #include "gtest/gtest.h"
 #include "tests/collectives/conformance.h"
 
@@ -181,6 +182,183 @@ TEST(LocalCommunicator, LateRankGetsTheOriginalFailure) {
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(late.message().find("barrier() at sequence 0 of group 'world' was not run: the group had failed") !=
               std::string::npos) << late;
+}
+
+
+// --- the two-level link: ranks_per_host puts world ranks on hosts; a transfer between two
+// hosts costs inter_host_latency + S / inter_host_bytes_per_second, one inside a host the
+// link_* figures. Checks are lower bounds (the model) plus a generous upper slack.
+
+constexpr double kSlack = 0.35;  // seconds of scheduling noise allowed above the model
+
+CommOptions TwoHosts(absl::Duration inter_latency) {
+  CommOptions o;
+  o.ranks_per_host = 2;
+  o.link_latency = absl::Microseconds(100);
+  o.inter_host_latency = inter_latency;
+  return o;
+}
+
+// 2 hosts x 2 ranks, all-gather of 1 MB per rank: each rank receives from 1 peer on its host
+// (100 us + 1 MB / 1 GB/s = 1.1 ms) and 2 on the other (20 ms + 1 MB / 100 MB/s = 30 ms each).
+TEST(TwoLevelLink, AllGatherChargesEachPeerAtItsLevel) {
+  CommOptions o = TwoHosts(absl::Milliseconds(20));
+  o.link_bytes_per_second = 1e9;
+  o.inter_host_bytes_per_second = 100e6;
+  const int64_t count = 1'000'000 / 4;
+  const double model = (100e-6 + 1e6 / 1e9) + 2 * (0.020 + 1e6 / 100e6);
+  ASSERT_TRUE(LocalWorld::Run(4, o, [&](Communicator& comm) -> absl::Status {
+                std::vector<float> send(count, 1.0f + comm.rank()), recv(4 * count);
+                FSDP_RETURN_IF_ERROR(comm.Barrier());
+                const auto t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(comm.AllGather(send.data(), recv.data(), count, DType::kF32));
+                const double t = Seconds(t0);
+                EXPECT_GE(t, model - 1e-4) << "rank " << comm.rank();
+                EXPECT_LE(t, model + kSlack) << "rank " << comm.rank();
+                for (int q = 0; q < 4; ++q) EXPECT_EQ(recv[q * count], 1.0f + q);
+                return absl::OkStatus();
+              }).ok());
+}
+
+// Reduce-scatter is charged like all-gather (one chunk per peer), all-reduce twice (its
+// reduce phase and its copy phase), a barrier the latency of its slowest level.
+TEST(TwoLevelLink, ReduceScatterAllReduceAndBarrier) {
+  const CommOptions o = TwoHosts(absl::Milliseconds(20));
+  const double one_pass = 100e-6 + 2 * 0.020;  // latency only: 1 peer inside, 2 outside
+  ASSERT_TRUE(LocalWorld::Run(4, o, [&](Communicator& comm) -> absl::Status {
+                std::vector<float> send(4 * 64, 1.0f), recv(4 * 64);
+                FSDP_RETURN_IF_ERROR(comm.Barrier());
+                auto t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(comm.ReduceScatter(send.data(), recv.data(), 64, DType::kF32,
+                                                        ReduceOp::kSum));
+                double t = Seconds(t0);
+                EXPECT_GE(t, one_pass - 1e-4);
+                EXPECT_LE(t, one_pass + kSlack);
+                EXPECT_EQ(recv[0], 4.0f);
+                FSDP_RETURN_IF_ERROR(comm.Barrier());
+                t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(comm.AllReduce(send.data(), recv.data(), 4 * 64, DType::kF32,
+                                                    ReduceOp::kSum));
+                t = Seconds(t0);
+                EXPECT_GE(t, 2 * one_pass - 1e-4);
+                EXPECT_LE(t, 2 * one_pass + kSlack);
+                EXPECT_EQ(recv[4 * 64 - 1], 4.0f);
+                t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(comm.Barrier());
+                t = Seconds(t0);
+                EXPECT_GE(t, 0.020 - 1e-4);
+                EXPECT_LE(t, 0.020 + kSlack);
+                return absl::OkStatus();
+              }).ok());
+}
+
+// A broadcast from rank 0 charges the ranks of the other host the inter-host latency and its
+// host-mate only the link inside the host; the call ends on every rank when the last copy is
+// done (the completion barrier keeps the root's buffer alive), so all take the slower figure.
+// A broadcast among the ranks of one host is not charged the inter-host latency.
+TEST(TwoLevelLink, BroadcastChargesTheRootsLevel) {
+  const CommOptions o = TwoHosts(absl::Milliseconds(200));
+  ASSERT_TRUE(LocalWorld::Run(4, o, [&](Communicator& comm) -> absl::Status {
+                std::vector<float> buf(16, comm.rank() == 0 ? 5.0f : 0.0f);
+                FSDP_RETURN_IF_ERROR(comm.Barrier());
+                auto t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(comm.Broadcast(buf.data(), 16, DType::kF32, 0));
+                double t = Seconds(t0);
+                EXPECT_GE(t, 0.200 - 1e-4) << "rank " << comm.rank();
+                EXPECT_LE(t, 0.200 + kSlack) << "rank " << comm.rank();
+                EXPECT_EQ(buf[15], 5.0f);
+                FSDP_ASSIGN_OR_RETURN(auto host, comm.Split(comm.rank() / 2, 0, "host"));
+                std::vector<float> mine(16, host->rank() == 0 ? 6.0f : 0.0f);
+                FSDP_RETURN_IF_ERROR(host->Barrier());
+                t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(host->Broadcast(mine.data(), 16, DType::kF32, 0));
+                t = Seconds(t0);
+                EXPECT_LT(t, 0.100) << host->name() << " is inside one host";
+                EXPECT_EQ(mine[15], 6.0f);
+                return absl::OkStatus();
+              }).ok());
+}
+
+// Sub-groups know their members' world ranks: in a 2 x 2 mesh on 2 hosts of 2, the shard
+// groups ({0, 1}, {2, 3}) live inside a host and are not charged the inter-host latency; the
+// replicate groups ({0, 2}, {1, 3}) cross hosts on every transfer.
+TEST(TwoLevelLink, SubGroupsAreChargedByTheirMembersHosts) {
+  const CommOptions o = TwoHosts(absl::Milliseconds(200));
+  ASSERT_TRUE(LocalWorld::Run(4, o, [&](Communicator& world) -> absl::Status {
+                FSDP_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(world, 2, 2));
+                std::vector<float> send(8, 1.0f), recv(16);
+                Communicator& shard = mesh.shard_group();
+                Communicator& replicate = mesh.replicate_group();
+                FSDP_RETURN_IF_ERROR(shard.Barrier());
+                auto t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(shard.AllGather(send.data(), recv.data(), 8, DType::kF32));
+                double t = Seconds(t0);
+                EXPECT_LT(t, 0.100) << shard.name() << " is inside one host";
+                t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(
+                    replicate.AllGather(send.data(), recv.data(), 8, DType::kF32));
+                t = Seconds(t0);
+                EXPECT_GE(t, 0.200 - 1e-4) << replicate.name() << " crosses hosts";
+                EXPECT_LE(t, 0.200 + kSlack) << replicate.name();
+                // A split with reversed keys: members are ordered differently from the world,
+                // and still placed on their own hosts.
+                FSDP_ASSIGN_OR_RETURN(auto same_host,
+                                      world.Split(world.rank() / 2, -world.rank(), "host"));
+                FSDP_RETURN_IF_ERROR(same_host->Barrier());
+                t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(same_host->AllGather(send.data(), recv.data(), 8,
+                                                          DType::kF32));
+                t = Seconds(t0);
+                EXPECT_LT(t, 0.100) << same_host->name() << " is inside one host";
+                return absl::OkStatus();
+              }).ok());
+}
+
+// ranks_per_host equal to the world size: one host, nothing is charged the inter-host figures.
+TEST(TwoLevelLink, OneHostIsNeverChargedTheInterHostLink) {
+  CommOptions o = TwoHosts(absl::Milliseconds(200));
+  o.ranks_per_host = 4;
+  ASSERT_TRUE(LocalWorld::Run(4, o, [&](Communicator& comm) -> absl::Status {
+                std::vector<float> send(8, 1.0f), recv(32);
+                FSDP_RETURN_IF_ERROR(comm.Barrier());
+                const auto t0 = std::chrono::steady_clock::now();
+                FSDP_RETURN_IF_ERROR(comm.AllGather(send.data(), recv.data(), 8, DType::kF32));
+                EXPECT_GE(Seconds(t0), 3 * 100e-6 - 1e-4);
+                EXPECT_LT(Seconds(t0), 0.100);
+                return absl::OkStatus();
+              }).ok());
+}
+
+TEST(TwoLevelLink, LocalWorldChecksTheOptions) {
+  auto error = [](int size, const CommOptions& o) {
+    const absl::Status s = LocalWorld::Create(size, o).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  CommOptions o;
+  o.ranks_per_host = -1;
+  EXPECT_NE(error(4, o).find("ranks_per_host must be >= 0"), std::string::npos);
+  o = {};
+  o.ranks_per_host = 2;
+  o.inter_host_latency = -absl::Milliseconds(1);
+  EXPECT_NE(error(4, o).find("inter_host_latency >= 0"), std::string::npos);
+  o.inter_host_latency = absl::ZeroDuration();
+  o.inter_host_bytes_per_second = -1;
+  EXPECT_NE(error(4, o).find("inter_host_bytes_per_second >= 0"), std::string::npos);
+  o = {};
+  o.inter_host_latency = absl::Milliseconds(5);
+  EXPECT_NE(error(4, o).find("ranks_per_host is 0"), std::string::npos);
+  o = {};
+  o.inter_host_bytes_per_second = 1e9;
+  EXPECT_NE(error(4, o).find("set ranks_per_host"), std::string::npos);
+  o = {};
+  o.ranks_per_host = 3;
+  const std::string m = error(4, o);
+  EXPECT_NE(m.find("ranks_per_host 3 does not divide the world size 4"), std::string::npos) << m;
+  o.ranks_per_host = 2;
+  EXPECT_TRUE(LocalWorld::Create(4, o).ok());  // a second level with free links is allowed
+  o.ranks_per_host = 8;
+  EXPECT_FALSE(LocalWorld::Create(4, o).ok());
 }
 
 }  // namespace

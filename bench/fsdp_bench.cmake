@@ -1,0 +1,5 @@
+# bench/fsdp_bench: the scaling harness (fsdp/bench.h, docs/scaling.md): a grid of training runs,
+# a table, JSON lines, CSV and SVG plots.
+add_executable(fsdp_bench ${CMAKE_CURRENT_LIST_DIR}/fsdp_bench.cc)
+target_link_libraries(fsdp_bench PRIVATE fsdp::fsdp)
+fsdp_project_warnings(fsdp_bench)

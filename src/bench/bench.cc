@@ -1,0 +1,469 @@
+// RunBench: training steps of a bundled model under one sharding configuration, measured from
+// the wall clock and the timeline (fsdp/bench.h, docs/scaling.md).
+#include "fsdp/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fsdp/cpu_backend.h"
+#include "fsdp/kernels_cpu.h"
+#include "fsdp/local_world.h"
+#include "fsdp/nn/sharded_model.h"
+#include "fsdp/trace.h"
+
+namespace fsdp {
+namespace {
+
+// The tracer is process-wide: the first rank to start enables it, the last to finish restores
+// it (off and cleared, unless it was on before).
+class TracerUse {
+ public:
+  TracerUse() {
+    std::lock_guard<std::mutex> lock(mu());
+    State& s = state();
+    if (s.users++ == 0) {
+      s.was_enabled = Tracer::Global().enabled();
+      Tracer::Global().Enable();
+    }
+  }
+  ~TracerUse() {
+    std::lock_guard<std::mutex> lock(mu());
+    State& s = state();
+    if (--s.users == 0 && !s.was_enabled) {
+      Tracer::Global().Disable();
+      Tracer::Global().Clear();
+    }
+  }
+  TracerUse(const TracerUse&) = delete;
+  TracerUse& operator=(const TracerUse&) = delete;
+
+ private:
+  struct State {
+    int users = 0;
+    bool was_enabled = false;
+  };
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static State& state() {
+    static State s;
+    return s;
+  }
+};
+
+bool IsHybrid(ShardingStrategy s) {
+  return s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardGradOp;
+}
+
+int ResolveShardSize(const BenchConfig& c, int world) {
+  if (!IsHybrid(c.strategy)) return c.strategy == ShardingStrategy::kNoShard ? 1 : world;
+  if (c.hybrid_shard_size > 0) return c.hybrid_shard_size;
+  const int rph = c.link.ranks_per_host;
+  if (rph > 0 && rph <= world && world % rph == 0) return rph;
+  return world;
+}
+
+absl::StatusOr<nn::ModelConfig> ResolveModel(const BenchConfig& c) {
+  if (c.config.has_value()) return *c.config;
+  return nn::ModelConfig::FromName(c.model);
+}
+
+absl::Status Check(const BenchConfig& c, const nn::ModelConfig& mc, int world) {
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("RunBench: ", parts...));
+  };
+  if (world < 1) return bad("world_size=", world, ": allowed: 1 or more ranks");
+  if (c.batch_size < 1) return bad("batch_size=", c.batch_size, ": allowed: 1 or more");
+  if (c.seq_len < 0 || c.seq_len > mc.block_size()) {
+    return bad("seq_len=", c.seq_len, ": allowed: 1 to the block size of ", mc.name(), ", ",
+               mc.block_size(), " (0: the block size)");
+  }
+  if (c.steps < 1) return bad("steps=", c.steps, ": allowed: 1 or more measured steps");
+  if (c.warmup_steps < 0) return bad("warmup_steps=", c.warmup_steps, ": allowed: 0 or more");
+  if (c.threads_per_rank < 0) return bad("threads_per_rank=", c.threads_per_rank);
+  if (c.checkpoint_every < 0) return bad("checkpoint_every=", c.checkpoint_every);
+  if (IsHybrid(c.strategy)) {
+    const int s = ResolveShardSize(c, world);
+    if (s < 1 || world % s != 0) {
+      return bad("hybrid_shard_size=", s, ": ", std::string(StrategyName(c.strategy)),
+                 " needs the ranks per shard group: a divisor of the ", world, " ranks");
+    }
+  }
+  return absl::OkStatus();
+}
+
+double Percentile(std::vector<double> v, double p) {  // linear interpolation, p in [0, 1]
+  std::sort(v.begin(), v.end());
+  const double pos = p * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+// What one rank measured, packed as doubles so that one all_gather moves it.
+struct RankFigures {
+  // Per measured step.
+  std::vector<double> step, compute, exposed, optimizer, comm_bytes, bus_bytes, collectives;
+  // Scalars.
+  MemoryReport memory;
+  double host_syncs = 0;  // total over measured steps
+  double threads = 0;
+  double loss = 0;
+
+  static constexpr int kPerStep = 7;
+  static constexpr int kScalars = 9 + 3;
+  static int Size(int steps) { return kPerStep * steps + kScalars; }
+
+  std::vector<double> Pack() const {
+    std::vector<double> out;
+    for (const auto* v : {&step, &compute, &exposed, &optimizer, &comm_bytes, &bus_bytes,
+                          &collectives}) {
+      out.insert(out.end(), v->begin(), v->end());
+    }
+    const MemoryReport& m = memory;
+    for (int64_t x : {m.param_shard_bytes, m.grad_shard_bytes, m.optimizer_bytes,
+                      m.gathered_param_bytes, m.gathered_param_peak_bytes, m.grad_buffer_bytes,
+                      m.grad_buffer_peak_bytes, m.activation_peak_bytes, m.peak_bytes}) {
+      out.push_back(static_cast<double>(x));
+    }
+    out.push_back(host_syncs);
+    out.push_back(threads);
+    out.push_back(loss);
+    return out;
+  }
+  static RankFigures Unpack(const double* p, int steps) {
+    RankFigures f;
+    for (auto* v : {&f.step, &f.compute, &f.exposed, &f.optimizer, &f.comm_bytes, &f.bus_bytes,
+                    &f.collectives}) {
+      v->assign(p, p + steps);
+      p += steps;
+    }
+    MemoryReport& m = f.memory;
+    for (int64_t* x : {&m.param_shard_bytes, &m.grad_shard_bytes, &m.optimizer_bytes,
+                       &m.gathered_param_bytes, &m.gathered_param_peak_bytes,
+                       &m.grad_buffer_bytes, &m.grad_buffer_peak_bytes,
+                       &m.activation_peak_bytes, &m.peak_bytes}) {
+      *x = static_cast<int64_t>(std::llround(*p++));
+    }
+    f.host_syncs = *p++;
+    f.threads = *p++;
+    f.loss = *p++;
+    return f;
+  }
+};
+
+// The timeline of one measured step [b, e) of `rank`, from its spans (`mine`).
+void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, RankFigures& f) {
+  const double ns = 1e-9;
+  std::vector<Span> blocks;
+  double optimizer = 0, comm = 0, bus = 0, count = 0;
+  for (const Span& s : mine) {
+    if (s.begin_ns < b || s.begin_ns >= e) continue;
+    if (s.stream == kComputeStream) {
+      if (s.name == "optimizer step") {
+        // The optimizer's own time: its span less the collectives it waited for inside it.
+        optimizer += static_cast<double>(
+            s.duration_ns() - ExposedNs(mine, rank, kWaitStream, s.begin_ns, s.end_ns));
+      } else if (s.name == "forward" || s.name == "backward" || s.name == "recompute") {
+        blocks.push_back(s);
+      }
+    } else if (s.stream == kCommStream) {
+      const TraceArg* bytes = s.FindArg("bytes");
+      const TraceArg* ranks = s.FindArg("ranks");
+      const double size = bytes != nullptr && bytes->is_num ? static_cast<double>(bytes->num) : 0;
+      const double n = ranks != nullptr && ranks->is_num ? static_cast<double>(ranks->num) : 1;
+      comm += size;
+      count += 1;
+      if (n > 1) {
+        if (s.name == "all_gather" || s.name == "reduce_scatter") bus += size * (n - 1) / n;
+        else if (s.name == "all_reduce") bus += 2 * size * (n - 1) / n;
+        else if (s.name == "broadcast") bus += size;
+      }
+    }
+  }
+  f.compute.push_back(static_cast<double>(UnionNs(blocks, rank, kComputeStream, b, e)) * ns);
+  f.exposed.push_back(static_cast<double>(ExposedNs(mine, rank, kWaitStream, b, e)) * ns);
+  f.optimizer.push_back(optimizer * ns);
+  f.comm_bytes.push_back(comm);
+  f.bus_bytes.push_back(bus);
+  f.collectives.push_back(count);
+}
+
+struct Prepared {
+  nn::ModelConfig model;
+  int seq_len = 0;
+  GemmPeak peak;
+};
+
+// max_cores: the cores the ranks share (ranks as threads of this process), 0 when unknown.
+absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
+                                    Communicator& world, int ranks_sharing_cores, int max_cores) {
+  TracerUse tracer_use;
+  Tracer& tracer = Tracer::Global();
+  SetTraceRank(world.rank());
+  const nn::ModelConfig& mc = prep.model;
+  const int B = c.batch_size, T = prep.seq_len, W = world.size(), rank = world.rank();
+  const int shard = ResolveShardSize(c, W);
+  FSDP_ASSIGN_OR_RETURN(auto backend,
+                        CpuBackend::Create({.num_threads = c.threads_per_rank,
+                                            .ranks_sharing_cores = ranks_sharing_cores}));
+  backend->BindCurrentThread();
+  nn::ShardedModelOptions o;
+  o.sharding.strategy = c.strategy;
+  o.sharding.hybrid_shard_size = IsHybrid(c.strategy) ? shard : 0;
+  o.sharding.forward_prefetch = o.sharding.backward_prefetch = c.prefetch;
+  o.sharding.max_grad_norm = c.max_grad_norm;
+  o.sharding.mixed_precision.param_dtype = c.param_dtype;
+  o.sharding.mixed_precision.reduce_dtype = c.reduce_dtype;
+  o.batch_size = B;
+  o.seq_len = T;
+  o.checkpoint_every = c.checkpoint_every;
+  FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedModel::Create(mc, backend.get(), world, o));
+
+  // Synthetic token ids, different per rank and step (the figures do not depend on the data).
+  const size_t n = static_cast<size_t>(B) * T;
+  std::vector<int32_t> inputs(n), targets(n);
+  const int V = mc.vocab_size();
+  RankFigures f;
+  std::vector<std::pair<int64_t, int64_t>> windows;
+  float loss = 0;
+  for (int step = 0; step < c.warmup_steps + c.steps; ++step) {
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t x = i * 7919u + static_cast<uint64_t>(rank) * 104729u +
+                         static_cast<uint64_t>(step) * 1299709u;
+      inputs[i] = static_cast<int32_t>(x % static_cast<uint64_t>(V));
+      targets[i] = static_cast<int32_t>((x + 1) % static_cast<uint64_t>(V));
+    }
+    const bool measured = step >= c.warmup_steps;
+    if (step == c.warmup_steps) model->runtime().ResetPeaks();
+    FSDP_RETURN_IF_ERROR(world.Barrier());  // every step starts on all ranks together
+    const int64_t b = tracer.NowNs();
+    FSDP_ASSIGN_OR_RETURN(loss, model->ForwardBackward(inputs.data(), targets.data()));
+    FSDP_ASSIGN_OR_RETURN(StepStats stats, model->Step(1e-4f));
+    const int64_t e = tracer.NowNs();
+    if (!measured) continue;
+    windows.emplace_back(b, e);
+    f.step.push_back(static_cast<double>(e - b) * 1e-9);
+    f.host_syncs += static_cast<double>(stats.host_syncs);
+  }
+  // Every collective of the measured steps has completed and been recorded by now: the
+  // progress thread records a span before it runs the next collective.
+  FSDP_RETURN_IF_ERROR(world.Barrier());
+  f.memory = model->memory();
+  f.threads = backend->num_threads();
+  f.loss = loss;
+  {
+    std::vector<Span> mine;
+    for (Span& s : tracer.Snapshot()) {
+      if (s.rank == rank) mine.push_back(std::move(s));
+    }
+    for (const auto& [b, e] : windows) SplitStep(mine, rank, b, e, f);
+  }
+
+  // Every rank's figures to every rank.
+  const std::vector<double> packed = f.Pack();
+  const int size = RankFigures::Size(c.steps);
+  std::vector<double> all(static_cast<size_t>(size) * W);
+  FSDP_RETURN_IF_ERROR(world.AllGather(packed.data(), all.data(), size, DType::kF64));
+  // The tracer may be restored once every rank has read its spans.
+  FSDP_RETURN_IF_ERROR(world.Barrier());
+  std::vector<RankFigures> ranks;
+  for (int r = 0; r < W; ++r) ranks.push_back(RankFigures::Unpack(all.data() + r * size, c.steps));
+
+  BenchResult out;
+  out.model = mc.name();
+  out.strategy = std::string(StrategyName(c.strategy));
+  out.world_size = W;
+  out.hybrid_shard_size = shard;
+  out.batch_size = B;
+  out.seq_len = T;
+  out.param_dtype = c.param_dtype;
+  out.reduce_dtype = c.reduce_dtype;
+  out.checkpoint_every = c.checkpoint_every;
+  out.prefetch = c.prefetch;
+  out.warmup_steps = c.warmup_steps;
+  out.steps = c.steps;
+  const CommOptions& link = world.options();
+  out.link_gbps = link.link_bytes_per_second / 1e9;
+  out.link_latency_us = absl::ToDoubleMicroseconds(link.link_latency);
+  out.ranks_per_host = link.ranks_per_host;
+  out.inter_gbps = link.inter_host_bytes_per_second / 1e9;
+  out.inter_latency_us = absl::ToDoubleMicroseconds(link.inter_host_latency);
+  out.num_parameters = mc.num_parameters();
+
+  double threads = 0;
+  for (const RankFigures& r : ranks) threads = std::max(threads, r.threads);
+  out.threads_per_rank = static_cast<int>(threads);
+  out.step_times_s.resize(c.steps);
+  double sum_step = 0, sum_compute = 0, sum_exposed = 0, sum_opt = 0, sum_comm = 0, sum_bus = 0,
+         sum_coll = 0, sum_syncs = 0;
+  for (int s = 0; s < c.steps; ++s) {
+    double slowest = 0;
+    for (const RankFigures& r : ranks) {
+      slowest = std::max(slowest, r.step[s]);
+      sum_step += r.step[s];
+      sum_compute += r.compute[s];
+      sum_exposed += r.exposed[s];
+      sum_opt += r.optimizer[s];
+      sum_comm += r.comm_bytes[s];
+      sum_bus += r.bus_bytes[s];
+      sum_coll += r.collectives[s];
+    }
+    out.step_times_s[s] = slowest;
+  }
+  for (const RankFigures& r : ranks) sum_syncs += r.host_syncs;
+  const double samples = static_cast<double>(c.steps) * W;
+  out.step_median_s = Percentile(out.step_times_s, 0.5);
+  out.step_p10_s = Percentile(out.step_times_s, 0.1);
+  out.step_p90_s = Percentile(out.step_times_s, 0.9);
+  out.step_min_s = *std::min_element(out.step_times_s.begin(), out.step_times_s.end());
+  out.step_max_s = *std::max_element(out.step_times_s.begin(), out.step_times_s.end());
+  out.tokens_per_step = static_cast<int64_t>(B) * T * W;
+  out.tokens_per_s = static_cast<double>(out.tokens_per_step) / out.step_median_s;
+  out.model_flops_per_step = mc.flops_per_step(out.tokens_per_step, T);
+  out.achieved_tflops = out.model_flops_per_step / out.step_median_s / 1e12;
+  out.peak_gflops_per_core = prep.peak.gflops_per_core;
+  out.peak_kind = prep.peak.kind;
+  out.cores_used = W * out.threads_per_rank;
+  if (max_cores > 0) out.cores_used = std::min(out.cores_used, max_cores);
+  out.mfu = out.peak_gflops_per_core > 0
+                ? out.achieved_tflops * 1e3 / (out.peak_gflops_per_core * out.cores_used)
+                : 0;
+  out.step_mean_s = sum_step / samples;
+  out.compute_s = sum_compute / samples;
+  out.exposed_comm_s = sum_exposed / samples;
+  out.optimizer_s = sum_opt / samples;
+  out.other_s = out.step_mean_s - out.compute_s - out.exposed_comm_s - out.optimizer_s;
+  out.exposed_comm_fraction = out.exposed_comm_s / out.step_mean_s;
+  out.comm_bytes_per_rank = sum_comm / samples;
+  out.bus_bytes_per_rank = sum_bus / samples;
+  out.collectives_per_step = std::llround(sum_coll / samples);
+  for (const RankFigures& r : ranks) {
+    const MemoryReport& m = r.memory;
+    MemoryReport& o2 = out.memory;
+    o2.param_shard_bytes = std::max(o2.param_shard_bytes, m.param_shard_bytes);
+    o2.grad_shard_bytes = std::max(o2.grad_shard_bytes, m.grad_shard_bytes);
+    o2.optimizer_bytes = std::max(o2.optimizer_bytes, m.optimizer_bytes);
+    o2.gathered_param_bytes = std::max(o2.gathered_param_bytes, m.gathered_param_bytes);
+    o2.gathered_param_peak_bytes =
+        std::max(o2.gathered_param_peak_bytes, m.gathered_param_peak_bytes);
+    o2.grad_buffer_bytes = std::max(o2.grad_buffer_bytes, m.grad_buffer_bytes);
+    o2.grad_buffer_peak_bytes = std::max(o2.grad_buffer_peak_bytes, m.grad_buffer_peak_bytes);
+    o2.activation_peak_bytes = std::max(o2.activation_peak_bytes, m.activation_peak_bytes);
+    o2.peak_bytes = std::max(o2.peak_bytes, m.peak_bytes);
+  }
+  out.host_syncs_per_step = sum_syncs / samples;
+  out.final_loss = static_cast<float>(ranks[0].loss);
+  out.scaling_efficiency = std::numeric_limits<double>::quiet_NaN();
+  out.baseline_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+  return out;
+}
+
+absl::StatusOr<Prepared> Prepare(const BenchConfig& c, int world) {
+  Prepared p;
+  FSDP_ASSIGN_OR_RETURN(p.model, ResolveModel(c));
+  FSDP_RETURN_IF_ERROR(Check(c, p.model, world));
+  p.seq_len = c.seq_len > 0 ? c.seq_len : p.model.block_size();
+  return p;
+}
+
+}  // namespace
+
+GemmPeak PeakGflopsPerCore(DType compute_dtype, int repeats) {
+  GemmPeak p;
+  if (compute_dtype != DType::kF32) {
+    p.gflops_per_core = kernels::cpu::measure_gemm_gflops(2048, 1, repeats, compute_dtype);
+    if (p.gflops_per_core > 0) {
+      p.kind = absl::StrCat(std::string(DTypeName(compute_dtype)), " GEMM");
+      return p;
+    }
+  }
+  p.gflops_per_core = kernels::cpu::measure_sgemm_gflops(2048, 1, repeats);
+  p.kind = compute_dtype == DType::kF32
+               ? "f32 GEMM"
+               : absl::StrCat("f32 GEMM (no native ", std::string(DTypeName(compute_dtype)),
+                              " GEMM)");
+  return p;
+}
+
+absl::StatusOr<BenchResult> RunBench(const BenchConfig& config) {
+  FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, config.world_size));
+  if (config.peak_gflops_per_core > 0) {
+    prep.peak = {config.peak_gflops_per_core, config.peak_kind};
+  } else {
+    prep.peak = PeakGflopsPerCore(config.param_dtype);
+  }
+  std::vector<BenchResult> results(config.world_size);
+  FSDP_RETURN_IF_ERROR(LocalWorld::Run(
+      config.world_size, config.link, [&](Communicator& world) -> absl::Status {
+        FSDP_ASSIGN_OR_RETURN(results[world.rank()],
+                              RunRank(config, prep, world, config.world_size,
+                                      HardwareThreads()));
+        return absl::OkStatus();
+      }));
+  return std::move(results[0]);
+}
+
+absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world) {
+  FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, world.size()));
+  // The peak: rank 0 measures it alone, while the others wait, and tells them.
+  double peak[2] = {config.peak_gflops_per_core, 0};
+  std::string kind = config.peak_kind;
+  if (config.peak_gflops_per_core <= 0) {
+    if (world.rank() == 0) {
+      const GemmPeak p = PeakGflopsPerCore(config.param_dtype);
+      peak[0] = p.gflops_per_core;
+      peak[1] = p.kind.rfind("f32 GEMM", 0) == 0 ? 0 : 1;
+    }
+    FSDP_RETURN_IF_ERROR(world.Broadcast(peak, 2, DType::kF64, 0));
+    kind = peak[1] == 0 ? (config.param_dtype == DType::kF32
+                               ? std::string("f32 GEMM")
+                               : absl::StrCat("f32 GEMM (no native ",
+                                              std::string(DTypeName(config.param_dtype)), " GEMM)"))
+                        : absl::StrCat(std::string(DTypeName(config.param_dtype)), " GEMM");
+  }
+  prep.peak = {peak[0], kind};
+  int sharing = 1;
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local != nullptr) {
+    sharing = std::max(1, std::atoi(local));
+  }
+  return RunRank(config, prep, world, sharing, 0);
+}
+
+void SetScalingEfficiency(std::vector<BenchResult>& results) {
+  auto same = [](const BenchResult& a, const BenchResult& b) {
+    return a.model == b.model && a.batch_size == b.batch_size && a.seq_len == b.seq_len &&
+           a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype &&
+           a.checkpoint_every == b.checkpoint_every && a.prefetch == b.prefetch &&
+           a.threads_per_rank == b.threads_per_rank;
+  };
+  for (BenchResult& r : results) {
+    const BenchResult* base = nullptr;
+    for (const BenchResult& o : results) {
+      if (o.world_size != 1 || !same(r, o)) continue;
+      if (o.strategy == r.strategy) {
+        base = &o;
+        break;
+      }
+      if (base == nullptr) base = &o;
+    }
+    if (base == nullptr) {
+      r.scaling_efficiency = std::numeric_limits<double>::quiet_NaN();
+      r.baseline_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    r.baseline_tokens_per_s = base->tokens_per_s;
+    r.scaling_efficiency = r.tokens_per_s / (r.world_size * base->tokens_per_s);
+  }
+}
+
+}  // namespace fsdp

@@ -1,0 +1,318 @@
+// The scaling harness (fsdp/bench.h): RunBench's figures are consistent with each other, with
+// the memory planner and with the units' sizes; a slow simulated link shows as exposed
+// communication that prefetch reduces; the fsdp_bench command line writes files that parse and
+// rejects bad flags with exit code 2.
+#include "fsdp/bench.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "fsdp/cpu_backend.h"
+#include "fsdp/plan.h"
+#include "gtest/gtest.h"
+#include "src/checkpoint/json.h"
+
+namespace fsdp {
+namespace {
+
+// Fixed so that the tests do not spend seconds measuring the GEMM peak.
+constexpr double kPeak = 50;
+// The share of a step the timeline's spans cover at least (the rest is "other": embedding,
+// head, loss, host work). Sanitizers slow the uninstrumented host work the most.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr double kMeasuredShare = 0.25;
+#else
+constexpr double kMeasuredShare = 0.5;
+#endif
+
+BenchConfig Nano(int world) {
+  BenchConfig c;
+  c.model = "nano";
+  c.world_size = world;
+  c.batch_size = 4;
+  c.seq_len = 64;
+  c.threads_per_rank = 1;
+  c.warmup_steps = 2;
+  c.steps = 4;
+  c.peak_gflops_per_core = kPeak;
+  return c;
+}
+
+class RunBenchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (int world : {1, 2}) {
+      absl::StatusOr<BenchResult> r = RunBench(Nano(world));
+      ASSERT_TRUE(r.ok()) << r.status();
+      results_.push_back(*r);
+    }
+    SetScalingEfficiency(results_);
+  }
+  static std::vector<BenchResult> results_;
+};
+std::vector<BenchResult> RunBenchTest::results_;
+
+TEST_F(RunBenchTest, FiguresAreConsistent) {
+  for (const BenchResult& r : results_) {
+    SCOPED_TRACE(r.world_size);
+    EXPECT_EQ(r.model, "nano");
+    EXPECT_EQ(r.strategy, "FULL_SHARD");
+    EXPECT_EQ(r.threads_per_rank, 1);
+    EXPECT_EQ(r.cores_used, std::min(r.world_size, HardwareThreads()));
+    ASSERT_EQ(r.step_times_s.size(), 4u);
+    EXPECT_EQ(r.tokens_per_step, 4 * 64 * r.world_size);
+    EXPECT_DOUBLE_EQ(r.tokens_per_s, 4.0 * 64 * r.world_size / r.step_median_s);
+    EXPECT_GT(r.step_min_s, 0);
+    EXPECT_LE(r.step_min_s, r.step_p10_s);
+    EXPECT_LE(r.step_p10_s, r.step_median_s);
+    EXPECT_LE(r.step_median_s, r.step_p90_s);
+    EXPECT_LE(r.step_p90_s, r.step_max_s);
+    // MFU from MODEL_SPEC.md's FLOPs and the given peak.
+    const nn::ModelConfig mc = *nn::ModelConfig::FromName("nano");
+    EXPECT_DOUBLE_EQ(r.model_flops_per_step, mc.flops_per_step(r.tokens_per_step, 64));
+    EXPECT_NEAR(r.mfu, r.model_flops_per_step / r.step_median_s / (kPeak * 1e9 * r.cores_used),
+                1e-9);
+    // The split adds up to the mean step, and the measured parts are most of it.
+    EXPECT_NEAR(r.compute_s + r.exposed_comm_s + r.optimizer_s + r.other_s, r.step_mean_s, 1e-9);
+    EXPECT_GT(r.compute_s, 0);
+    EXPECT_GT(r.optimizer_s, 0);
+    EXPECT_GE(r.exposed_comm_s, 0);
+    EXPECT_GT(r.other_s, -1e-4);
+    EXPECT_GT(r.compute_s + r.exposed_comm_s + r.optimizer_s, kMeasuredShare * r.step_mean_s);
+    // The mean of the ranks' steps is close to the median of the slowest rank's.
+    EXPECT_NEAR(r.step_mean_s, r.step_median_s, 0.5 * r.step_median_s);
+    // Host synchronisations: the loss of the forward and the global norm of Step().
+    EXPECT_GE(r.host_syncs_per_step, 1);
+    EXPECT_TRUE(std::isfinite(r.final_loss));
+  }
+  EXPECT_EQ(results_[0].bus_bytes_per_rank, 0);
+  EXPECT_EQ(results_[0].exposed_comm_s, 0);
+}
+
+// Bytes per rank per step against the units' sizes: FULL_SHARD gathers each block unit in
+// forward and again in backward, except the root unit and the last block, which stay gathered
+// from forward into backward, and reduce-scatters every unit's gradient once; a ring sends
+// (n-1)/n of each.
+TEST_F(RunBenchTest, BytesMatchTheUnits) {
+  const BenchResult& r = results_[1];
+  const nn::ModelConfig mc = *nn::ModelConfig::FromName("nano");
+  double expected = 0;
+  for (int u = 0; u < mc.num_units(); ++u) {
+    const double bytes = 4.0 * PaddedCount(mc.UnitNumel(u), 2);
+    const bool kept = u == 0 || u == mc.num_units() - 1;
+    expected += (kept ? 2 : 3) * bytes / 2;
+  }
+  EXPECT_NEAR(r.bus_bytes_per_rank, expected, 0.01 * expected);
+  EXPECT_NEAR(r.comm_bytes_per_rank, 2 * expected, 0.01 * 2 * expected);
+  EXPECT_GE(r.collectives_per_step, 2 * mc.num_units());
+}
+
+// Memory per rank: the runtime's report, which the planner predicts (persistent shards exactly).
+TEST_F(RunBenchTest, MemoryIsTheRuntimeReport) {
+  for (const BenchResult& r : results_) {
+    PlanRequest req;
+    req.model = "nano";
+    req.world_size = r.world_size;
+    req.batch_size = 4;
+    req.seq_len = 64;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(req);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const MemoryReport want = plan->AsReport();
+    EXPECT_EQ(r.memory.param_shard_bytes, want.param_shard_bytes);
+    EXPECT_EQ(r.memory.grad_shard_bytes, want.grad_shard_bytes);
+    EXPECT_EQ(r.memory.optimizer_bytes, want.optimizer_bytes);
+    EXPECT_EQ(r.memory.activation_peak_bytes, want.activation_peak_bytes);
+    EXPECT_NEAR(r.memory.peak_bytes, want.peak_bytes, 0.05 * want.peak_bytes);
+    EXPECT_GE(r.memory.peak_bytes, r.memory.persistent_bytes());
+  }
+}
+
+TEST_F(RunBenchTest, ScalingEfficiency) {
+  EXPECT_DOUBLE_EQ(results_[0].scaling_efficiency, 1.0);
+  EXPECT_DOUBLE_EQ(results_[1].baseline_tokens_per_s, results_[0].tokens_per_s);
+  EXPECT_DOUBLE_EQ(results_[1].scaling_efficiency,
+                   results_[1].tokens_per_s / (2 * results_[0].tokens_per_s));
+  // Without a 1-rank run of the same configuration there is no efficiency.
+  std::vector<BenchResult> only_two = {results_[1]};
+  SetScalingEfficiency(only_two);
+  EXPECT_TRUE(std::isnan(only_two[0].scaling_efficiency));
+  std::vector<BenchResult> other_batch = results_;
+  other_batch[0].batch_size = 8;
+  SetScalingEfficiency(other_batch);
+  EXPECT_TRUE(std::isnan(other_batch[1].scaling_efficiency));
+}
+
+TEST_F(RunBenchTest, JsonAndCsvHoldEveryField) {
+  const std::string line = BenchResultJson(results_[1]);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
+  ASSERT_TRUE(v->is_object());
+  const std::vector<std::string> header = absl::StrSplit(BenchCsvHeader(), ',');
+  EXPECT_EQ(v->keys(), header);
+  EXPECT_EQ(v->Find("world_size")->int_value(), 2);
+  EXPECT_DOUBLE_EQ(v->Find("tokens_per_s")->number(),
+                   std::stod(absl::StrFormat("%.6g", results_[1].tokens_per_s)));
+  EXPECT_EQ(v->Find("mem_peak_bytes")->int_value(), results_[1].memory.peak_bytes);
+  const std::vector<std::string> row = absl::StrSplit(BenchCsvRow(results_[1]), ',');
+  EXPECT_EQ(row.size(), header.size());
+  for (const std::string& svg : {ThroughputSvg(results_), EfficiencySvg(results_),
+                                 StepSplitSvg(results_)}) {
+    EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+    EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  }
+}
+
+TEST(RunBench, RejectsBadConfigs) {
+  BenchConfig c = Nano(2);
+  c.seq_len = 65;
+  EXPECT_EQ(RunBench(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c = Nano(2);
+  c.model = "gpt3";
+  EXPECT_FALSE(RunBench(c).ok());
+  c = Nano(4);
+  c.strategy = ShardingStrategy::kHybridShard;
+  c.hybrid_shard_size = 3;
+  EXPECT_EQ(RunBench(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c = Nano(2);
+  c.steps = 0;
+  EXPECT_EQ(RunBench(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A slow simulated link (communication about as long as compute): the compute thread waits
+// for collectives far longer than with no link, and less with prefetch than without. A GPT
+// of 6 narrow blocks, so that there is a next unit to prefetch while one computes.
+TEST(RunBench, SlowLinkIsExposedAndPrefetchHidesSome) {
+  nn::GptConfig g = *nn::GptConfig::FromName("nano");
+  g.num_layers = 6;
+  BenchConfig c = Nano(2);
+  c.config = g;
+  c.steps = 8;
+  auto run = [&](double gbps, bool prefetch) {
+    c.link.link_bytes_per_second = gbps * 1e9;
+    c.prefetch = prefetch;
+    absl::StatusOr<BenchResult> r = RunBench(c);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : BenchResult{};
+  };
+  const BenchResult off = run(0, true);
+  const BenchResult without = run(0.25, false);
+  const BenchResult with = run(0.25, true);
+  std::printf("exposed ms/step: no link %.2f, link without prefetch %.2f, with prefetch %.2f "
+              "(steps %.2f, %.2f, %.2f ms)\n",
+              off.exposed_comm_s * 1e3, without.exposed_comm_s * 1e3, with.exposed_comm_s * 1e3,
+              off.step_median_s * 1e3, without.step_median_s * 1e3, with.step_median_s * 1e3);
+  EXPECT_EQ(without.link_gbps, 0.25);
+  // Without prefetch at least the gathers' transfers (2/3 of the bytes) are exposed.
+  const double transfer_s = without.bus_bytes_per_rank / 0.25e9;
+  EXPECT_GT(without.exposed_comm_s, off.exposed_comm_s + 0.5 * transfer_s);
+  EXPECT_LT(with.exposed_comm_s, 0.9 * without.exposed_comm_s);
+  // The bytes do not depend on the link or on prefetching.
+  EXPECT_NEAR(with.bus_bytes_per_rank, without.bus_bytes_per_rank,
+              1e-6 * without.bus_bytes_per_rank);
+}
+
+// ---- the command line ------------------------------------------------------------------------
+// Only when the benchmarks are built (FSDP_BUILD_BENCH).
+#ifdef FSDP_BENCH_BINARY
+
+
+struct Ran {
+  int rc = -1;
+  std::string output;  // stdout and stderr
+};
+
+Ran RunCli(const std::string& args) {
+  const std::string cmd = std::string(FSDP_BENCH_BINARY) + " " + args + " 2>&1";
+  Ran r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string ReadAll(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("fsdp_bench_test_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const Ran ok = RunCli("--worlds 1,2 --prefetch 0,1 --steps 2 --warmup 1 --peak_gflops 50 "
+                        "--jsonl " + (dir / "runs.jsonl").string() +
+                        " --csv " + (dir / "runs.csv").string() +
+                        " --svg_dir " + (dir / "svg").string());
+  ASSERT_EQ(ok.rc, 0) << ok.output;
+  EXPECT_NE(ok.output.find("[0/4 done] running nano FULL_SHARD 1 rank"), std::string::npos)
+      << ok.output;
+  EXPECT_NE(ok.output.find("ETA"), std::string::npos);
+  EXPECT_NE(ok.output.find("tokens/s"), std::string::npos);
+  const std::vector<std::string> lines =
+      absl::StrSplit(ReadAll(dir / "runs.jsonl"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u);
+  for (const std::string& line : lines) {
+    absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+    ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
+    ASSERT_TRUE(v->is_object());
+    for (const char* key : {"tokens_per_s", "step_median_s", "mfu", "compute_s",
+                            "exposed_comm_s", "optimizer_s", "bus_bytes_per_rank",
+                            "mem_peak_bytes", "host_syncs_per_step", "scaling_efficiency"}) {
+      EXPECT_NE(v->Find(key), nullptr) << key;
+    }
+    EXPECT_EQ(v->Find("scaling_efficiency")->kind(), checkpoint::json::Value::Kind::kNumber);
+  }
+  const std::vector<std::string> csv =
+      absl::StrSplit(ReadAll(dir / "runs.csv"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(csv.size(), 5u);
+  EXPECT_EQ(csv[0], BenchCsvHeader());
+  for (const char* name : {"throughput.svg", "efficiency.svg", "step_split.svg"}) {
+    const std::string svg = ReadAll(dir / "svg" / name);
+    EXPECT_EQ(svg.rfind("<svg", 0), 0u) << name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FsdpBenchCli, BadFlagsExit2WithOneLine) {
+  for (const char* args : {"--worlds 0", "--strategies FOO", "--dtypes f64", "--bogus 1",
+                           "--prefetch 2", "--models gpt3", "--seq 100", "--steps", "extra",
+                           "--link_gbps -1",
+                           "--strategies HYBRID_SHARD --worlds 4 --hybrid_shard 3",
+                           "--inter_gbps 1", "--worlds 2,3 --ranks_per_host 2"}) {
+    const Ran r = RunCli(args);
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind("fsdp_bench: ", 0), 0u) << r.output;
+  }
+  const Ran help = RunCli("--help");
+  EXPECT_EQ(help.rc, 0);
+  for (const char* word : {"--link_gbps", "--inter_latency_us", "MFU", "exposed communication",
+                           "efficiency", "tokens/s"}) {
+    EXPECT_NE(help.output.find(word), std::string::npos) << word;
+  }
+}
+
+#endif  // FSDP_BENCH_BINARY
+
+}  // namespace
+}  // namespace fsdp
