@@ -169,6 +169,18 @@ std::string Header(int w, int h, const std::string& title) {
       w, h, w, h, w / 2, Esc(title));
 }
 
+// Five horizontal grid lines with their values on the y axis, from 0 to ymax.
+template <class YPos>
+void YGrid(std::string& s, double ymax, int left, int pw, const YPos& ypos) {
+  for (int i = 0; i <= 5; ++i) {
+    const double v = ymax * i / 5;
+    absl::StrAppendFormat(&s,
+                          "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
+                          "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+                          left, ypos(v), left + pw, ypos(v), left - 6, ypos(v) + 4, Num(v));
+  }
+}
+
 // A line chart of y(r) against the world size, one line per series.
 std::string LineChart(const std::vector<BenchResult>& results, const std::string& title,
                       const std::string& y_label, double (*y)(const BenchResult&),
@@ -198,13 +210,7 @@ std::string LineChart(const std::vector<BenchResult>& results, const std::string
   auto ypos = [&](double v) { return top + ph * (1 - v / ymax); };
   std::string s = Header(W, H, title);
   // Axes, grid and ticks.
-  for (int i = 0; i <= 5; ++i) {
-    const double v = ymax * i / 5;
-    absl::StrAppendFormat(&s,
-                          "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
-                          "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                          left, ypos(v), left + pw, ypos(v), left - 6, ypos(v) + 4, Num(v));
-  }
+  YGrid(s, ymax, left, pw, ypos);
   absl::StrAppendFormat(&s,
                         "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n"
                         "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n",
@@ -302,13 +308,7 @@ std::string StepSplitSvg(const std::vector<BenchResult>& results) {
   ymax = NiceMax(ymax * 1.05);
   auto ypos = [&](double ms) { return top + ph * (1 - ms / ymax); };
   std::string s = Header(W, H, "Step split per run (mean over ranks and steps)");
-  for (int i = 0; i <= 5; ++i) {
-    const double v = ymax * i / 5;
-    absl::StrAppendFormat(&s,
-                          "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
-                          "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                          left, ypos(v), left + pw, ypos(v), left - 6, ypos(v) + 4, Num(v));
-  }
+  YGrid(s, ymax, left, pw, ypos);
   absl::StrAppendFormat(&s,
                         "<text x=\"16\" y=\"%d\" text-anchor=\"middle\" "
                         "transform=\"rotate(-90 16 %d)\">ms per step</text>\n",

@@ -18,18 +18,12 @@
 #include "absl/strings/strip.h"
 #include "fsdp/plan.h"
 #include "src/fsdp/strategy.h"
+#include "src/fsdp/unit.h"
 
 namespace fsdp {
 namespace {
 
-struct Gauge {
-  int64_t now = 0, peak = 0;
-  void Add(int64_t b) {
-    now += b;
-    peak = std::max(peak, now);
-  }
-  void Sub(int64_t b) { now -= b; }
-};
+using internal::Gauge;  // the runtime's own byte gauge (src/fsdp/unit.h)
 
 enum Category { kParams, kGrads, kOptimizer, kGathered, kGradBuffers, kNumCategories };
 
