@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Counts test cases after a ctest run: GoogleTest's own totals where a test binary wrote its
 # results (BUILD/test-results/<ctest name>.xml, see tests/CMakeLists.txt), one case for every
-# other ctest entry (install_consumer, the mutation stage). Prints each skipped case with its
-# reason, then one closing line "LABEL: N passed, N failed, N skipped".
+# other ctest entry (install_consumer, the mutation stage; an entry that skipped itself with
+# its SKIP_RETURN_CODE is one skipped case). Prints each skipped case with its reason, then
+# one closing line "LABEL: N passed, N failed, N skipped".
 # Exits 1 if a case failed or no case ran at all.
 #
 # Usage: scripts/test_summary.sh BUILD_DIR LABEL CTEST_JUNIT_XML...   (one file per ctest run)
@@ -58,6 +59,16 @@ while IFS= read -r line; do
     passed=$((passed + 1))
   elif [ "$status" = disabled ]; then
     :
+  elif [ "$status" = notrun ] && grep -A1 -F "<testcase name=\"$name\" " "$@" |
+                                 grep -q '<skipped message="SKIP_'; then
+    # A ctest entry that skipped itself (SKIP_RETURN_CODE): the reason is the line of its
+    # output that starts with "skipped:".
+    skipped=$((skipped + 1))
+    reason=$(awk -v test="$name" '
+      index($0, "<testcase name=\"" test "\" ") { inside = 1 }
+      inside && /<\/testcase>/ { inside = 0 }
+      inside && /skipped: / { sub(/^.*skipped: /, ""); print; exit }' "$@")
+    echo "  $name: skipped: ${reason:-no reason printed}"
   else
     failed=$((failed + 1))
   fi
