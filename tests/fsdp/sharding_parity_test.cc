@@ -105,8 +105,10 @@ std::vector<Case> LlamaCases() {
   const std::vector<Case> base = {
       {ShardingStrategy::kFullShard, 1}, {ShardingStrategy::kFullShard, 2},
       {ShardingStrategy::kFullShard, 3}, {ShardingStrategy::kFullShard, 4},
-      {ShardingStrategy::kShardGradOp, 2}, {ShardingStrategy::kShardGradOp, 4},
-      {ShardingStrategy::kNoShard, 2}, {ShardingStrategy::kNoShard, 3},
+      {ShardingStrategy::kShardGradOp, 1}, {ShardingStrategy::kShardGradOp, 2},
+      {ShardingStrategy::kShardGradOp, 3}, {ShardingStrategy::kShardGradOp, 4},
+      {ShardingStrategy::kNoShard, 1}, {ShardingStrategy::kNoShard, 2},
+      {ShardingStrategy::kNoShard, 3}, {ShardingStrategy::kNoShard, 4},
       {ShardingStrategy::kHybridShard, 4, 2}, {ShardingStrategy::kHybridShardGradOp, 4, 2},
       {ShardingStrategy::kFullShard, 2, 0, 4}, {ShardingStrategy::kHybridShard, 4, 2, 4}};
   std::vector<Case> out;
