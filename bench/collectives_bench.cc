@@ -525,9 +525,9 @@ int CheckTargets(const Flags& f) {
 #ifdef FSDP_BENCH_WITH_MPI
 MPI_Datatype MpiType(DType t) { return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
 
-// The mpi communicator, and Open MPI's own blocking collectives on the same buffers. All
-// ranks call this; rank 0 prints.
-void BenchMpi(const Flags& f, Communicator& world) {
+// The mpi communicator `world` (figures under `tag`), or with raw_mpi Open MPI's own blocking
+// collectives on the same buffers. All ranks call this; rank 0 prints.
+void BenchMpi(const Flags& f, Communicator& world, const std::string& tag, bool raw_mpi) {
   const int n = world.size(), r = world.rank();
   Buf a(f.max_bytes), b(f.max_bytes);
   auto max_over_ranks = [&](double v) {
@@ -539,7 +539,13 @@ void BenchMpi(const Flags& f, Communicator& world) {
     return v;
   };
   for (CollectiveKind k : f.ops) {
-    if (r == 0) PrintHeader(absl::StrFormat("mpi communicator, %d processes: %s", n, CollectiveName(k)), true);
+    if (raw_mpi) break;
+    if (r == 0) {
+      PrintHeader(absl::StrFormat("mpi communicator, %d processes, data through %s: %s", n,
+                                  tag == "mpi" ? "shared memory (one host)" : "Open MPI's collectives",
+                                  CollectiveName(k)),
+                  true);
+    }
     for (int64_t bytes : Sizes(f)) {
       if (bytes / static_cast<int64_t>(DTypeSize(f.dtype)) < n) continue;
       Result res[2];
@@ -553,14 +559,14 @@ void BenchMpi(const Flags& f, Communicator& world) {
           Die(Issue(world, c).Wait());
           res[in_place].wrong = sum_over_ranks(CountWrong(c, n, r));
         }
-        Figures()[Key("mpi", k, in_place, bytes)] = res[in_place].algbw(bytes) * BusFactor(k, n);
-        NoteWrong(absl::StrFormat("mpi %d processes", n), k, in_place, bytes, res[in_place]);
+        Figures()[Key(tag, k, in_place, bytes)] = res[in_place].algbw(bytes) * BusFactor(k, n);
+        NoteWrong(absl::StrFormat("%s %d processes", tag, n), k, in_place, bytes, res[in_place]);
       }
       if (r == 0) PrintRow(bytes, f.dtype, k, n, res[0], &res[1]);
     }
   }
   // Open MPI's blocking collectives, run on libfsdp's MPI thread (the only one that calls MPI).
-  if (f.dtype != DType::kF32) return;  // MPI has no 16-bit float reduction
+  if (!raw_mpi || f.dtype != DType::kF32) return;  // MPI has no 16-bit float reduction
   for (CollectiveKind k : f.ops) {
     const char* name = k == CollectiveKind::kAllGather       ? "MPI_Allgather"
                        : k == CollectiveKind::kReduceScatter ? "MPI_Reduce_scatter_block"
@@ -601,6 +607,12 @@ void BenchMpi(const Flags& f, Communicator& world) {
 
 // ----------------------------------------------------------------------------- summary
 
+// Where the mpi communicator's world moved its data ("shm" or "mpi").
+std::string& MpiPath() {
+  static std::string path = "-";
+  return path;
+}
+
 void PrintSummary(const Flags& f, int mpi_ranks) {
   const int64_t at = std::min<int64_t>(int64_t{64} << 20, f.max_bytes);
   auto get = [&](const std::string& k) {
@@ -624,9 +636,12 @@ void PrintSummary(const Flags& f, int mpi_ranks) {
   }
   if (mpi_ranks > 1) {
     for (CollectiveKind k : f.ops) {
-      const double ours = get(Key("mpi", k, false, at)), raw = get(Key("rawmpi", k, false, at));
-      std::printf("#   mpi %d procs   %-15s out-of-place busbw %7.2f GB/s; Open MPI's own %7.2f GB/s\n",
-                  mpi_ranks, std::string(CollectiveName(k)).c_str(), ours, raw);
+      const double ours = get(Key("mpi", k, false, at)), over = get(Key("mpiompi", k, false, at));
+      const double raw = get(Key("rawmpi", k, false, at));
+      std::printf("#   mpi %d procs   %-15s out-of-place busbw %7.2f GB/s through %s; %7.2f GB/s "
+                  "through Open MPI's collectives; Open MPI's own %7.2f GB/s\n",
+                  mpi_ranks, std::string(CollectiveName(k)).c_str(), ours,
+                  MpiPath().c_str(), over, raw);
     }
     const int n = std::find(f.ranks.begin(), f.ranks.end(), mpi_ranks) != f.ranks.end() ? mpi_ranks : f.ranks[0];
     for (CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
@@ -679,7 +694,15 @@ int Main(int argc, char** argv) {
 #ifdef FSDP_BENCH_WITH_MPI
   if (mpi_world) {
     Die(mpi_world->Barrier());  // the other ranks waited here (sleeping) for rank 0
-    BenchMpi(f, *mpi_world);
+    MpiPath() = MpiDataPath(*mpi_world);  // "shm" when every process runs on this host
+    BenchMpi(f, *mpi_world, "mpi", false);
+    CommOptions o = mpi_world->options();
+    o.mpi_shared_memory = false;
+    auto over = CreateMpiWorld(o);
+    Die(over.status());
+    BenchMpi(f, **over, "mpiompi", false);
+    over->reset();
+    BenchMpi(f, *mpi_world, "rawmpi", true);
     mpi_world.reset();
   }
 #endif

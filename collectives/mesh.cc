@@ -1,9 +1,56 @@
 // DeviceMesh: the shard and replicate groups of HYBRID_SHARD, made with two splits.
 #include "fsdp/mesh.h"
 
+#include <map>
+
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "collectives/shm_channel.h"
 
 namespace fsdp {
+
+int HostLayout::uniform_ranks_per_host() const {
+  const int n = static_cast<int>(host_of.size());
+  if (num_hosts < 1 || n % num_hosts != 0) return 0;
+  const int per = n / num_hosts;
+  for (int r = 0; r < n; ++r) {
+    if (host_of[r] != r / per) return 0;
+  }
+  return per;
+}
+
+std::string HostLayout::Describe() const {
+  if (const int per = uniform_ranks_per_host(); per > 0) {
+    return absl::StrFormat("%d host%s x %d rank%s", num_hosts, num_hosts == 1 ? "" : "s", per,
+                           per == 1 ? "" : "s");
+  }
+  std::vector<std::string> parts;
+  for (int h = 0; h < num_hosts; ++h) {
+    std::vector<int> ranks;
+    for (size_t r = 0; r < host_of.size(); ++r) {
+      if (host_of[r] == h) ranks.push_back(static_cast<int>(r));
+    }
+    parts.push_back(absl::StrFormat("host %d: ranks [%s]", h, absl::StrJoin(ranks, ", ")));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+absl::StatusOr<HostLayout> DiscoverHostLayout(Communicator& world) {
+  const CommOptions& o = world.options();
+  int64_t mine = static_cast<int64_t>(internal::ThisHostId());
+  if (world.backend() == "local" && o.ranks_per_host > 0) mine = world.rank() / o.ranks_per_host;
+  std::vector<int64_t> ids(world.size());
+  FSDP_RETURN_IF_ERROR(world.AllGather(&mine, ids.data(), 1, DType::kI64));
+  HostLayout layout;
+  layout.host_of.resize(ids.size());
+  std::map<int64_t, int> index;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    auto [it, added] = index.emplace(ids[r], static_cast<int>(index.size()));
+    layout.host_of[r] = it->second;
+  }
+  layout.num_hosts = static_cast<int>(index.size());
+  return layout;
+}
 
 absl::StatusOr<DeviceMesh> DeviceMesh::Create(Communicator& world, int replicate, int shard) {
   // First make sure every rank asked for the same shape (every rank takes part, even one

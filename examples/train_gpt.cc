@@ -63,7 +63,8 @@ ABSL_FLAG(int, ranks, 2, "data-parallel ranks, as threads of this process (ignor
 ABSL_FLAG(std::string, strategy, "FULL_SHARD",
           "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP");
 ABSL_FLAG(int, hybrid_shard, 0,
-          "ranks per shard group, for the HYBRID strategies only (a divisor of the rank count)");
+          "ranks per shard group, for the HYBRID strategies only (a divisor of the rank count); "
+          "0 = the ranks of one host (under mpirun: each host a shard group)");
 ABSL_FLAG(bool, prefetch, true, "prefetch the next unit's all-gather while a unit computes");
 ABSL_FLAG(int, batch, 16,
           "sequences per step, over all ranks (a multiple of ranks x micro_batches)");
@@ -266,11 +267,12 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
                                 "it, not --strategy=", std::string(fsdp::StrategyName(*parsed)),
                                 "; leave it out or choose a HYBRID strategy"));
   }
-  if (hybrid && (hybrid_shard < 1 || hybrid_shard > world_size || world_size % hybrid_shard != 0)) {
+  if (hybrid && (hybrid_shard < 0 || hybrid_shard > world_size ||
+                 (hybrid_shard > 0 && world_size % hybrid_shard != 0))) {
     return BadFlag("hybrid_shard", hybrid_shard,
                    absl::StrCat("--strategy=", std::string(fsdp::StrategyName(*parsed)),
                                 " needs the ranks per shard group: a divisor of the ", world_size,
-                                " ranks"));
+                                " ranks, or 0 for the ranks of one host"));
   }
   s.model.sharding.hybrid_shard_size = hybrid_shard;
   s.model.sharding.forward_prefetch = s.model.sharding.backward_prefetch =
@@ -654,6 +656,12 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     }
     if (mp.dynamic_loss_scale) {
       absl::StrAppend(&extras, " | dynamic loss scaling from ", mp.initial_loss_scale);
+    }
+    if (s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShard ||
+        s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShardGradOp) {
+      absl::StrAppend(&extras, " | mesh ", model->runtime().replicate_group().size(), " x ",
+                      model->runtime().shard_group().size(),
+                      s.model.sharding.hybrid_shard_size == 0 ? " (a shard group per host)" : "");
     }
     if (s.model.checkpoint_every > 0) {
       absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,

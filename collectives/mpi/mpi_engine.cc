@@ -7,7 +7,10 @@
 #include <climits>
 #include <cstring>
 #include <future>
+#include <random>
+#include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "collectives/comm_trace.h"
@@ -68,6 +71,19 @@ bool TestOrphan(MpiOp& op) {
   return a && b;
 }
 
+uint64_t NewToken() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const uint64_t t = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  return (static_cast<uint64_t>(rd()) << 32 ^ rd()) ^ (t * 0x9E3779B97F4A7C15ULL) ^
+         (static_cast<uint64_t>(getpid()) << 40) ^ counter.fetch_add(1);
+}
+
+bool ShmKind(CollectiveKind k) {
+  return k == CollectiveKind::kAllGather || k == CollectiveKind::kReduceScatter ||
+         k == CollectiveKind::kAllReduce || k == CollectiveKind::kBroadcast;
+}
+
 absl::Duration DiagnosisGrace(absl::Duration timeout) {
   return std::clamp(timeout / 4, absl::Milliseconds(50), absl::Seconds(1));
 }
@@ -85,7 +101,12 @@ std::string MpiErrorString(int code) {
 
 MpiGroup::MpiGroup(std::string name, CommOptions options, MPI_Comm data, MPI_Comm ctrl,
                    MPI_Comm diag)
-    : name_(std::move(name)), options_(options), data_(data), ctrl_(ctrl), diag_(diag) {
+    : name_(std::move(name)),
+      options_(options),
+      data_(data),
+      ctrl_(ctrl),
+      diag_(diag),
+      token_(NewToken()) {
   MPI_Comm_rank(data_, &rank_);
   MPI_Comm_size(data_, &size_);
   for (MPI_Comm c : {data_, ctrl_, diag_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
@@ -130,6 +151,9 @@ void MpiGroup::Add(std::shared_ptr<MpiOp> op) {
   m.color = op->color;
   m.key = op->key;
   m.label_hash = std::hash<std::string>{}(op->label);
+  m.host_id = ThisHostId();
+  m.token = token_;
+  m.shm_ok = options_.mpi_shared_memory ? 1 : 0;
   m.invalid = op->invalid.ok() ? 0 : 1;
   std::snprintf(m.reason, sizeof(m.reason), "%s", std::string(op->invalid.message()).c_str());
   op->all.resize(size_);
@@ -167,6 +191,7 @@ void MpiGroup::Verify(MpiOp& op) {
            a.op == b.op && a.root == b.root && a.label_hash == b.label_hash;
   }
   if (same) {
+    if (transport_ == Transport::kUndecided) DecideTransport(op);
     op.stage = MpiOp::Stage::kReady;
     return;
   }
@@ -188,8 +213,29 @@ void MpiGroup::Verify(MpiOp& op) {
        op.seq, false);
 }
 
+void MpiGroup::DecideTransport(const MpiOp& op) {
+  // Every rank sees the same records, so every rank decides the same.
+  bool shm = size_ > 1;
+  for (const FpRecord& r : op.all) {
+    shm = shm && r.shm_ok && r.host_id == op.all[0].host_id;
+  }
+  transport_ = shm ? Transport::kShm : Transport::kMpi;
+  if (shm) {
+    shm_ = std::make_unique<ShmChannel>(absl::StrFormat("/fsdp-%016x", op.all[0].token), rank_,
+                                        size_);
+  }
+}
+
 void MpiGroup::StartData(MpiOp& op, MpiEngine& engine) {
   const CollectiveCall& c = op.call;
+  if (transport_ == Transport::kShm && ShmKind(c.kind)) {
+    op.data_start = Clock::now();
+    op.deadline = op.data_start + absl::ToChronoNanoseconds(options_.timeout);
+    op.stage = MpiOp::Stage::kData;
+    op.use_shm = true;
+    op.xfer = ShmTransfer{.call = c};
+    return;
+  }
   const int n = size_;
   const size_t e = DTypeSize(c.dtype);
   const int count = static_cast<int>(c.count);  // checked <= INT_MAX when submitted
@@ -303,6 +349,24 @@ void MpiGroup::FinishData(MpiOp& op) {
   op.stage = MpiOp::Stage::kDone;
 }
 
+void MpiGroup::PollShm() {
+  for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
+    const std::shared_ptr<MpiOp> op = ops_[i];
+    if (op->stage != MpiOp::Stage::kData || !op->use_shm) continue;
+    absl::StatusOr<bool> attached = shm_->Attach();
+    if (!attached.ok()) {
+      Fail(absl::Status(attached.status().code(),
+                        absl::StrCat(Header(op->call, op->seq), ": ", attached.status().message())),
+           op->seq, true);
+      return;
+    }
+    if (!*attached || !shm_->Advance(op->xfer)) return;  // later calls wait for this one
+    TraceOp(*op, name_, size_, absl::OkStatus());
+    op->work->Complete(absl::OkStatus());
+    op->stage = MpiOp::Stage::kDone;
+  }
+}
+
 MpiGroup::Activity MpiGroup::Poll(MpiEngine& engine) {
   PollDiag();
   // Fingerprints that have arrived.
@@ -320,9 +384,10 @@ MpiGroup::Activity MpiGroup::Poll(MpiEngine& engine) {
     if (op->stage == MpiOp::Stage::kFingerprint) break;
     if (op->stage == MpiOp::Stage::kReady) StartData(*op, engine);
   }
+  PollShm();
   for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
     const std::shared_ptr<MpiOp> op = ops_[i];
-    if (op->stage != MpiOp::Stage::kData) continue;
+    if (op->stage != MpiOp::Stage::kData || op->use_shm) continue;
     int flag = 0;
     MPI_Test(&op->data_req, &flag, MPI_STATUS_IGNORE);
     if (flag) FinishData(*op);
@@ -335,6 +400,13 @@ MpiGroup::Activity MpiGroup::Poll(MpiEngine& engine) {
     if (op->stage == MpiOp::Stage::kFingerprint && !diagnosis_) {
       StartDiagnosis(*op, absl::StrFormat("rank %d waited %s", rank_,
                                           absl::FormatDuration(options_.timeout)));
+    } else if (op->stage == MpiOp::Stage::kData && op->use_shm) {
+      Fail(absl::DeadlineExceededError(absl::StrFormat(
+               "%s: every rank arrived, but the transfer through shared memory did not complete "
+               "within %s: %s",
+               Header(op->call, op->seq), absl::FormatDuration(options_.timeout),
+               shm_->DescribeWait(op->xfer))),
+           op->seq, true);
     } else if (op->stage == MpiOp::Stage::kData) {
       Fail(absl::DeadlineExceededError(absl::StrFormat(
                "%s: every rank arrived, but the transfer did not complete within %s",
@@ -500,6 +572,7 @@ void MpiGroup::CloseNow() {
   for (MPI_Comm* c : {&data_, &ctrl_, &diag_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
+  shm_.reset();
   closed_ = true;
 }
 

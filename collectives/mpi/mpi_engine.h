@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/shm_channel.h"
 #include "collectives/work_state.h"
 #include "fsdp/communicator.h"
 
@@ -35,7 +36,10 @@ using Clock = std::chrono::steady_clock;
 struct FpRecord {
   int64_t seq, kind, dtype, count, op, root, color, key;
   uint64_t label_hash;
-  int32_t invalid, pad;
+  uint64_t host_id;  // ThisHostId()
+  uint64_t token;    // names the group's shared-memory segment (rank 0's is used)
+  int32_t shm_ok;    // this rank may use shared memory inside the host
+  int32_t invalid;
   char reason[176];  // this rank's argument error, truncated
 };
 
@@ -57,6 +61,8 @@ struct MpiOp {
   MPI_Request fp_req = MPI_REQUEST_NULL, data_req = MPI_REQUEST_NULL;
   std::vector<float> wide;   // f32 copy of a 16-bit reduction's data
   std::vector<char> scratch;  // output of an in-place f32 reduce_scatter
+  bool use_shm = false;       // the data moves through the group's ShmChannel
+  ShmTransfer xfer;
   Clock::time_point deadline, data_start, issued;
 };
 
@@ -82,6 +88,11 @@ class MpiGroup {
   const CommOptions& options() const { return options_; }
   absl::Status health() const;
   void NoteIssued(int64_t seq) { issued_.store(seq + 1, std::memory_order_relaxed); }
+
+  // Engine thread: "shm", "mpi" or "undecided" (before the first agreed call).
+  const char* transport_name() const {
+    return transport_ == Transport::kShm ? "shm" : transport_ == Transport::kMpi ? "mpi" : "undecided";
+  }
 
   // Engine thread.
   void Open();  // posts the diagnostics receive
@@ -109,6 +120,11 @@ class MpiGroup {
   };
 
   void Verify(MpiOp& op);
+  // Once per group, from the first agreed fingerprints: shared memory when every rank is on
+  // this host and allows it.
+  void DecideTransport(const MpiOp& op);
+  // Advances the shared-memory calls in sequence order, one at a time.
+  void PollShm();
   void StartData(MpiOp& op, MpiEngine& engine);
   void FinishData(MpiOp& op);
   void StartDiagnosis(const MpiOp& op, std::string why);
@@ -123,6 +139,7 @@ class MpiGroup {
   MPI_Comm data_, ctrl_, diag_;
   int rank_ = 0, size_ = 1;
   std::atomic<int64_t> issued_{0};
+  const uint64_t token_;
 
   mutable std::mutex mu_;  // guards failure_ (read by any thread)
   absl::Status failure_;
@@ -134,6 +151,8 @@ class MpiGroup {
   // (a late peer completes the exchange), so they outlive the group: the engine keeps them.
   std::vector<std::shared_ptr<MpiOp>> orphans_;
   std::optional<Diagnosis> diagnosis_;
+  enum class Transport { kUndecided, kMpi, kShm } transport_ = Transport::kUndecided;
+  std::unique_ptr<ShmChannel> shm_;
   DiagMsg diag_in_{};
   MPI_Request diag_recv_ = MPI_REQUEST_NULL;
   std::deque<std::pair<MPI_Request, std::unique_ptr<DiagMsg>>> diag_sends_;

@@ -15,6 +15,8 @@ absl::Status RunOnMpiThread(const std::function<void()>&) {
   return absl::UnimplementedError("libfsdp was built without Open MPI (FSDP_WITH_MPI=OFF)");
 }
 
+std::string MpiDataPath(const Communicator&) { return {}; }
+
 void ShutdownMpi() {}
 
 int FinishMpi(const absl::Status& status, std::string_view program) {

@@ -2,6 +2,8 @@
 // (mpi_engine.h) and returns a Work handle.
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 #include <future>
 
 #include "absl/strings/str_format.h"
@@ -51,6 +53,7 @@ class MpiCommunicator final : public Communicator {
     MpiEngine::Get().Post([g = group_, r] { g->Fail(r, -1, true); });
   }
   absl::Status health() const override { return group_->health(); }
+  const std::shared_ptr<MpiGroup>& group() const { return group_; }
 
  protected:
   Work Submit(const CollectiveCall& call, absl::Status invalid) override {
@@ -101,6 +104,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options
     return absl::InvalidArgumentError(absl::StrFormat(
         "CreateMpiWorld: timeout must be > 0, got %s", absl::FormatDuration(options.timeout)));
   }
+  if (const char* shm = std::getenv("FSDP_MPI_SHM"); shm != nullptr && *shm != '\0') {
+    const std::string_view v(shm);
+    if (v != "0" && v != "1") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "CreateMpiWorld: FSDP_MPI_SHM must be 0 (Open MPI's collectives inside a host) or 1 "
+          "(shared memory inside a host, the default), got '%s'",
+          v));
+    }
+    if (v == "0") options.mpi_shared_memory = false;
+  }
   auto& engine = internal::MpiEngine::Get();
   FSDP_RETURN_IF_ERROR(engine.Start());
   auto result = std::make_shared<std::promise<absl::StatusOr<std::shared_ptr<internal::MpiGroup>>>>();
@@ -119,6 +132,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options
   if (!posted) return absl::FailedPreconditionError("CreateMpiWorld: MPI was shut down");
   FSDP_ASSIGN_OR_RETURN(std::shared_ptr<internal::MpiGroup> group, f.get());
   return std::unique_ptr<Communicator>(new internal::MpiCommunicator(std::move(group)));
+}
+
+std::string MpiDataPath(const Communicator& comm) {
+  const auto* mpi = dynamic_cast<const internal::MpiCommunicator*>(&comm);
+  if (mpi == nullptr) return {};
+  std::string path = "undecided";
+  internal::MpiEngine::Get().RunSync([&] { path = mpi->group()->transport_name(); }).IgnoreError();
+  return path;
 }
 
 absl::Status RunOnMpiThread(const std::function<void()>& fn) {

@@ -84,6 +84,12 @@ struct CommOptions {
   int ranks_per_host = 0;
   double inter_host_bytes_per_second = 0;
   absl::Duration inter_host_latency = absl::ZeroDuration();
+  // The mpi communicator: a group whose ranks all run on one host (same hostname and boot id)
+  // moves the data of all_gather, reduce_scatter, all_reduce and broadcast through a POSIX
+  // shared-memory segment (/dev/shm/fsdp-*) instead of Open MPI's collectives; groups that
+  // span hosts use Open MPI. false: Open MPI inside a host too. CreateMpiWorld sets it to false
+  // when $FSDP_MPI_SHM is 0. Ignored by the local communicator (it shares memory anyway).
+  bool mpi_shared_memory = true;
 };
 
 // One collective call, as the group compares it across ranks. Fields a kind does not use are

@@ -5,10 +5,29 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "fsdp/communicator.h"
 
 namespace fsdp {
+
+// Where the ranks of a group run.
+struct HostLayout {
+  int num_hosts = 1;
+  std::vector<int> host_of;  // per rank; hosts are numbered in the order of their lowest rank
+  // The ranks per host when every host holds the same number of consecutive ranks (host h:
+  // ranks h*R .. h*R+R-1, as mpirun's --map-by slot places them), else 0.
+  int uniform_ranks_per_host() const;
+  // "2 hosts x 2 ranks", or each host's ranks when they are not such blocks.
+  std::string Describe() const;
+};
+
+// Collective over `world`: which ranks share a host. Ranks of the mpi communicator share a
+// host when they share the hostname and the kernel's boot id; ranks of the local communicator
+// are threads of one process, so one host, unless CommOptions::ranks_per_host simulates hosts
+// (world rank r on host r / ranks_per_host).
+absl::StatusOr<HostLayout> DiscoverHostLayout(Communicator& world);
 
 class DeviceMesh {
  public:

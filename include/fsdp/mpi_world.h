@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "fsdp/communicator.h"
@@ -21,6 +22,12 @@ bool MpiBuilt();
 // May be called several times (each gets its own MPI communicators). Unimplemented when
 // built without MPI.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options = {});
+
+// Where an mpi communicator's group moves its data: "shm" (every rank runs on this host: POSIX
+// shared memory, CommOptions::mpi_shared_memory), "mpi" (Open MPI's collectives), or
+// "undecided" until its first collective has completed on this rank. Empty for a communicator
+// of another transport.
+std::string MpiDataPath(const Communicator& comm);
 
 // Runs fn on the MPI engine thread and waits for it: the way to make raw MPI calls (for
 // example to compare with MPI's own collectives) without racing libfsdp's.

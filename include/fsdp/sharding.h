@@ -99,7 +99,8 @@ enum class NonFinitePolicy : uint8_t {
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // HYBRID strategies: ranks per shard group (the mesh is world/shard x shard). Must divide
-  // the world size. Ignored by the other strategies.
+  // the world size. 0: the ranks of one host (fsdp::DiscoverHostLayout; every host must hold
+  // the same number of consecutive ranks). Ignored by the other strategies.
   int hybrid_shard_size = 0;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   AdamWOptions adamw;

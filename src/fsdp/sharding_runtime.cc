@@ -163,6 +163,21 @@ ShardingRuntime::~ShardingRuntime() { impl_->Quiesce(); }
 absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
     Backend* backend, Communicator& world, ShardingOptions options) {
   if (backend == nullptr) return absl::InvalidArgumentError("ShardingRuntime: backend is null");
+  const bool hybrid = options.strategy == ShardingStrategy::kHybridShard ||
+                      options.strategy == ShardingStrategy::kHybridShardGradOp;
+  if (hybrid && options.hybrid_shard_size == 0) {  // the shard group is a host
+    FSDP_ASSIGN_OR_RETURN(HostLayout layout, DiscoverHostLayout(world));
+    options.hybrid_shard_size = layout.uniform_ranks_per_host();
+    if (options.hybrid_shard_size == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(StrategyName(options.strategy)),
+          " with hybrid_shard_size 0 makes each host a shard group, which needs every host to "
+          "hold the same number of consecutive ranks; the ranks of group '", world.name(),
+          "' run as ", layout.Describe(),
+          ". Launch the ranks of a host one after another (mpirun --map-by slot) or set "
+          "hybrid_shard_size"));
+    }
+  }
   FSDP_ASSIGN_OR_RETURN(internal::MeshShape shape, internal::StrategyMesh(options, world.size()));
   if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(

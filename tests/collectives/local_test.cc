@@ -363,3 +363,48 @@ TEST(TwoLevelLink, LocalWorldChecksTheOptions) {
 
 }  // namespace
 }  // namespace fsdp::testing
+
+namespace fsdp::testing {
+namespace {
+
+TEST(HostLayoutTest, SimulatedHostsAndOneProcessAreFound) {
+  for (int per_host : {0, 1, 2, 4}) {
+    CommOptions o;
+    o.ranks_per_host = per_host;
+    std::vector<HostLayout> got(4);
+    ASSERT_TRUE(LocalWorld::Run(4, o, [&](Communicator& comm) {
+                  FSDP_ASSIGN_OR_RETURN(got[comm.rank()], DiscoverHostLayout(comm));
+                  return absl::OkStatus();
+                }).ok());
+    const int want = per_host == 0 ? 4 : per_host;
+    for (const HostLayout& l : got) {
+      EXPECT_EQ(l.num_hosts, 4 / want);
+      EXPECT_EQ(l.uniform_ranks_per_host(), want);
+      for (int r = 0; r < 4; ++r) EXPECT_EQ(l.host_of[r], r / want);
+    }
+  }
+  HostLayout one;
+  one.num_hosts = 1;
+  one.host_of = {0, 0};
+  EXPECT_EQ(one.Describe(), "1 host x 2 ranks");
+}
+
+TEST(HostLayoutTest, HostsThatAreNotBlocksOfConsecutiveRanksAreNotUniform) {
+  HostLayout round_robin;
+  round_robin.num_hosts = 2;
+  round_robin.host_of = {0, 1, 0, 1};
+  EXPECT_EQ(round_robin.uniform_ranks_per_host(), 0);
+  EXPECT_EQ(round_robin.Describe(), "host 0: ranks [0, 2]; host 1: ranks [1, 3]");
+  HostLayout uneven;
+  uneven.num_hosts = 2;
+  uneven.host_of = {0, 0, 0, 1};
+  EXPECT_EQ(uneven.uniform_ranks_per_host(), 0);
+  HostLayout blocks;
+  blocks.num_hosts = 2;
+  blocks.host_of = {0, 0, 1, 1};
+  EXPECT_EQ(blocks.uniform_ranks_per_host(), 2);
+  EXPECT_EQ(blocks.Describe(), "2 hosts x 2 ranks");
+}
+
+}  // namespace
+}  // namespace fsdp::testing

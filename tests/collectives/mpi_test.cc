@@ -2,6 +2,7 @@
 // `mpirun -np 2` and `-np 3` (main() from tests/mpi_test_main.h).
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -63,6 +64,34 @@ TEST(MpiWorldJoin, JoinsAfterGroupsOfOneRankUnderAShortDeadline) {
     EXPECT_EQ(x, static_cast<float>(w.size()));
   }
   EXPECT_EQ(failed, 0);
+}
+
+// Every rank of these tests runs on this host: the groups move their data through shared
+// memory, unless FSDP_MPI_SHM=0 (the _openmpi CTest entry) or the options say otherwise.
+TEST(MpiDataPath, GroupsOnOneHostUseSharedMemoryUnlessTurnedOff) {
+  const char* env = std::getenv("FSDP_MPI_SHM");
+  const bool off = env != nullptr && std::string(env) == "0";
+  for (bool allowed : {true, false}) {
+    auto world = CreateMpiWorld(CommOptions{.mpi_shared_memory = allowed});
+    ASSERT_TRUE(world.ok()) << world.status();
+    Communicator& w = **world;
+    EXPECT_EQ(MpiDataPath(w), "undecided");
+    float x[2] = {1.0f, 2.0f};
+    ASSERT_TRUE(w.AllReduce(x, x, 2, DType::kF32, ReduceOp::kSum).ok());
+    EXPECT_EQ(x[1], 2.0f * w.size());
+    const std::string want = allowed && !off ? "shm" : "mpi";
+    EXPECT_EQ(MpiDataPath(w), want) << "allowed " << allowed << ", FSDP_MPI_SHM " << (env ? env : "unset");
+    // A split group decides for itself, from its own first call.
+    auto half = w.Split(w.rank() % 2, w.rank(), "half");
+    ASSERT_TRUE(half.ok()) << half.status();
+    std::vector<float> all((*half)->size(), 0.0f);
+    float mine = static_cast<float>(w.rank());
+    ASSERT_TRUE((*half)->AllGather(&mine, all.data(), 1, DType::kF32).ok());
+    for (int q = 0; q < (*half)->size(); ++q) EXPECT_EQ(all[q], static_cast<float>(2 * q + w.rank() % 2));
+    EXPECT_EQ(MpiDataPath(**half), (*half)->size() > 1 ? want : "mpi");
+  }
+  ASSERT_TRUE(SideComm()->Barrier().ok());  // its first call, if the filter ran no other test
+  EXPECT_EQ(MpiDataPath(*SideComm()), off ? "mpi" : "shm");
 }
 
 TEST(MpiWorldJoin, JoinsFromTwoThreadsAtOnceBothSucceed) {

@@ -492,6 +492,30 @@ TEST(ShardingErrorsTest, MeshThatDoesNotDivideTheWorld) {
   }
 }
 
+// hybrid_shard_size 0: a shard group per host (simulated hosts of the local communicator), and
+// the whole world when it is one host.
+TEST(ShardingMeshTest, HybridShardSizeZeroMakesEachHostAShardGroup) {
+  for (int per_host : {0, 1, 2}) {
+    CommOptions co = ShortTimeout();
+    co.ranks_per_host = per_host;
+    std::vector<int> shard(4, -1), replicate(4, -1), hybrid(4, -1);
+    ASSERT_TRUE(LocalWorld::Run(4, co, [&](Communicator& comm) {
+                  FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(1));
+                  ShardingOptions so;
+                  so.strategy = ShardingStrategy::kHybridShardGradOp;
+                  FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(backend.get(), comm, so));
+                  shard[comm.rank()] = rt->shard_group().size();
+                  replicate[comm.rank()] = rt->replicate_group().size();
+                  return absl::OkStatus();
+                }).ok());
+    const int want = per_host == 0 ? 4 : per_host;
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(shard[r], want) << "ranks_per_host " << per_host << ", rank " << r;
+      EXPECT_EQ(replicate[r], 4 / want) << "ranks_per_host " << per_host << ", rank " << r;
+    }
+  }
+}
+
 TEST(ShardingErrorsTest, ParameterRegisteredTwiceFailsEveryRank) {
   std::vector<absl::Status> st(2);
   LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {

@@ -13,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "fsdp/mesh.h"
 #include "fsdp/mpi_world.h"
+#include "fsdp/sharding.h"
 #include "tests/fsdp/parity_util.h"
+#include "tests/test_backend.h"
 #include "tests/mpi_test_main.h"
 
 namespace fsdp::testing {
@@ -79,6 +81,11 @@ TEST(MultiHostTest, RanksOfAHostAreConsecutive) {
     }
   }
   EXPECT_EQ(std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")), g_world->rank() % per_host);
+  // The library's own view of the layout agrees.
+  auto layout = DiscoverHostLayout(*g_world);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->num_hosts, n / per_host) << layout->Describe();
+  EXPECT_EQ(layout->uniform_ranks_per_host(), per_host) << layout->Describe();
 }
 
 // HYBRID_SHARD with the shard group = the ranks of one host: the shard group's ranks share
@@ -97,6 +104,10 @@ TEST(MultiHostTest, HybridShardGroupIsAHost) {
       EXPECT_NE(replicate[i], replicate[j]) << "two ranks of a replicate group share a host";
     }
   }
+  // Inside a host the data moves through shared memory; across hosts through Open MPI.
+  EXPECT_EQ(MpiDataPath(mesh->shard_group()), per_host > 1 ? "shm" : "mpi");
+  EXPECT_EQ(MpiDataPath(mesh->replicate_group()), "mpi");
+  EXPECT_EQ(MpiDataPath(*g_world), "mpi");
   ShardingOptions o;
   o.strategy = ShardingStrategy::kHybridShard;
   o.hybrid_shard_size = per_host;
@@ -108,6 +119,24 @@ TEST(MultiHostTest, HybridShardGradOpGroupIsAHost) {
   o.strategy = ShardingStrategy::kHybridShardGradOp;
   o.hybrid_shard_size = RanksPerHost();
   ASSERT_GT(o.hybrid_shard_size, 0);
+  ExpectParity(o);
+}
+
+// hybrid_shard_size 0: the library finds the hosts and makes each one a shard group.
+TEST(MultiHostTest, HybridShardSizeZeroMakesEachHostAShardGroup) {
+  const int per_host = RanksPerHost();
+  ASSERT_GT(per_host, 0);
+  auto backend = MakeTestBackend(1);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  ShardingOptions o;
+  o.strategy = ShardingStrategy::kHybridShard;
+  o.hybrid_shard_size = 0;
+  auto rt = ShardingRuntime::Create(backend->get(), *g_world, o);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  EXPECT_EQ((*rt)->shard_group().size(), per_host);
+  EXPECT_EQ((*rt)->replicate_group().size(), g_world->size() / per_host);
+  for (int64_t id : HostIds((*rt)->shard_group())) EXPECT_EQ(id, HostId()) << "a shard group spans hosts";
+  rt->reset();
   ExpectParity(o);
 }
 
