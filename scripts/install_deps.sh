@@ -10,11 +10,14 @@
 #   - clang's -fsanitize=fuzzer runtime (the CI fuzz stage) is in libclang-rt-dev, which clang
 #     only recommends;
 #   - absl, GTest and benchmark configs need Threads (libc), Eigen3 none, MPI the mpicxx wrapper
-#     from libopenmpi-dev, OpenMP libgomp from g++.
+#     from libopenmpi-dev, OpenMP libgomp from g++;
+#   - the check of the Kubernetes manifests (tests/deploy) installs its pinned validator from
+#     PyPI into a virtual environment: python3-venv.
 # We install with --no-install-recommends, so every recommended package we need is named here.
 set -euo pipefail
 pkgs=(cmake g++ make git clang libclang-rt-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev
-      libopenmpi-dev openmpi-bin libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev)
+      libopenmpi-dev openmpi-bin libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+      python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
