@@ -186,14 +186,22 @@ void ShmChannel::CopyIn(const ShmTransfer& t) {
   char* mine = half(rank_, t.round);
   const char* send = static_cast<const char*>(c.send);
   // Plain stores (not coll::CopyBytes' streaming ones): the peers read the half right away,
-  // from the shared cache when it is still there.
+  // from the shared cache when it is still there. What only this rank reads (its own piece of
+  // a reduce_scatter, its own slice of an all_reduce) stays in its send buffer.
   switch (c.kind) {
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kAllReduce:
       std::memcpy(mine, send + t.pos * e, t.piece * e);
       break;
+    case CollectiveKind::kAllReduce: {
+      int64_t lo, hi;
+      Slice(t, rank_, &lo, &hi);
+      std::memcpy(mine, send + t.pos * e, lo * e);
+      std::memcpy(mine + hi * e, send + (t.pos + hi) * e, (t.piece - hi) * e);
+      break;
+    }
     case CollectiveKind::kReduceScatter:
       for (int d = 0; d < size_; ++d) {
+        if (d == rank_) continue;
         std::memcpy(mine + d * t.piece * e, send + (d * c.count + t.pos) * e, t.piece * e);
       }
       break;
@@ -205,6 +213,13 @@ void ShmChannel::CopyIn(const ShmTransfer& t) {
   }
 }
 
+void ShmChannel::Slice(const ShmTransfer& t, int q, int64_t* lo, int64_t* hi) const {
+  const auto align = static_cast<int64_t>(kLine / DTypeSize(t.call.dtype));
+  const int64_t per = ((t.piece + size_ - 1) / size_ + align - 1) / align * align;
+  *lo = std::min(t.piece, q * per);
+  *hi = std::min(t.piece, *lo + per);
+}
+
 bool ShmChannel::Advance(ShmTransfer& t) {
   if (base_ == nullptr) return false;
   auto* h = reinterpret_cast<Header*>(base_);
@@ -213,13 +228,7 @@ bool ShmChannel::Advance(ShmTransfer& t) {
   const size_t e = DTypeSize(c.dtype);
   const int n = size_;
   char* recv = static_cast<char*>(c.recv);
-  // all_reduce: the slice [lo, hi) of a piece that rank q reduces, cache-line aligned.
-  auto slice = [&](int q, int64_t* lo, int64_t* hi) {
-    const auto align = static_cast<int64_t>(kLine / e);
-    const int64_t per = ((t.piece + n - 1) / n + align - 1) / align * align;
-    *lo = std::min(t.piece, q * per);
-    *hi = std::min(t.piece, *lo + per);
-  };
+  const char* send = static_cast<const char*>(c.send);
   for (;;) {
     switch (t.phase) {
       case 0:
@@ -245,14 +254,16 @@ bool ShmChannel::Advance(ShmTransfer& t) {
           case CollectiveKind::kReduceScatter: {
             std::vector<const void*> srcs(n);
             for (int q = 0; q < n; ++q) srcs[q] = half(q, t.round) + rank_ * t.piece * e;
+            srcs[rank_] = send + (rank_ * c.count + t.pos) * e;  // not copied in
             coll::ReduceBuffers(c.dtype, c.op, srcs.data(), n, recv + t.pos * e, t.piece, n);
             break;
           }
           case CollectiveKind::kAllReduce: {
             int64_t lo, hi;
-            slice(rank_, &lo, &hi);
+            Slice(t, rank_, &lo, &hi);
             std::vector<const void*> srcs(n);
             for (int q = 0; q < n; ++q) srcs[q] = half(q, t.round) + lo * e;
+            srcs[rank_] = send + (t.pos + lo) * e;  // not copied in
             // Into this rank's own slot: only this rank reads that slice of it in this phase.
             coll::ReduceBuffers(c.dtype, c.op, srcs.data(), n, half(rank_, t.round) + lo * e,
                                 hi - lo, n);
@@ -276,7 +287,7 @@ bool ShmChannel::Advance(ShmTransfer& t) {
         for (int k = 0; k < n; ++k) {
           const int q = (rank_ + k) % n;
           int64_t lo, hi;
-          slice(q, &lo, &hi);
+          Slice(t, q, &lo, &hi);
           coll::CopyBytes(recv + (t.pos + lo) * e, half(q, t.round) + lo * e, (hi - lo) * e);
         }
         Publish(&Counters::done, t.round + 1);

@@ -74,6 +74,8 @@ class ShmChannel {
   void Publish(std::atomic<int64_t> Counters::*field, int64_t value);
   int64_t PieceLimit(const CollectiveCall& c) const;
   void CopyIn(const ShmTransfer& t);
+  // all_reduce: the slice [lo, hi) of the current piece that rank q reduces (cache-line aligned).
+  void Slice(const ShmTransfer& t, int q, int64_t* lo, int64_t* hi) const;
   void Unlink();
 
   const std::string name_;
