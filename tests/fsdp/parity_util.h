@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -263,6 +264,25 @@ inline void ExpectMatchesReference(const TrainResult& got, const TrainResult& re
     EXPECT_LT(NormRelDiff(got.params[u], ref.params[u]), tol) << where << " unit " << u;
   }
   ExpectReportIsBackend(got.memory, got.backend_memory, where);
+}
+
+// Trains `base` sharded on `world` (one rank per process, under mpirun) and on one rank, for each
+// clipping mode (the threshold from the unclipped run's norms), and expects parity.
+inline void ExpectParityOnWorld(Communicator& world, const ShardingOptions& sharding, TrainSpec base,
+                                std::initializer_list<Clip> clips) {
+  for (Clip clip : clips) {
+    TrainSpec spec = base;
+    spec.max_grad_norm = 0;
+    auto unclipped = TrainReference(spec, world.size(), 1);
+    ASSERT_TRUE(unclipped.ok()) << unclipped.status();
+    spec.max_grad_norm = ClipThreshold(clip, unclipped->grad_norms);
+    auto ref = TrainReference(spec, world.size(), 1);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    auto got = TrainSharded(world, spec, sharding, 1);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectMatchesReference(*got, *ref, clip, std::string("rank ") + std::to_string(world.rank()) +
+                                                 " " + ClipName(clip));
+  }
 }
 
 // Largest |a - b| / (|b| + floor) over all elements; floor keeps near-zero values from

@@ -3,7 +3,6 @@
 // reference itself and compares its own results with it.
 #include <gtest/gtest.h>
 
-#include "absl/strings/str_cat.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/mpi_world.h"
 #include "tests/fsdp/parity_util.h"
@@ -24,22 +23,11 @@ ShardingOptions With(ShardingStrategy strategy, int hybrid_shard = 0) {
 // Parity with the single-rank reference for each way of clipping (tests/fsdp/parity_util.h).
 void ExpectParity(ShardingOptions sharding, int micro_batches,
                   const std::string& model = "nano") {
-  for (Clip clip : {Clip::kOff, Clip::kSome, Clip::kAlways}) {
-    TrainSpec spec;
-    spec.config = model;
-    spec.steps = 10;
-    spec.micro_batches = micro_batches;
-    spec.max_grad_norm = 0;
-    auto unclipped = TrainReference(spec, g_world->size(), 1);
-    ASSERT_TRUE(unclipped.ok()) << unclipped.status();
-    spec.max_grad_norm = ClipThreshold(clip, unclipped->grad_norms);
-    auto ref = TrainReference(spec, g_world->size(), 1);
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    auto got = TrainSharded(*g_world, spec, sharding, 1);
-    ASSERT_TRUE(got.ok()) << got.status();
-    ExpectMatchesReference(*got, *ref, clip,
-                           absl::StrCat("rank ", g_world->rank(), " ", ClipName(clip)));
-  }
+  TrainSpec spec;
+  spec.config = model;
+  spec.steps = 10;
+  spec.micro_batches = micro_batches;
+  ExpectParityOnWorld(*g_world, sharding, spec, {Clip::kOff, Clip::kSome, Clip::kAlways});
 }
 
 TEST(ShardingMpiTest, FullShard) { ExpectParity(With(ShardingStrategy::kFullShard), 1); }

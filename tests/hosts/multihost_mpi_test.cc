@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "fsdp/mesh.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/sharding.h"
@@ -49,20 +48,9 @@ std::vector<int64_t> HostIds(Communicator& comm) {
 
 // Parity with the single-rank reference (tests/fsdp/parity_util.h), with and without clipping.
 void ExpectParity(ShardingOptions sharding) {
-  for (Clip clip : {Clip::kOff, Clip::kSome}) {
-    TrainSpec spec;
-    spec.steps = 6;
-    spec.max_grad_norm = 0;
-    auto unclipped = TrainReference(spec, g_world->size(), 1);
-    ASSERT_TRUE(unclipped.ok()) << unclipped.status();
-    spec.max_grad_norm = ClipThreshold(clip, unclipped->grad_norms);
-    auto ref = TrainReference(spec, g_world->size(), 1);
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    auto got = TrainSharded(*g_world, spec, sharding, 1);
-    ASSERT_TRUE(got.ok()) << got.status();
-    ExpectMatchesReference(*got, *ref, clip,
-                           absl::StrCat("rank ", g_world->rank(), " ", ClipName(clip)));
-  }
+  TrainSpec spec;
+  spec.steps = 6;
+  ExpectParityOnWorld(*g_world, sharding, spec, {Clip::kOff, Clip::kSome});
 }
 
 // mpirun placed ranks 0..R-1 on the first host, R..2R-1 on the second, and so on.
