@@ -44,7 +44,7 @@ while IFS= read -r line; do
       /<skipped message="/ {
         match($0, /message="[^"]*"/); m = substr($0, RSTART + 9, RLENGTH - 10)
         sub(/^[^&]*&#x0A;/, "", m); gsub(/&#x0A;/, " ", m)
-        gsub(/&quot;/, "\"", m); gsub(/&lt;/, "<", m); gsub(/&gt;/, ">", m); gsub(/&amp;/, "\\&", m)
+        gsub(/&apos;/, "\047", m); gsub(/&quot;/, "\"", m); gsub(/&lt;/, "<", m); gsub(/&gt;/, ">", m); gsub(/&amp;/, "\\&", m)
         if (!(m in n)) { first[m] = c; order[++k] = m }
         n[m]++
       }
