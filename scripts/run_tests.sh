@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 shift || true
 scripts/install_deps.sh
+# The PJRT backend's tests run on the XLA CPU plugin, fetched from PyPI (pinned, sha256
+# checked; kept in $build/pjrt for the next run). Without it the backend is not built and its
+# test entry says why it skipped.
+scripts/fetch_pjrt_plugin.sh "$build/pjrt" ||
+  echo "run_tests: the XLA CPU plugin could not be fetched: the PJRT backend is not built"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DFSDP_BUILD_TESTS=ON -DFSDP_BUILD_BENCH=ON -DFSDP_BUILD_EXAMPLES=ON
 cmake --build "$build" -j"$(nproc)"

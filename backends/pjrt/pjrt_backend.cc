@@ -1,0 +1,726 @@
+// The PJRT backend (pjrt_backend.h): byte buffers held as PJRT handles, in-order host queues as
+// streams, programs for copies and memset, the data plane of ranks as threads (StableHLO
+// collectives over replicas), and an op table that is not implemented yet.
+#include "backends/pjrt/pjrt_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backends/pjrt/stablehlo.h"
+#include "collectives/control.h"
+#include "fsdp/data_plane.h"
+#include "fsdp/local_world.h"
+#include "fsdp/ops.h"
+
+namespace fsdp {
+namespace {
+
+class HostEvent final : public EventState {
+ public:
+  void Complete(absl::Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_.load(std::memory_order_relaxed)) return;
+      status_ = std::move(s);
+      at_ = std::chrono::steady_clock::now();
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+  bool Done() const override { return done_.load(std::memory_order_acquire); }
+  absl::Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
+    return status_;
+  }
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const override {
+    if (!Done()) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mu_);
+    return at_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  std::chrono::steady_clock::time_point at_;
+  absl::Status status_;
+};
+
+// A stream: a host thread running submitted items in order. The first error of an item is
+// sticky: events recorded after it carry it.
+class Queue {
+ public:
+  Queue() : worker_([this] { Loop(); }) {}
+  ~Queue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void Submit(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      items_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  void SetFailure(const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = s;
+  }
+  absl::Status failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
+        if (items_.empty()) return;  // stopped and drained
+        fn = std::move(items_.front());
+        items_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> items_;
+  bool stop_ = false;
+  absl::Status failure_;
+  std::thread worker_;  // last: starts after the members it uses
+};
+
+// The bytes of an allocation: a PJRT buffer ui8[bytes], replaced by each write. `mu` is held
+// by the item that reads or replaces it.
+struct Storage {
+  std::mutex mu;
+  pjrt::DeviceBuffer buf;
+  int64_t bytes = 0;
+};
+
+Storage* StorageOf(const View& v) { return static_cast<Storage*>(v.allocation.storage); }
+bool Whole(const View& v) {
+  return v.offset == 0 && v.bytes() == static_cast<int64_t>(v.allocation.bytes);
+}
+
+std::atomic<uint64_t> g_next_backend_id{1};
+std::atomic<int64_t> g_next_launch_base{0};
+
+}  // namespace
+
+struct PjrtBackend::Impl {
+  std::shared_ptr<pjrt::Client> client;
+  int device = 0;
+  PjrtBackendOptions options;
+  uint64_t id = g_next_backend_id.fetch_add(1);
+  std::atomic<int64_t> in_use{0}, peak{0}, allocs{0};
+  std::unique_ptr<Queue> compute, comm;
+  std::unique_ptr<Ops> ops;
+
+  Queue& stream(Stream s) { return s == Stream::kCompute ? *compute : *comm; }
+
+  // Freed allocations, released once the work issued before the free has run on both streams.
+  struct DeferredFree {
+    Event compute, comm;
+    Storage* storage;
+  };
+  std::mutex free_mu;
+  std::deque<DeferredFree> deferred;
+  void Reap(bool wait_all) {
+    std::lock_guard<std::mutex> lock(free_mu);
+    std::erase_if(deferred, [&](DeferredFree& f) {
+      if (wait_all) {
+        f.compute.Wait().IgnoreError();
+        f.comm.Wait().IgnoreError();
+      } else if (!f.compute.Done() || !f.comm.Done()) {
+        return false;
+      }
+      delete f.storage;
+      return true;
+    });
+  }
+
+  absl::StatusOr<pjrt::DeviceBuffer> Offset(int64_t offset) const {
+    return client->Scalar(offset, device);
+  }
+  absl::StatusOr<const pjrt::Executable*> Program(const std::string& name,
+                                                  const std::string& mlir) const {
+    return client->Compile(name, mlir, pjrt::CompileOptions({client->device_id(device)}));
+  }
+  // Bytes [offset, offset + k) of `st` as a new buffer (the caller holds st.mu).
+  absl::StatusOr<pjrt::DeviceBuffer> Slice(Storage& st, int64_t offset, int64_t k) const {
+    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
+                          Program("slice", pjrt::SliceProgram(st.bytes, k)));
+    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, Offset(offset));
+    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
+                          client->Execute(*exe, device, {st.buf.get(), off.get()}));
+    return std::move(out[0]);
+  }
+  // Writes `src` (ui8[k]) into `st` at `offset` (the caller holds st.mu).
+  absl::Status Write(Storage& st, int64_t offset, int64_t k, pjrt::DeviceBuffer src) const {
+    if (offset == 0 && k == st.bytes) {
+      st.buf = std::move(src);
+      return absl::OkStatus();
+    }
+    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
+                          Program("update", pjrt::UpdateProgram(st.bytes, k)));
+    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, Offset(offset));
+    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
+                          client->Execute(*exe, device, {st.buf.get(), src.get(), off.get()}));
+    st.buf = std::move(out[0]);  // the old buffer was donated to the program
+    return absl::OkStatus();
+  }
+};
+
+namespace {
+
+// The op table: not implemented on PJRT yet. Each op fails its stream, in stream order.
+class PjrtOps final : public Ops {
+ public:
+  explicit PjrtOps(PjrtBackend::Impl* impl) : impl_(impl) {}
+  void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
+                     int64_t N) override {
+    Fail(s, "MatmulForward");
+  }
+  void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
+                      View weight, int64_t M, int64_t K, int64_t N) override {
+    Fail(s, "MatmulBackward");
+  }
+  void LayernormForward(Stream s, View out, View mean, View rstd, View inp, View weight, View bias,
+                        int64_t N, int64_t C, float eps) override {
+    Fail(s, "LayernormForward");
+  }
+  void LayernormBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
+                         View weight, View mean, View rstd, int64_t N, int64_t C) override {
+    Fail(s, "LayernormBackward");
+  }
+  void GeluForward(Stream s, View out, View inp) override { Fail(s, "GeluForward"); }
+  void GeluBackward(Stream s, View dinp, View inp, View dout) override { Fail(s, "GeluBackward"); }
+  void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) override {
+    Fail(s, "AttentionForward");
+  }
+  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B, int64_t T,
+                         int64_t C, int64_t NH) override {
+    Fail(s, "AttentionBackward");
+  }
+  void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t NH,
+                           int64_t NKV, int64_t D) override {
+    Fail(s, "GqaAttentionForward");
+  }
+  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
+                            int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
+    Fail(s, "GqaAttentionBackward");
+  }
+  void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N, int64_t C,
+                      float eps) override {
+    Fail(s, "RmsnormForward");
+  }
+  void RmsnormBackward(Stream s, View dinp, View dweight, View dout, View inp, View weight,
+                       View rstd, int64_t N, int64_t C) override {
+    Fail(s, "RmsnormBackward");
+  }
+  void RopeForward(Stream s, View x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                   float theta) override {
+    Fail(s, "RopeForward");
+  }
+  void RopeBackward(Stream s, View dx, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                    float theta) override {
+    Fail(s, "RopeBackward");
+  }
+  void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
+    Fail(s, "SwigluForward");
+  }
+  void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
+    Fail(s, "SwigluBackward");
+  }
+  void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits, View targets,
+                                  int64_t N, int64_t V) override {
+    Fail(s, "SoftmaxCrossEntropyForward");
+  }
+  void SoftmaxCrossEntropyBackward(Stream s, View dlogits, View probs, View targets, float dloss,
+                                   int64_t N, int64_t V) override {
+    Fail(s, "SoftmaxCrossEntropyBackward");
+  }
+  void EmbeddingForward(Stream s, View out, View idx, View table, int64_t N, int64_t C) override {
+    Fail(s, "EmbeddingForward");
+  }
+  void EmbeddingBackward(Stream s, View dtable, View dout, View idx, int64_t N,
+                         int64_t C) override {
+    Fail(s, "EmbeddingBackward");
+  }
+  void Add(Stream s, View out, View a, View b) override { Fail(s, "Add"); }
+  void AddBackward(Stream s, View da, View db, View dout) override { Fail(s, "AddBackward"); }
+  void Cast(Stream s, View out, View in) override { Fail(s, "Cast"); }
+  void Scale(Stream s, View x, float factor) override { Fail(s, "Scale"); }
+  void ScaleBy(Stream s, View x, View factor) override { Fail(s, "ScaleBy"); }
+  void Reduce(Stream s, View out, std::span<const View> ins, ReduceOp op) override {
+    Fail(s, "Reduce");
+  }
+  void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1, float beta2,
+             float eps, float weight_decay, int64_t step) override {
+    Fail(s, "AdamW");
+  }
+  void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
+           float dampening, float weight_decay, bool nesterov, bool first_step) override {
+    Fail(s, "Sgd");
+  }
+  void SumSquares(Stream s, View out, View x) override { Fail(s, "SumSquares"); }
+  void SplitF64(Stream s, View out, View in) override { Fail(s, "SplitF64"); }
+  void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
+                      float max_norm) override {
+    Fail(s, "GlobalNormClip");
+  }
+  void Mean(Stream s, View out, View x) override { Fail(s, "Mean"); }
+
+ private:
+  void Fail(Stream s, const char* op) {
+    Queue* q = &impl_->stream(s);
+    q->Submit([q, op] {
+      q->SetFailure(absl::UnimplementedError(
+          absl::StrCat("pjrt backend: op ", op,
+                       " is not implemented yet (its StableHLO program is still to "
+                       "come); run compute on the cpu or sim backend")));
+    });
+  }
+  PjrtBackend::Impl* impl_;
+};
+
+absl::Status CheckView(const PjrtBackend* backend, const View& v, const char* what) {
+  if (v.count == 0) return absl::OkStatus();
+  if (v.backend != backend || v.allocation.storage == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pjrt backend: the ", what, " view is not memory of this backend"));
+  }
+  if (v.count < 0 || v.offset < 0 ||
+      v.offset + v.bytes() > static_cast<int64_t>(v.allocation.bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pjrt backend: the ", what, " view (offset ", v.offset, ", ", v.bytes(),
+                     " bytes) does not fit in its allocation of ", v.allocation.bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Ranks as threads of one process, one device each of a shared client. A call is an item on
+// the communication stream: it waits for the stream the input came from, agrees with the
+// other ranks on the call over the host transport (within the deadline), then launches the
+// collective program on this rank's device with the call's launch id.
+class PjrtDataPlane final : public DataPlane {
+ public:
+  PjrtDataPlane(PjrtBackend* backend, PjrtBackend::Impl* impl, std::unique_ptr<Communicator> comm,
+                std::vector<int64_t> device_ids, int64_t launch_base)
+      : backend_(backend),
+        impl_(impl),
+        comm_(std::move(comm)),
+        device_ids_(std::move(device_ids)),
+        launch_base_(launch_base) {}
+  // Calls still queued on the communication stream use this object.
+  ~PjrtDataPlane() override { backend_->Record(Stream::kComm).Wait().IgnoreError(); }
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  const std::string& name() const override { return comm_->name(); }
+
+  absl::StatusOr<Event> AllGather(View send, View recv, Stream after) override {
+    FSDP_RETURN_IF_ERROR(Check("all_gather", send, recv, false));
+    if (recv.count != send.count * size()) {
+      return Invalid("all_gather", absl::StrCat("recv holds ", recv.count, " elements, not ",
+                                                size(), " x ", send.count));
+    }
+    return Issue(CollectiveKind::kAllGather, ReduceOp::kSum, send, recv, after,
+                 pjrt::AllGatherProgram(size(), send.count, send.dtype));
+  }
+  absl::StatusOr<Event> ReduceScatter(View send, View recv, ReduceOp op, Stream after) override {
+    FSDP_RETURN_IF_ERROR(Check("reduce_scatter", send, recv, true));
+    if (send.count != recv.count * size()) {
+      return Invalid("reduce_scatter", absl::StrCat("send holds ", send.count, " elements, not ",
+                                                    size(), " x ", recv.count));
+    }
+    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after,
+                 pjrt::ReduceScatterProgram(size(), send.count, send.dtype, op));
+  }
+  absl::StatusOr<Event> AllReduce(View send, View recv, ReduceOp op, Stream after) override {
+    FSDP_RETURN_IF_ERROR(Check("all_reduce", send, recv, true));
+    if (send.count != recv.count) {
+      return Invalid("all_reduce",
+                     absl::StrCat("send holds ", send.count, " elements, recv ", recv.count));
+    }
+    return Issue(CollectiveKind::kAllReduce, op, send, recv, after,
+                 pjrt::AllReduceProgram(size(), send.count, send.dtype, op));
+  }
+  void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
+
+ private:
+  absl::Status Invalid(const char* what, const std::string& why) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pjrt data plane '", name(), "' ", what, ": ", why));
+  }
+  absl::Status Check(const char* what, const View& send, const View& recv, bool reduces) const {
+    FSDP_RETURN_IF_ERROR(CheckView(backend_, send, "send"));
+    FSDP_RETURN_IF_ERROR(CheckView(backend_, recv, "recv"));
+    if (send.dtype != recv.dtype) return Invalid(what, "send and recv have different dtypes");
+    if (reduces && !IsFloat16Or32(send.dtype)) {
+      return Invalid(what, absl::StrCat("reductions take f32, bf16 and f16, not ",
+                                        std::string(DTypeName(send.dtype))));
+    }
+    return absl::OkStatus();
+  }
+
+  // The other ranks make the same call: all pass (kind, count, dtype, op, ok) and compare.
+  absl::Status Agree(CollectiveKind kind, const View& send, ReduceOp op,
+                     const absl::Status& ready) {
+    const int n = size();
+    int64_t mine[5] = {static_cast<int64_t>(kind), send.count, static_cast<int64_t>(send.dtype),
+                       static_cast<int64_t>(op), ready.ok() ? 1 : 0};
+    std::vector<int64_t> all(5 * static_cast<size_t>(n));
+    FSDP_RETURN_IF_ERROR(comm_->AllGather(ConstBufferView{mine, 5, DType::kI64},
+                                          BufferView{all.data(), 5 * n, DType::kI64}));
+    FSDP_RETURN_IF_ERROR(ready);
+    for (int r = 0; r < n; ++r) {
+      const int64_t* d = &all[5 * static_cast<size_t>(r)];
+      if (d[4] == 0) {
+        return absl::AbortedError(absl::StrCat("rank ", r, " failed before the collective"));
+      }
+      if (!std::equal(d, d + 4, mine)) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("rank ", r,
+                         " made a different collective call "
+                         "(kind, count, dtype, op) = (",
+                         absl::StrJoin(d, d + 4, ", "), ") than rank ", rank(), " (",
+                         absl::StrJoin(mine, mine + 4, ", "), ")")));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Fails the group: this call and the later ones fail on every rank.
+  absl::Status Fail(absl::Status s) {
+    comm_->Abort(s);
+    return s;
+  }
+
+  absl::Status Run(const std::string& program, const View& send, const View& recv, int launch_id) {
+    pjrt::Client& client = *impl_->client;
+    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
+                          client.Compile("collective", program, pjrt::CompileOptions(device_ids_)));
+    Storage* ss = StorageOf(send);
+    Storage* rs = StorageOf(recv);
+    std::unique_lock<std::mutex> lock_s(ss->mu, std::defer_lock), lock_r(rs->mu, std::defer_lock);
+    if (ss == rs) {
+      lock_s.lock();
+    } else {
+      std::lock(lock_s, lock_r);
+    }
+    pjrt::DeviceBuffer staged;
+    PJRT_Buffer* in = ss->buf.get();
+    if (!Whole(send)) {
+      FSDP_ASSIGN_OR_RETURN(staged, impl_->Slice(*ss, send.offset, send.bytes()));
+      in = staged.get();
+    }
+    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
+                          client.Execute(*exe, impl_->device, {in}, launch_id));
+    return impl_->Write(*rs, recv.offset, recv.bytes(), std::move(out[0]));
+  }
+
+  absl::StatusOr<Event> Issue(CollectiveKind kind, ReduceOp op, View send, View recv, Stream after,
+                              std::string program) {
+    if (send.count == 0 && recv.count == 0) return Event();
+    const Event ready = backend_->Record(after);
+    // All ranks issue the same calls in the same order: the sequence number names the call.
+    const int launch_id = static_cast<int>(1 + (launch_base_ + seq_++) % 0x7ffffff0);
+    CollectiveCall call;  // for the error messages
+    call.kind = kind;
+    call.count = kind == CollectiveKind::kAllGather ? send.count : recv.count;
+    call.dtype = send.dtype;
+    call.op = op;
+    std::string what = absl::StrCat("pjrt data plane '", name(), "' ", DescribeCall(call), ": ");
+    auto done = std::make_shared<HostEvent>();
+    Queue* q = &impl_->stream(Stream::kComm);
+    q->Submit([this, kind, op, send, recv, ready, done, q, launch_id, what = std::move(what),
+               program = std::move(program)] {
+      absl::Status s = Agree(kind, send, op, ready.Wait());
+      if (s.ok()) s = Run(program, send, recv, launch_id);
+      if (!s.ok()) {
+        s = absl::Status(s.code(), absl::StrCat(what, s.message()));
+        q->SetFailure(s);
+      }
+      done->Complete(s);
+    });
+    return Event(done);
+  }
+
+  PjrtBackend* backend_;
+  PjrtBackend::Impl* impl_;
+  std::unique_ptr<Communicator> comm_;
+  const std::vector<int64_t> device_ids_;  // global device id of each rank
+  const int64_t launch_base_;
+  int64_t seq_ = 0;
+};
+
+struct PlaneRendezvous {
+  std::unique_ptr<LocalWorld> world;
+  int64_t launch_base = 0;
+  int taken = 0;
+};
+std::mutex g_planes_mu;
+std::map<std::string, std::shared_ptr<PlaneRendezvous>>& Planes() {
+  static auto* planes = new std::map<std::string, std::shared_ptr<PlaneRendezvous>>();
+  return *planes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PjrtBackend>> PjrtBackend::Create(
+    std::shared_ptr<pjrt::Client> client, int device, PjrtBackendOptions options) {
+  if (client == nullptr) return absl::InvalidArgumentError("PjrtBackend: no client");
+  if (device < 0 || device >= client->num_devices()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PjrtBackend: device ", device, " does not exist: the client has ", client->num_devices(),
+        " device(s) (for the XLA CPU plugin, set the create option cpu_device_count)"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->client = std::move(client);
+  impl->device = device;
+  impl->options = std::move(options);
+  impl->compute = std::make_unique<Queue>();
+  impl->comm = std::make_unique<Queue>();
+  impl->ops = std::make_unique<PjrtOps>(impl.get());
+  return std::unique_ptr<PjrtBackend>(new PjrtBackend(std::move(impl)));
+}
+
+PjrtBackend::PjrtBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PjrtBackend::~PjrtBackend() {
+  impl_->compute.reset();  // drain, then stop
+  impl_->comm.reset();
+  impl_->Reap(/*wait_all=*/true);
+}
+
+pjrt::Client& PjrtBackend::client() const { return *impl_->client; }
+int PjrtBackend::device() const { return impl_->device; }
+
+absl::StatusOr<Allocation> PjrtBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return Allocation{};
+  impl_->Reap(/*wait_all=*/false);
+  // Zeroed pages from the system: the host side costs nothing until the copy reads them.
+  void* zeros = std::calloc(bytes, 1);
+  if (zeros == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory: the host could not stage ", bytes, " bytes"));
+  }
+  auto storage = std::make_unique<Storage>();
+  storage->bytes = static_cast<int64_t>(bytes);
+  absl::StatusOr<pjrt::DeviceBuffer> buf =
+      impl_->client->FromHost(zeros, static_cast<int64_t>(bytes), impl_->device);
+  std::free(zeros);
+  if (!buf.ok()) return buf.status();
+  storage->buf = *std::move(buf);
+  const auto n = static_cast<int64_t>(bytes);
+  const int64_t now = impl_->in_use.fetch_add(n) + n;
+  int64_t peak = impl_->peak.load();
+  while (now > peak && !impl_->peak.compare_exchange_weak(peak, now)) {
+  }
+  impl_->allocs.fetch_add(1);
+  Storage* s = storage.release();
+  return Allocation{s, s, bytes};
+}
+
+void PjrtBackend::Free(const Allocation& a) {
+  if (a.storage == nullptr) return;
+  impl_->in_use.fetch_sub(static_cast<int64_t>(a.bytes));
+  Impl::DeferredFree f{Record(Stream::kCompute), Record(Stream::kComm),
+                       static_cast<Storage*>(a.storage)};
+  {
+    std::lock_guard<std::mutex> lock(impl_->free_mu);
+    impl_->deferred.push_back(std::move(f));
+  }
+  impl_->Reap(/*wait_all=*/false);
+}
+
+MemoryStats PjrtBackend::memory_stats() const {
+  return MemoryStats{impl_->in_use.load(), impl_->peak.load(), impl_->allocs.load()};
+}
+
+void PjrtBackend::ResetPeak() { impl_->peak.store(impl_->in_use.load()); }
+
+absl::Status PjrtBackend::DoCopyToHost(void* dst, View src, Stream s) {
+  FSDP_RETURN_IF_ERROR(CheckView(this, src, "source"));
+  Queue* q = &impl_->stream(s);
+  auto done = std::make_shared<HostEvent>();
+  Impl* m = impl_.get();
+  q->Submit([m, q, dst, src, done] {
+    absl::Status st = q->failure();
+    if (st.ok() && src.count > 0) {
+      Storage& from = *StorageOf(src);
+      std::lock_guard<std::mutex> lock(from.mu);
+      if (Whole(src)) {
+        st = m->client->ToHost(from.buf.get(), dst, static_cast<size_t>(src.bytes()));
+      } else {
+        absl::StatusOr<pjrt::DeviceBuffer> part = m->Slice(from, src.offset, src.bytes());
+        st = part.ok() ? m->client->ToHost(part->get(), dst, static_cast<size_t>(src.bytes()))
+                       : part.status();
+      }
+    }
+    done->Complete(st);
+  });
+  return done->Wait();
+}
+
+absl::Status PjrtBackend::CopyFromHost(View dst, const void* src, Stream s) {
+  FSDP_RETURN_IF_ERROR(CheckView(this, dst, "destination"));
+  if (dst.count == 0) return absl::OkStatus();
+  // The host's bytes are taken now (the caller may reuse them), written in stream order.
+  auto staged = std::make_shared<std::string>(static_cast<const char*>(src),
+                                              static_cast<size_t>(dst.bytes()));
+  Impl* m = impl_.get();
+  Queue* q = &m->stream(s);
+  q->Submit([m, q, dst, staged] {
+    const auto k = static_cast<int64_t>(staged->size());
+    absl::StatusOr<pjrt::DeviceBuffer> buf = m->client->FromHost(staged->data(), k, m->device);
+    absl::Status st = buf.status();
+    if (st.ok()) {
+      Storage& to = *StorageOf(dst);
+      std::lock_guard<std::mutex> lock(to.mu);
+      st = m->Write(to, dst.offset, k, *std::move(buf));
+    }
+    if (!st.ok()) q->SetFailure(st);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status PjrtBackend::Copy(View dst, View src, Stream s) {
+  FSDP_RETURN_IF_ERROR(CheckView(this, dst, "destination"));
+  FSDP_RETURN_IF_ERROR(CheckView(this, src, "source"));
+  if (dst.bytes() != src.bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PjrtBackend::Copy: ", src.bytes(), " bytes into ", dst.bytes()));
+  }
+  if (dst.count == 0) return absl::OkStatus();
+  Impl* m = impl_.get();
+  Queue* q = &m->stream(s);
+  q->Submit([m, q, dst, src] {
+    Storage* from = StorageOf(src);
+    Storage* to = StorageOf(dst);
+    std::unique_lock<std::mutex> lf(from->mu, std::defer_lock), lt(to->mu, std::defer_lock);
+    if (from == to) {
+      lf.lock();
+    } else {
+      std::lock(lf, lt);
+    }
+    absl::StatusOr<pjrt::DeviceBuffer> part = m->Slice(*from, src.offset, src.bytes());
+    absl::Status st =
+        part.ok() ? m->Write(*to, dst.offset, dst.bytes(), *std::move(part)) : part.status();
+    if (!st.ok()) q->SetFailure(st);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status PjrtBackend::Memset(View dst, int byte, Stream s) {
+  FSDP_RETURN_IF_ERROR(CheckView(this, dst, "destination"));
+  if (dst.count == 0) return absl::OkStatus();
+  Impl* m = impl_.get();
+  Queue* q = &m->stream(s);
+  q->Submit([m, q, dst, byte] {
+    Storage& to = *StorageOf(dst);
+    std::lock_guard<std::mutex> lock(to.mu);
+    absl::Status st = [&]() -> absl::Status {
+      FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
+                            m->Program("memset", pjrt::MemsetProgram(to.bytes, dst.bytes(),
+                                                                     static_cast<uint8_t>(byte))));
+      FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, m->Offset(dst.offset));
+      FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
+                            m->client->Execute(*exe, m->device, {to.buf.get(), off.get()}));
+      to.buf = std::move(out[0]);
+      return absl::OkStatus();
+    }();
+    if (!st.ok()) q->SetFailure(st);
+  });
+  return absl::OkStatus();
+}
+
+Event PjrtBackend::Record(Stream s) {
+  auto e = std::make_shared<HostEvent>();
+  Queue* q = &impl_->stream(s);
+  q->Submit([e, q] { e->Complete(q->failure()); });
+  return Event(e);
+}
+
+absl::Status PjrtBackend::Wait(Stream s, const Event& e) {
+  if (!e.valid()) return absl::OkStatus();
+  if (e.Done()) return e.Wait();
+  Queue* q = &impl_->stream(s);
+  q->Submit([e, q] {
+    absl::Status st = e.Wait();
+    if (!st.ok()) q->SetFailure(st);
+  });
+  return absl::OkStatus();
+}
+
+Ops& PjrtBackend::ops() { return *impl_->ops; }
+
+absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communicator& group) {
+  // The ranks must be threads of this process on distinct devices of the same client.
+  const auto client_key = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(impl_->client.get()));
+  FSDP_ASSIGN_OR_RETURN(
+      std::vector<uint64_t> all,
+      internal::AllGatherU64(group,
+                             {impl_->id, static_cast<uint64_t>(getpid()), client_key,
+                              static_cast<uint64_t>(impl_->client->device_id(impl_->device))}));
+  std::vector<uint64_t> ids;
+  std::vector<int64_t> devices;
+  for (int r = 0; r < group.size(); ++r) {
+    const uint64_t* d = &all[4 * static_cast<size_t>(r)];
+    if (d[1] != static_cast<uint64_t>(getpid()) || d[2] != client_key) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pjrt data plane of group '", group.name(), "': rank ", r,
+          " is another process or "
+          "uses another PJRT client; ranks must be threads of one process sharing one client "
+          "(multi-process PJRT is not implemented yet)"));
+    }
+    const auto dev = static_cast<int64_t>(d[3]);
+    if (std::find(devices.begin(), devices.end(), dev) != devices.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("pjrt data plane of group '", group.name(),
+                                                        "': ranks share device ", dev,
+                                                        "; give each rank its own device"));
+    }
+    devices.push_back(dev);
+    ids.push_back(d[0]);
+  }
+  const std::string key = absl::StrCat(group.name(), "|", absl::StrJoin(ids, ","));
+  std::unique_ptr<Communicator> comm;
+  int64_t launch_base = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_planes_mu);
+    std::shared_ptr<PlaneRendezvous>& entry = Planes()[key];
+    if (entry == nullptr) {
+      entry = std::make_shared<PlaneRendezvous>();
+      FSDP_ASSIGN_OR_RETURN(
+          entry->world, LocalWorld::Create(group.size(), impl_->options.data_plane, group.name()));
+      entry->launch_base = g_next_launch_base.fetch_add(int64_t{1} << 20);
+    }
+    FSDP_ASSIGN_OR_RETURN(comm, entry->world->TakeRank(group.rank()));
+    launch_base = entry->launch_base;
+    if (++entry->taken == group.size()) Planes().erase(key);
+  }
+  return std::unique_ptr<DataPlane>(
+      new PjrtDataPlane(this, impl_.get(), std::move(comm), std::move(devices), launch_base));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,69 @@
+// `pjrt`: a backend on a PJRT plugin (the XLA CPU plugin in CI; libtpu, the Neuron plugin or
+// XLA's CUDA plugin on accelerators), one device per rank, all ranks of a process sharing one
+// pjrt::Client. docs/pjrt.md says what works and what does not yet.
+// - Memory: an allocation is a PJRT buffer of bytes (ui8[bytes]) held in Allocation::storage;
+//   a view is reached by programs that slice it at a byte offset. Writes (copies, memset,
+//   collective results) run a program that donates the old buffer and returns the new one.
+// - Streams: each stream is an in-order queue on a host thread; an item launches its PJRT
+//   program and waits for the program's completion event before the next item starts, so
+//   events are host events of the queues (not PJRT events), and the two streams of a rank run
+//   concurrently.
+// - Data plane: ranks as threads of one process, one device each: all_gather, reduce_scatter
+//   and all_reduce (sum, avg, max; f32, bf16, f16) are StableHLO collective programs over the
+//   group's replicas, compiled once per (collective, count, dtype, op, devices) and launched by
+//   each rank on its own device with a launch id shared by the ranks of a call.
+// - Ops: not implemented yet; every op fails its stream with Unimplemented naming the op.
+#pragma once
+
+#include <memory>
+
+#include "backends/pjrt/pjrt_client.h"
+#include "fsdp/backend.h"
+#include "fsdp/communicator.h"
+
+namespace fsdp {
+
+struct PjrtBackendOptions {
+  // The data plane's deadline for all ranks to arrive at a collective (the ranks agree on the
+  // call on the host before the program is launched, so a missing rank is an error, not a
+  // hang inside the plugin).
+  CommOptions data_plane = {};
+};
+
+class PjrtBackend final : public Backend {
+ public:
+  // The backend of device `device` (0 .. client->num_devices() - 1) of `client`.
+  static absl::StatusOr<std::unique_ptr<PjrtBackend>> Create(std::shared_ptr<pjrt::Client> client,
+                                                             int device,
+                                                             PjrtBackendOptions options = {});
+  // Waits for the work queued on both streams.
+  ~PjrtBackend() override;
+
+  std::string_view name() const override { return "pjrt"; }
+  bool is_host() const override { return false; }
+  absl::StatusOr<Allocation> Allocate(size_t bytes) override;
+  void Free(const Allocation& allocation) override;
+  MemoryStats memory_stats() const override;
+  void ResetPeak() override;
+  absl::Status CopyFromHost(View dst, const void* src, Stream s = Stream::kCompute) override;
+  absl::Status Copy(View dst, View src, Stream s = Stream::kCompute) override;
+  absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
+  Event Record(Stream s) override;
+  absl::Status Wait(Stream s, const Event& e) override;
+  Ops& ops() override;
+  absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) override;
+
+  pjrt::Client& client() const;
+  int device() const;
+
+  struct Impl;
+
+ protected:
+  absl::Status DoCopyToHost(void* dst, View src, Stream s) override;
+
+ private:
+  explicit PjrtBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,403 @@
+// The PJRT plugin loader and client (pjrt_client.h): dlopen, version checks, errors as
+// absl::Status, devices, the compile cache, host transfers and single-device launches.
+#include "backends/pjrt/pjrt_client.h"
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "pjrt_c_api.h"
+
+namespace fsdp::pjrt {
+namespace {
+
+// Every PJRT_Api function this layer calls: a plugin whose table is too short for one of
+// them (built against an older header) is refused at load time.
+// clang-format off
+#define FSDP_PJRT_FUNCTIONS(X) \
+  X(PJRT_Error_Destroy) X(PJRT_Error_Message) X(PJRT_Error_GetCode) X(PJRT_Plugin_Initialize) \
+  X(PJRT_Event_Destroy) X(PJRT_Event_Await) X(PJRT_Client_Create) X(PJRT_Client_Destroy) \
+  X(PJRT_Client_PlatformName) X(PJRT_Client_AddressableDevices) X(PJRT_Client_Compile) \
+  X(PJRT_Client_BufferFromHostBuffer) X(PJRT_Device_GetDescription) \
+  X(PJRT_DeviceDescription_Id) X(PJRT_DeviceDescription_ToString) \
+  X(PJRT_LoadedExecutable_Destroy) X(PJRT_LoadedExecutable_Execute) \
+  X(PJRT_LoadedExecutable_GetExecutable) X(PJRT_Executable_NumOutputs) \
+  X(PJRT_Executable_Destroy) X(PJRT_Buffer_Destroy) X(PJRT_Buffer_ToHostBuffer)
+// clang-format on
+
+absl::Status CheckTable(const std::string& path, const PJRT_Api* api) {
+#define FSDP_PJRT_CHECK_FN(fn)                                                                     \
+  if (api->struct_size < offsetof(PJRT_Api, fn) + sizeof(api->fn) || api->fn == nullptr) {         \
+    return absl::FailedPreconditionError(                                                          \
+        absl::StrCat("PJRT plugin '", path, "' (C API ", api->pjrt_api_version.major_version, ".", \
+                     api->pjrt_api_version.minor_version,                                          \
+                     ") does not provide " #fn "; use a plugin built against PJRT C API ",         \
+                     PJRT_API_MAJOR, ".", PJRT_API_MINOR, " or newer"));                           \
+  }
+  FSDP_PJRT_FUNCTIONS(FSDP_PJRT_CHECK_FN)
+#undef FSDP_PJRT_CHECK_FN
+  return absl::OkStatus();
+}
+
+std::mutex g_plugins_mu;
+std::map<std::string, const Plugin*>& Plugins() {
+  static auto* plugins = new std::map<std::string, const Plugin*>();
+  return *plugins;
+}
+
+void DestroyEvent(const PJRT_Api* api, PJRT_Event* ev) {
+  PJRT_Event_Destroy_Args d{};
+  d.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+  d.event = ev;
+  api->PJRT_Event_Destroy(&d);
+}
+
+}  // namespace
+
+absl::Status Plugin::ToStatus(PJRT_Error* error, absl::string_view what) const {
+  if (error == nullptr) return absl::OkStatus();
+  PJRT_Error_Message_Args m{};
+  m.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE;
+  m.error = error;
+  api_->PJRT_Error_Message(&m);
+  std::string msg = absl::StrCat("PJRT ", what, ": ", absl::string_view(m.message, m.message_size));
+  PJRT_Error_GetCode_Args c{};
+  c.struct_size = PJRT_Error_GetCode_Args_STRUCT_SIZE;
+  c.error = error;
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  if (PJRT_Error* e2 = api_->PJRT_Error_GetCode(&c); e2 == nullptr) {
+    // PJRT_Error_Code follows absl's codes; OK from a failed call would lose the error.
+    if (c.code > PJRT_Error_Code_OK && c.code <= PJRT_Error_Code_UNAUTHENTICATED) {
+      code = static_cast<absl::StatusCode>(c.code);
+    }
+  } else {
+    PJRT_Error_Destroy_Args d{};
+    d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+    d.error = e2;
+    api_->PJRT_Error_Destroy(&d);
+  }
+  PJRT_Error_Destroy_Args d{};
+  d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+  d.error = error;
+  api_->PJRT_Error_Destroy(&d);
+  return absl::Status(code, msg);
+}
+
+absl::StatusOr<const Plugin*> Plugin::Load(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_plugins_mu);
+  if (auto it = Plugins().find(path); it != Plugins().end()) return it->second;
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no PJRT plugin given: set $", kPluginEnv,
+                     " or PjrtClientOptions::plugin_path to a "
+                     "plugin library (scripts/fetch_pjrt_plugin.sh fetches the XLA CPU plugin)"));
+  }
+  if (!std::filesystem::exists(path)) {
+    return absl::NotFoundError(absl::StrCat(
+        "PJRT plugin '", path, "' does not exist; check $", kPluginEnv,
+        " (scripts/fetch_pjrt_plugin.sh DEST fetches the XLA CPU plugin to DEST/xla_cpu_pjrt.so)"));
+  }
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return absl::FailedPreconditionError(
+        absl::StrCat("could not load PJRT plugin '", path, "': ", why ? why : "dlopen failed",
+                     "; it must be a shared library exporting GetPjrtApi"));
+  }
+  using GetPjrtApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetPjrtApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (get_api == nullptr) {
+    dlclose(handle);
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is not a PJRT plugin: it does not export GetPjrtApi"));
+  }
+  const PJRT_Api* api = get_api();
+  if (api == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("PJRT plugin '", path, "': GetPjrtApi returned no table"));
+  }
+  if (api->pjrt_api_version.major_version != PJRT_API_MAJOR) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PJRT plugin '", path, "' implements PJRT C API ", api->pjrt_api_version.major_version, ".",
+        api->pjrt_api_version.minor_version, ", this build speaks ", PJRT_API_MAJOR, ".",
+        PJRT_API_MINOR, ": the major versions must match"));
+  }
+  FSDP_RETURN_IF_ERROR(CheckTable(path, api));
+  auto* plugin = new Plugin(path, api);  // never unloaded
+  PJRT_Plugin_Initialize_Args init{};
+  init.struct_size = PJRT_Plugin_Initialize_Args_STRUCT_SIZE;
+  FSDP_RETURN_IF_ERROR(plugin->ToStatus(api->PJRT_Plugin_Initialize(&init),
+                                        absl::StrCat("PJRT_Plugin_Initialize of '", path, "'")));
+  Plugins()[path] = plugin;
+  return plugin;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    client_ = o.client_;
+    buf_ = o.release();
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (buf_ == nullptr) return;
+  PJRT_Buffer_Destroy_Args d{};
+  d.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+  d.buffer = buf_;
+  client_->ToStatus(client_->api()->PJRT_Buffer_Destroy(&d), "PJRT_Buffer_Destroy").IgnoreError();
+  buf_ = nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<Client>> Client::Create(PjrtClientOptions options) {
+  std::string path = options.plugin_path;
+  if (path.empty()) {
+    if (const char* env = std::getenv(kPluginEnv)) path = env;
+  }
+  FSDP_ASSIGN_OR_RETURN(const Plugin* plugin, Plugin::Load(path));
+  const PJRT_Api* api = plugin->api();
+
+  std::vector<PJRT_NamedValue> values;
+  for (const auto& [name, value] : options.create_options) {
+    PJRT_NamedValue v{};
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = name.data();
+    v.name_size = name.size();
+    if (const auto* i = std::get_if<int64_t>(&value)) {
+      v.type = PJRT_NamedValue_kInt64;
+      v.int64_value = *i;
+      v.value_size = 1;
+    } else if (const auto* s = std::get_if<std::string>(&value)) {
+      v.type = PJRT_NamedValue_kString;
+      v.string_value = s->data();
+      v.value_size = s->size();
+    } else {
+      v.type = PJRT_NamedValue_kBool;
+      v.bool_value = std::get<bool>(value);
+      v.value_size = 1;
+    }
+    values.push_back(v);
+  }
+  PJRT_Client_Create_Args cc{};
+  cc.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
+  cc.create_options = values.data();
+  cc.num_options = values.size();
+  FSDP_RETURN_IF_ERROR(plugin->ToStatus(api->PJRT_Client_Create(&cc),
+                                        absl::StrCat("PJRT_Client_Create (plugin '", path, "')")));
+  std::shared_ptr<Client> c(new Client());
+  c->plugin_ = plugin;
+  c->client_ = cc.client;
+
+  PJRT_Client_PlatformName_Args pn{};
+  pn.struct_size = PJRT_Client_PlatformName_Args_STRUCT_SIZE;
+  pn.client = c->client_;
+  FSDP_RETURN_IF_ERROR(c->ToStatus(api->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName"));
+  c->platform_.assign(pn.platform_name, pn.platform_name_size);
+
+  PJRT_Client_AddressableDevices_Args ad{};
+  ad.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
+  ad.client = c->client_;
+  FSDP_RETURN_IF_ERROR(
+      c->ToStatus(api->PJRT_Client_AddressableDevices(&ad), "PJRT_Client_AddressableDevices"));
+  for (size_t i = 0; i < ad.num_addressable_devices; ++i) {
+    PJRT_Device_GetDescription_Args g{};
+    g.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+    g.device = ad.addressable_devices[i];
+    FSDP_RETURN_IF_ERROR(
+        c->ToStatus(api->PJRT_Device_GetDescription(&g), "PJRT_Device_GetDescription"));
+    PJRT_DeviceDescription_Id_Args id{};
+    id.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE;
+    id.device_description = g.device_description;
+    FSDP_RETURN_IF_ERROR(
+        c->ToStatus(api->PJRT_DeviceDescription_Id(&id), "PJRT_DeviceDescription_Id"));
+    PJRT_DeviceDescription_ToString_Args ts{};
+    ts.struct_size = PJRT_DeviceDescription_ToString_Args_STRUCT_SIZE;
+    ts.device_description = g.device_description;
+    FSDP_RETURN_IF_ERROR(
+        c->ToStatus(api->PJRT_DeviceDescription_ToString(&ts), "PJRT_DeviceDescription_ToString"));
+    c->devices_.push_back(ad.addressable_devices[i]);
+    c->device_ids_.push_back(id.id);
+    c->device_strings_.emplace_back(ts.to_string, ts.to_string_size);
+  }
+  return c;
+}
+
+Client::~Client() {
+  const PJRT_Api* a = api();
+  for (auto& [key, entry] : cache_) {
+    if (entry->executable.exe == nullptr) continue;
+    PJRT_LoadedExecutable_Destroy_Args d{};
+    d.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE;
+    d.executable = entry->executable.exe;
+    ToStatus(a->PJRT_LoadedExecutable_Destroy(&d), "PJRT_LoadedExecutable_Destroy").IgnoreError();
+  }
+  PJRT_Client_Destroy_Args d{};
+  d.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+  d.client = client_;
+  ToStatus(a->PJRT_Client_Destroy(&d), "PJRT_Client_Destroy").IgnoreError();
+}
+
+double Client::compile_seconds() const { return static_cast<double>(compile_ns_.load()) * 1e-9; }
+
+absl::StatusOr<const Executable*> Client::Compile(const std::string& name, const std::string& mlir,
+                                                  const std::string& compile_options) {
+  if (compile_options.empty()) {
+    // An empty CompileOptionsProto makes some plugins abort the process (num_replicas = 0).
+    return absl::InvalidArgumentError(
+        absl::StrCat("PJRT compile of '", name, "': empty compile options"));
+  }
+  std::shared_ptr<CacheEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    std::string key = absl::StrCat(compile_options.size(), ":", compile_options, mlir);
+    std::shared_ptr<CacheEntry>& e = cache_[key];
+    if (e == nullptr) e = std::make_shared<CacheEntry>();
+    entry = e;
+  }
+  std::lock_guard<std::mutex> lock(entry->mu);
+  if (entry->done) {
+    if (!entry->status.ok()) return entry->status;
+    return &entry->executable;
+  }
+  PJRT_Program prog{};
+  prog.struct_size = PJRT_Program_STRUCT_SIZE;
+  prog.code = const_cast<char*>(mlir.data());
+  prog.code_size = mlir.size();
+  static constexpr char kFormat[] = "mlir";
+  prog.format = kFormat;
+  prog.format_size = sizeof(kFormat) - 1;
+  PJRT_Client_Compile_Args a{};
+  a.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE;
+  a.client = client_;
+  a.program = &prog;
+  a.compile_options = compile_options.data();
+  a.compile_options_size = compile_options.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  entry->status = ToStatus(api()->PJRT_Client_Compile(&a), absl::StrCat("compile of '", name, "'"));
+  compile_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  compiles_.fetch_add(1);
+  entry->done = true;
+  if (!entry->status.ok()) return entry->status;
+  entry->executable = Executable{a.executable, name, 0};
+  absl::StatusOr<size_t> outputs = NumOutputs(a.executable);
+  entry->status = outputs.status();
+  if (!entry->status.ok()) return entry->status;
+  entry->executable.num_outputs = *outputs;
+  return &entry->executable;
+}
+
+int Plugin::major_version() const { return api_->pjrt_api_version.major_version; }
+int Plugin::minor_version() const { return api_->pjrt_api_version.minor_version; }
+
+absl::StatusOr<size_t> Client::NumOutputs(PJRT_LoadedExecutable* exe) const {
+  const PJRT_Api* a = api();
+  PJRT_LoadedExecutable_GetExecutable_Args g{};
+  g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  g.loaded_executable = exe;
+  FSDP_RETURN_IF_ERROR(
+      ToStatus(a->PJRT_LoadedExecutable_GetExecutable(&g), "PJRT_LoadedExecutable_GetExecutable"));
+  PJRT_Executable_NumOutputs_Args n{};
+  n.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
+  n.executable = g.executable;
+  absl::Status s = ToStatus(a->PJRT_Executable_NumOutputs(&n), "PJRT_Executable_NumOutputs");
+  PJRT_Executable_Destroy_Args ed{};
+  ed.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
+  ed.executable = g.executable;
+  ToStatus(a->PJRT_Executable_Destroy(&ed), "PJRT_Executable_Destroy").IgnoreError();
+  FSDP_RETURN_IF_ERROR(s);
+  return n.num_outputs;
+}
+
+absl::StatusOr<DeviceBuffer> Client::FromHost(const void* data, int64_t bytes, int device) const {
+  return Transfer(data, PJRT_Buffer_Type_U8, {bytes}, device);
+}
+
+absl::StatusOr<DeviceBuffer> Client::Scalar(int64_t value, int device) const {
+  return Transfer(&value, PJRT_Buffer_Type_S64, {}, device);
+}
+
+absl::StatusOr<DeviceBuffer> Client::Transfer(const void* data, int type,
+                                              const std::vector<int64_t>& dims, int device) const {
+  PJRT_Client_BufferFromHostBuffer_Args a{};
+  a.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+  a.client = client_;
+  a.data = data;
+  a.type = static_cast<PJRT_Buffer_Type>(type);
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.device = devices_[device];
+  FSDP_RETURN_IF_ERROR(
+      ToStatus(api()->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer"));
+  DeviceBuffer out(this, a.buffer);
+  if (a.done_with_host_buffer != nullptr) {
+    PJRT_Event_Await_Args w{};
+    w.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+    w.event = a.done_with_host_buffer;
+    absl::Status s = ToStatus(api()->PJRT_Event_Await(&w), "host-to-device copy");
+    DestroyEvent(api(), a.done_with_host_buffer);
+    FSDP_RETURN_IF_ERROR(s);
+  }
+  return out;
+}
+
+absl::Status Client::ToHost(PJRT_Buffer* buf, void* dst, size_t dst_bytes) const {
+  PJRT_Buffer_ToHostBuffer_Args a{};
+  a.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+  a.src = buf;
+  a.dst = dst;
+  a.dst_size = dst_bytes;
+  FSDP_RETURN_IF_ERROR(ToStatus(api()->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer"));
+  if (a.event == nullptr) return absl::OkStatus();
+  PJRT_Event_Await_Args w{};
+  w.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+  w.event = a.event;
+  absl::Status s = ToStatus(api()->PJRT_Event_Await(&w), "device-to-host copy");
+  DestroyEvent(api(), a.event);
+  return s;
+}
+
+absl::StatusOr<std::vector<DeviceBuffer>> Client::Execute(const Executable& exe, int device,
+                                                          const std::vector<PJRT_Buffer*>& args,
+                                                          int launch_id) const {
+  const PJRT_Api* a = api();
+  std::vector<PJRT_Buffer*> outs(exe.num_outputs, nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** out_list = outs.data();
+  PJRT_Event* done = nullptr;
+  PJRT_ExecuteOptions opts{};
+  opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  opts.launch_id = launch_id;
+  PJRT_LoadedExecutable_Execute_Args e{};
+  e.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  e.executable = exe.exe;
+  e.options = &opts;
+  e.argument_lists = &arg_list;
+  e.num_devices = 1;
+  e.num_args = args.size();
+  e.output_lists = &out_list;
+  e.device_complete_events = &done;
+  e.execute_device = devices_[device];
+  FSDP_RETURN_IF_ERROR(
+      ToStatus(a->PJRT_LoadedExecutable_Execute(&e), absl::StrCat("launch of '", exe.name, "'")));
+  std::vector<DeviceBuffer> result;
+  for (PJRT_Buffer* b : outs) result.emplace_back(this, b);
+  if (done != nullptr) {
+    PJRT_Event_Await_Args w{};
+    w.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+    w.event = done;
+    absl::Status s = ToStatus(a->PJRT_Event_Await(&w), absl::StrCat("run of '", exe.name, "'"));
+    DestroyEvent(a, done);
+    FSDP_RETURN_IF_ERROR(s);
+  }
+  return result;
+}
+
+}  // namespace fsdp::pjrt

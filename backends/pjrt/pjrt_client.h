@@ -1,0 +1,164 @@
+// A PJRT plugin loaded at run time and a client on it: the thin C++ layer over the PJRT C API
+// (pjrt_c_api.h) that the PJRT backend is built on. The plugin is dlopen'ed from a path given
+// at run time (never linked); its errors become absl::Status with the plugin's code and
+// message. The client owns the devices, compiles StableHLO programs once per (program text,
+// compile options) and keeps them in a cache, moves host bytes in and out, and launches
+// programs on one device.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "fsdp/status.h"
+
+// The C API's handles (pjrt_c_api.h, included by the implementation only).
+struct PJRT_Api;
+struct PJRT_Error;
+struct PJRT_Client;
+struct PJRT_Device;
+struct PJRT_Buffer;
+struct PJRT_LoadedExecutable;
+
+namespace fsdp::pjrt {
+
+// The environment variable naming the plugin when PjrtClientOptions::plugin_path is empty.
+inline constexpr char kPluginEnv[] = "FSDP_PJRT_PLUGIN";
+
+// A loaded plugin: the PJRT_Api table, checked and initialised. Plugins are never unloaded:
+// Load() returns the same object for the same path.
+class Plugin {
+ public:
+  // dlopen(RTLD_NOW | RTLD_LOCAL), GetPjrtApi, version and table-size checks,
+  // PJRT_Plugin_Initialize. Errors name the path and what to do.
+  static absl::StatusOr<const Plugin*> Load(const std::string& path);
+  const PJRT_Api* api() const { return api_; }
+  const std::string& path() const { return path_; }
+  int major_version() const;
+  int minor_version() const;
+
+  // Turns a PJRT error (owned; destroyed here) into a Status "what: message" with its code.
+  absl::Status ToStatus(PJRT_Error* error, absl::string_view what) const;
+
+ private:
+  Plugin(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {}
+  std::string path_;
+  const PJRT_Api* api_;
+};
+
+// A client creation option of the plugin (PJRT_NamedValue): int64, string or bool.
+using OptionValue = std::variant<int64_t, std::string, bool>;
+
+struct PjrtClientOptions {
+  // The plugin's path; empty: $FSDP_PJRT_PLUGIN.
+  std::string plugin_path;
+  // Plugin-specific create options, e.g. {"cpu_device_count", int64_t{4}} for the XLA CPU
+  // plugin (which makes 4 devices when it is not given).
+  std::map<std::string, OptionValue> create_options;
+};
+
+class Client;
+
+// A compiled program, cached by the client.
+struct Executable {
+  PJRT_LoadedExecutable* exe = nullptr;
+  std::string name;
+  size_t num_outputs = 0;
+};
+
+// An owned PJRT_Buffer handle.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const Client* client, PJRT_Buffer* b) : client_(client), buf_(b) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept : client_(o.client_), buf_(o.release()) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  void reset();
+  PJRT_Buffer* get() const { return buf_; }
+  PJRT_Buffer* release() {
+    PJRT_Buffer* b = buf_;
+    buf_ = nullptr;
+    return b;
+  }
+  explicit operator bool() const { return buf_ != nullptr; }
+
+ private:
+  const Client* client_ = nullptr;
+  PJRT_Buffer* buf_ = nullptr;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::shared_ptr<Client>> Create(PjrtClientOptions options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Plugin& plugin() const { return *plugin_; }
+  const PJRT_Api* api() const { return plugin_->api(); }
+  absl::Status ToStatus(PJRT_Error* e, absl::string_view what) const {
+    return plugin_->ToStatus(e, what);
+  }
+  const std::string& platform_name() const { return platform_; }
+  // The addressable devices, in the plugin's order, and their global ids.
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+  PJRT_Device* device(int i) const { return devices_[i]; }
+  int64_t device_id(int i) const { return device_ids_[i]; }
+  const std::string& device_description(int i) const { return device_strings_[i]; }
+
+  // Compiles StableHLO MLIR text with a serialized xla.CompileOptionsProto (never empty: see
+  // stablehlo.h), or returns the cached executable of the same text and options.
+  absl::StatusOr<const Executable*> Compile(const std::string& name, const std::string& mlir,
+                                            const std::string& compile_options);
+  // Programs compiled so far (cache misses) and their total compile time.
+  int64_t compile_count() const { return compiles_.load(); }
+  double compile_seconds() const;
+
+  // A copy of `bytes` host bytes as a ui8[bytes] array on device `device` (done when this
+  // returns: the host bytes may be reused).
+  absl::StatusOr<DeviceBuffer> FromHost(const void* data, int64_t bytes, int device) const;
+  // An i64 scalar on device `device`.
+  absl::StatusOr<DeviceBuffer> Scalar(int64_t value, int device) const;
+  // The whole buffer's bytes into dst (dst_bytes must be its size); waits.
+  absl::Status ToHost(PJRT_Buffer* buf, void* dst, size_t dst_bytes) const;
+  // Runs `exe` on device `device` (one launch of a program whose addressable devices include
+  // it) and waits for it to complete. Arguments listed in `donated` are given to the program
+  // (their handles are dead after a successful launch). Returns the outputs.
+  absl::StatusOr<std::vector<DeviceBuffer>> Execute(const Executable& exe, int device,
+                                                    const std::vector<PJRT_Buffer*>& args,
+                                                    int launch_id = 0) const;
+
+ private:
+  Client() = default;
+  absl::StatusOr<size_t> NumOutputs(PJRT_LoadedExecutable* exe) const;
+  absl::StatusOr<DeviceBuffer> Transfer(const void* data, int type,
+                                        const std::vector<int64_t>& dims, int device) const;
+  const Plugin* plugin_ = nullptr;
+  PJRT_Client* client_ = nullptr;
+  std::string platform_;
+  std::vector<PJRT_Device*> devices_;
+  std::vector<int64_t> device_ids_;
+  std::vector<std::string> device_strings_;
+
+  struct CacheEntry {
+    std::mutex mu;  // held while compiling: other ranks asking for the same program wait
+    bool done = false;
+    absl::Status status;
+    Executable executable;
+  };
+  std::mutex cache_mu_;
+  std::map<std::string, std::shared_ptr<CacheEntry>> cache_;
+  std::atomic<int64_t> compiles_{0};
+  std::atomic<int64_t> compile_ns_{0};
+};
+
+}  // namespace fsdp::pjrt

@@ -1,0 +1,196 @@
+// StableHLO program text and compile options of the PJRT backend (stablehlo.h).
+#include "backends/pjrt/stablehlo.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdp::pjrt {
+namespace {
+
+// Protocol buffer wire format, for the few fields of xla.CompileOptionsProto we set.
+struct Proto {
+  std::string bytes;
+  void Varint(uint64_t v) {
+    while (v >= 0x80) {
+      bytes.push_back(static_cast<char>((v & 0x7f) | 0x80));
+      v >>= 7;
+    }
+    bytes.push_back(static_cast<char>(v));
+  }
+  void Int(int field, int64_t v) {
+    Varint(static_cast<uint64_t>(field) << 3);
+    Varint(static_cast<uint64_t>(v));
+  }
+  void Message(int field, const Proto& m) {
+    Varint((static_cast<uint64_t>(field) << 3) | 2);
+    Varint(m.bytes.size());
+    bytes += m.bytes;
+  }
+};
+
+std::string Bytes(int64_t n) { return absl::StrCat("tensor<", n, "xui8>"); }
+
+std::string ElementType(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kF64:
+      return "f64";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "ui8";
+  }
+  return "?";
+}
+
+std::string Module(const std::string& name, int replicas, const std::string& signature,
+                   const std::string& body) {
+  return absl::StrCat("module @", name, " attributes {mhlo.num_replicas = ", replicas,
+                      " : i32, mhlo.num_partitions = 1 : i32} {\n  func.func public @main(",
+                      signature, " {\n", body, "  }\n}\n");
+}
+
+std::string Groups(int ranks) {
+  std::vector<int> r(ranks);
+  for (int i = 0; i < ranks; ++i) r[i] = i;
+  return absl::StrCat("replica_groups = dense<[[", absl::StrJoin(r, ", "), "]]> : tensor<1x", ranks,
+                      "xi64>");
+}
+
+// Lines turning %in (ui8[count*es]) into %x (tensor<count x f32>, converted when needed).
+std::string BytesToF32(int64_t count, DType d) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(d));
+  const std::string t = ElementType(d);
+  std::string s =
+      absl::StrCat("    %r = stablehlo.reshape %in : (", Bytes(count * es), ") -> tensor<", count,
+                   "x", es, "xui8>\n", "    %t = stablehlo.bitcast_convert %r : (tensor<", count,
+                   "x", es, "xui8>) -> tensor<", count, "x", t, ">\n");
+  if (d == DType::kF32) {
+    absl::StrAppend(&s, "    %x = stablehlo.reshape %t : (tensor<", count, "xf32>) -> tensor<",
+                    count, "xf32>\n");
+  } else {
+    absl::StrAppend(&s, "    %x = stablehlo.convert %t : (tensor<", count, "x", t, ">) -> tensor<",
+                    count, "xf32>\n");
+  }
+  return s;
+}
+
+// Lines turning %y (tensor<count x f32>) into %out (ui8[count*es]), rounding once.
+std::string F32ToBytes(int64_t count, DType d) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(d));
+  const std::string t = ElementType(d);
+  std::string s = absl::StrCat("    %yt = stablehlo.convert %y : (tensor<", count,
+                               "xf32>) -> tensor<", count, "x", t, ">\n");
+  absl::StrAppend(&s, "    %yb = stablehlo.bitcast_convert %yt : (tensor<", count, "x", t,
+                  ">) -> tensor<", count, "x", es, "xui8>\n",
+                  "    %out = stablehlo.reshape %yb : (tensor<", count, "x", es, "xui8>) -> ",
+                  Bytes(count * es), "\n");
+  return s;
+}
+
+std::string Combiner(ReduceOp op) {
+  const char* fn = op == ReduceOp::kMax ? "stablehlo.maximum" : "stablehlo.add";
+  return absl::StrCat("({\n    ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n      %c = ", fn,
+                      " %a, %b : tensor<f32>\n      stablehlo.return %c : tensor<f32>\n    })");
+}
+
+// Lines turning %z (tensor<count x f32>, the reduction) into %y (divided for avg).
+std::string Average(int ranks, int64_t count, ReduceOp op) {
+  const std::string t = absl::StrCat("tensor<", count, "xf32>");
+  if (op != ReduceOp::kAvg) {
+    return absl::StrCat("    %y = stablehlo.reshape %z : (", t, ") -> ", t, "\n");
+  }
+  return absl::StrCat("    %n = stablehlo.constant dense<", ranks, ".0> : ", t, "\n",
+                      "    %y = stablehlo.divide %z, %n : ", t, "\n");
+}
+
+}  // namespace
+
+std::string CompileOptions(const std::vector<int64_t>& device_ids) {
+  const auto replicas = static_cast<int64_t>(device_ids.size());
+  Proto ids;
+  for (int64_t id : device_ids) ids.Varint(static_cast<uint64_t>(id));
+  Proto computation;            // DeviceAssignmentProto.ComputationDevice
+  computation.Message(1, ids);  // replica_device_ids, packed
+  Proto assignment;             // DeviceAssignmentProto
+  assignment.Int(1, replicas);  // replica_count
+  assignment.Int(2, 1);         // computation_count
+  assignment.Message(3, computation);
+  Proto build;             // ExecutableBuildOptionsProto
+  build.Int(1, -1);        // device_ordinal: unset
+  build.Int(4, replicas);  // num_replicas
+  build.Int(5, 1);         // num_partitions
+  build.Message(9, assignment);
+  Proto options;              // CompileOptionsProto
+  options.Message(3, build);  // executable_build_options
+  return options.bytes;
+}
+
+std::string SliceProgram(int64_t n, int64_t k) {
+  return Module(
+      "fsdp_slice", 1, absl::StrCat("%src: ", Bytes(n), ", %off: tensor<i64>) -> ", Bytes(k)),
+      absl::StrCat("    %out = stablehlo.dynamic_slice %src, %off, sizes = [", k, "] : (", Bytes(n),
+                   ", tensor<i64>) -> ", Bytes(k), "\n", "    return %out : ", Bytes(k), "\n"));
+}
+
+std::string UpdateProgram(int64_t n, int64_t k) {
+  return Module("fsdp_update", 1,
+                absl::StrCat("%dst: ", Bytes(n), " {tf.aliasing_output = 0 : i32}, %src: ",
+                             Bytes(k), ", %off: tensor<i64>) -> ", Bytes(n)),
+                absl::StrCat("    %out = stablehlo.dynamic_update_slice %dst, %src, %off : (",
+                             Bytes(n), ", ", Bytes(k), ", tensor<i64>) -> ", Bytes(n), "\n",
+                             "    return %out : ", Bytes(n), "\n"));
+}
+
+std::string MemsetProgram(int64_t n, int64_t k, uint8_t byte) {
+  return Module(
+      "fsdp_memset", 1,
+      absl::StrCat("%dst: ", Bytes(n), " {tf.aliasing_output = 0 : i32}, %off: tensor<i64>) -> ",
+                   Bytes(n)),
+      absl::StrCat("    %v = stablehlo.constant dense<", static_cast<int>(byte), "> : ", Bytes(k),
+                   "\n", "    %out = stablehlo.dynamic_update_slice %dst, %v, %off : (", Bytes(n),
+                   ", ", Bytes(k), ", tensor<i64>) -> ", Bytes(n), "\n",
+                   "    return %out : ", Bytes(n), "\n"));
+}
+
+std::string AllGatherProgram(int ranks, int64_t count, DType dtype) {
+  const int64_t b = count * static_cast<int64_t>(DTypeSize(dtype));
+  return Module("fsdp_all_gather", ranks,
+                absl::StrCat("%in: ", Bytes(b), ") -> ", Bytes(ranks * b)),
+                absl::StrCat("    %out = \"stablehlo.all_gather\"(%in) {all_gather_dim = 0 : i64, ",
+                             Groups(ranks), "} : (", Bytes(b), ") -> ", Bytes(ranks * b), "\n",
+                             "    return %out : ", Bytes(ranks * b), "\n"));
+}
+
+std::string ReduceScatterProgram(int ranks, int64_t count, DType dtype, ReduceOp op) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t shard = count / ranks;
+  std::string body = BytesToF32(count, dtype);
+  absl::StrAppend(&body, "    %z = \"stablehlo.reduce_scatter\"(%x) ", Combiner(op),
+                  " {scatter_dimension = 0 : i64, ", Groups(ranks), "} : (tensor<", count,
+                  "xf32>) -> tensor<", shard, "xf32>\n");
+  absl::StrAppend(&body, Average(ranks, shard, op), F32ToBytes(shard, dtype),
+                  "    return %out : ", Bytes(shard * es), "\n");
+  return Module("fsdp_reduce_scatter", ranks,
+                absl::StrCat("%in: ", Bytes(count * es), ") -> ", Bytes(shard * es)), body);
+}
+
+std::string AllReduceProgram(int ranks, int64_t count, DType dtype, ReduceOp op) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
+  std::string body = BytesToF32(count, dtype);
+  absl::StrAppend(&body, "    %z = \"stablehlo.all_reduce\"(%x) ", Combiner(op), " {",
+                  Groups(ranks), "} : (tensor<", count, "xf32>) -> tensor<", count, "xf32>\n");
+  absl::StrAppend(&body, Average(ranks, count, op), F32ToBytes(count, dtype),
+                  "    return %out : ", Bytes(count * es), "\n");
+  return Module("fsdp_all_reduce", ranks,
+                absl::StrCat("%in: ", Bytes(count * es), ") -> ", Bytes(count * es)), body);
+}
+
+}  // namespace fsdp::pjrt
