@@ -131,6 +131,17 @@ struct BenchResult {
   double baseline_tokens_per_s = 0;
 
   std::vector<double> step_times_s;  // every measured step, in order
+
+  // Where the compute of a step goes, for projections (fsdp/project.h): seconds per step, the
+  // mean over ranks and measured steps, each less the waits on collectives inside it. Per block
+  // (index = block): its forward, backward and recompute spans on the "compute" lane. Around
+  // them: from the step's start to the first block's forward (token copies, embedding), the
+  // gaps between blocks in forward and in backward (the hooks' host work), from the last
+  // forward to the first backward (head, loss, head backward), from the last backward to the
+  // optimizer (embedding backward), and from the optimizer's end to the step's end.
+  std::vector<double> block_forward_s, block_backward_s, block_recompute_s;
+  double before_blocks_s = 0, forward_gaps_s = 0, head_s = 0, backward_gaps_s = 0,
+         after_blocks_s = 0, after_optimizer_s = 0;
 };
 
 // Runs the config with config.world_size ranks as threads of this process (LocalWorld).
@@ -155,5 +166,11 @@ std::string BenchCsvRow(const BenchResult& r);
 std::string ThroughputSvg(const std::vector<BenchResult>& results);
 std::string EfficiencySvg(const std::vector<BenchResult>& results);
 std::string StepSplitSvg(const std::vector<BenchResult>& results);
+// EfficiencySvg with a title of the caller's (e.g. projected runs, whose efficiency is against
+// another baseline than one rank), and, when mark_world > 0, a black square at (mark_world,
+// mark_value) labelled "published" (a figure to compare with).
+std::string ScalingEfficiencySvg(const std::vector<BenchResult>& results,
+                                 const std::string& title, int mark_world = 0,
+                                 double mark_value = 0);
 
 }  // namespace fsdp

@@ -118,10 +118,17 @@ struct RankFigures {
   double host_syncs = 0;  // total over measured steps
   double threads = 0;
   double loss = 0;
+  // Summed over measured steps: per block forward, backward, recompute (3 L), then the six
+  // places around the blocks (BenchResult::before_blocks_s ... after_optimizer_s).
+  std::vector<double> profile;
 
   static constexpr int kPerStep = 7;
   static constexpr int kScalars = 9 + 3;
-  static int Size(int steps) { return kPerStep * steps + kScalars; }
+  static constexpr int kPlaces = 6;
+  static int ProfileSize(int blocks) { return 3 * blocks + kPlaces; }
+  static int Size(int steps, int blocks) {
+    return kPerStep * steps + kScalars + ProfileSize(blocks);
+  }
 
   std::vector<double> Pack() const {
     std::vector<double> out;
@@ -138,9 +145,10 @@ struct RankFigures {
     out.push_back(host_syncs);
     out.push_back(threads);
     out.push_back(loss);
+    out.insert(out.end(), profile.begin(), profile.end());
     return out;
   }
-  static RankFigures Unpack(const double* p, int steps) {
+  static RankFigures Unpack(const double* p, int steps, int blocks) {
     RankFigures f;
     for (auto* v : {&f.step, &f.compute, &f.exposed, &f.optimizer, &f.comm_bytes, &f.bus_bytes,
                     &f.collectives}) {
@@ -157,9 +165,58 @@ struct RankFigures {
     f.host_syncs = *p++;
     f.threads = *p++;
     f.loss = *p++;
+    f.profile.assign(p, p + ProfileSize(blocks));
     return f;
   }
 };
+
+// Adds one step's compute by place (RankFigures::profile) from the block spans of the step
+// [b, e) (`blocks`, on the compute lane) and the rank's spans (`mine`, for the waits).
+void AddProfile(const std::vector<Span>& mine, std::vector<Span> blocks, int rank, int64_t b,
+                int64_t e, std::vector<double>& profile) {
+  const double ns = 1e-9;
+  const int L = (static_cast<int>(profile.size()) - RankFigures::kPlaces) / 3;
+  std::sort(blocks.begin(), blocks.end(),
+            [](const Span& x, const Span& y) { return x.begin_ns < y.begin_ns; });
+  // The busy time of [x, y): its length less the waits inside it.
+  auto busy = [&](int64_t x, int64_t y) {
+    if (y <= x) return 0.0;
+    return static_cast<double>(y - x - ExposedNs(mine, rank, kWaitStream, x, y)) * ns;
+  };
+  int64_t opt_b = e, opt_e = e;
+  for (const Span& s : mine) {
+    if (s.stream == kComputeStream && s.name == "optimizer step" && s.begin_ns >= b &&
+        s.begin_ns < e) {
+      opt_b = s.begin_ns;
+      opt_e = s.end_ns;
+    }
+  }
+  double* places = profile.data() + 3 * L;
+  int64_t cursor = b;  // the end of the previous span
+  bool in_backward = false;
+  for (const Span& s : blocks) {
+    const TraceArg* block = s.FindArg("block");
+    const int i = block != nullptr && block->is_num ? static_cast<int>(block->num) : -1;
+    if (i < 0 || i >= L) continue;
+    const bool forward = s.name == "forward" && !in_backward;
+    const double gap = busy(cursor, s.begin_ns);
+    if (cursor == b) {
+      places[0] += gap;  // before the first block
+    } else if (forward) {
+      places[1] += gap;
+    } else if (!in_backward) {
+      places[2] += gap;  // the head: the last forward to the first backward or recompute
+    } else {
+      places[3] += gap;
+    }
+    if (!forward) in_backward = true;
+    const int col = forward ? 0 : s.name == "backward" ? 1 : 2;
+    profile[col * L + i] += static_cast<double>(s.duration_ns()) * ns;
+    cursor = s.end_ns;
+  }
+  places[4] += busy(cursor, opt_b);
+  places[5] += busy(opt_e, e);
+}
 
 // The timeline of one measured step [b, e) of `rank`, from its spans (`mine`).
 void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, RankFigures& f) {
@@ -191,6 +248,7 @@ void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, Ra
     }
   }
   f.compute.push_back(static_cast<double>(UnionNs(blocks, rank, kComputeStream, b, e)) * ns);
+  AddProfile(mine, blocks, rank, b, e, f.profile);
   f.exposed.push_back(static_cast<double>(ExposedNs(mine, rank, kWaitStream, b, e)) * ns);
   f.optimizer.push_back(optimizer * ns);
   f.comm_bytes.push_back(comm);
@@ -234,6 +292,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   std::vector<int32_t> inputs(n), targets(n);
   const int V = mc.vocab_size();
   RankFigures f;
+  f.profile.assign(RankFigures::ProfileSize(mc.num_layers()), 0.0);
   std::vector<std::pair<int64_t, int64_t>> windows;
   float loss = 0;
   for (int step = 0; step < c.warmup_steps + c.steps; ++step) {
@@ -271,13 +330,14 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
 
   // Every rank's figures to every rank.
   const std::vector<double> packed = f.Pack();
-  const int size = RankFigures::Size(c.steps);
+  const int L = mc.num_layers();
+  const int size = RankFigures::Size(c.steps, L);
   std::vector<double> all(static_cast<size_t>(size) * W);
   FSDP_RETURN_IF_ERROR(world.AllGather(packed.data(), all.data(), size, DType::kF64));
   // The tracer may be restored once every rank has read its spans.
   FSDP_RETURN_IF_ERROR(world.Barrier());
   std::vector<RankFigures> ranks;
-  for (int r = 0; r < W; ++r) ranks.push_back(RankFigures::Unpack(all.data() + r * size, c.steps));
+  for (int r = 0; r < W; ++r) ranks.push_back(RankFigures::Unpack(all.data() + r * size, c.steps, L));
 
   BenchResult out;
   out.model = mc.name();
@@ -362,6 +422,20 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
     o2.peak_bytes = std::max(o2.peak_bytes, m.peak_bytes);
   }
   out.host_syncs_per_step = sum_syncs / samples;
+  std::vector<double> profile(RankFigures::ProfileSize(L), 0.0);
+  for (const RankFigures& r : ranks) {
+    for (size_t k = 0; k < profile.size(); ++k) profile[k] += r.profile[k] / samples;
+  }
+  out.block_forward_s.assign(profile.begin(), profile.begin() + L);
+  out.block_backward_s.assign(profile.begin() + L, profile.begin() + 2 * L);
+  out.block_recompute_s.assign(profile.begin() + 2 * L, profile.begin() + 3 * L);
+  const double* places = profile.data() + 3 * L;
+  out.before_blocks_s = places[0];
+  out.forward_gaps_s = places[1];
+  out.head_s = places[2];
+  out.backward_gaps_s = places[3];
+  out.after_blocks_s = places[4];
+  out.after_optimizer_s = places[5];
   out.final_loss = static_cast<float>(ranks[0].loss);
   out.scaling_efficiency = std::numeric_limits<double>::quiet_NaN();
   out.baseline_tokens_per_s = std::numeric_limits<double>::quiet_NaN();

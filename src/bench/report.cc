@@ -184,7 +184,7 @@ void YGrid(std::string& s, double ymax, int left, int pw, const YPos& ypos) {
 // A line chart of y(r) against the world size, one line per series.
 std::string LineChart(const std::vector<BenchResult>& results, const std::string& title,
                       const std::string& y_label, double (*y)(const BenchResult&),
-                      double reference) {
+                      double reference, int mark_world = 0, double mark_value = 0) {
   const int W = 760, H = 440, left = 70, right = 230, top = 40, bottom = 60;
   const int pw = W - left - right, ph = H - top - bottom;
   std::set<int> worlds;
@@ -201,6 +201,7 @@ std::string LineChart(const std::vector<BenchResult>& results, const std::string
     ymax = std::max(ymax, v);
   }
   ymax = NiceMax(ymax * 1.05);
+  if (mark_world > 0 && mark_value > 0) worlds.insert(mark_world);
   std::vector<int> xs(worlds.begin(), worlds.end());
   auto xpos = [&](int world) {
     const size_t i = std::lower_bound(xs.begin(), xs.end(), world) - xs.begin();
@@ -255,6 +256,16 @@ std::string LineChart(const std::vector<BenchResult>& results, const std::string
                           "<text x=\"%d\" y=\"%d\">%s</text>\n",
                           left + pw + 15, ly - 10, color, left + pw + 32, ly, Esc(order[k]));
   }
+  if (mark_world > 0 && mark_value > 0) {
+    const double mx = xpos(mark_world), my = ypos(mark_value);
+    absl::StrAppendFormat(&s,
+                          "<rect x=\"%.1f\" y=\"%.1f\" width=\"9\" height=\"9\" fill=\"black\">"
+                          "<title>published: %s at %d ranks</title></rect>\n"
+                          "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\">"
+                          "published %s</text>\n",
+                          mx - 4.5, my - 4.5, Num(mark_value), mark_world, mx - 8, my + 4,
+                          Num(mark_value));
+  }
   s += "</svg>\n";
   return s;
 }
@@ -289,6 +300,13 @@ std::string EfficiencySvg(const std::vector<BenchResult>& results) {
                    "Weak-scaling efficiency: tokens/s at N / (N x tokens/s at 1 rank)",
                    "scaling efficiency",
                    [](const BenchResult& r) { return r.scaling_efficiency; }, 1.0);
+}
+
+std::string ScalingEfficiencySvg(const std::vector<BenchResult>& results,
+                                 const std::string& title, int mark_world, double mark_value) {
+  return LineChart(results, title, "scaling efficiency",
+                   [](const BenchResult& r) { return r.scaling_efficiency; }, 1.0, mark_world,
+                   mark_value);
 }
 
 std::string StepSplitSvg(const std::vector<BenchResult>& results) {

@@ -1,0 +1,618 @@
+// Projection of a sharded training step onto a described cluster (fsdp/project.h): a replay of
+// the sharding runtime's step with a compute thread and one serial queue per communicator.
+#include "fsdp/project.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace fsdp {
+namespace {
+
+absl::Status Bad(std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("ProjectStep: ", std::string(what)));
+}
+
+bool IsHybrid(ShardingStrategy s) {
+  return s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardGradOp;
+}
+
+bool FiniteNonNegative(double x) { return std::isfinite(x) && x >= 0; }
+
+absl::Status CheckLink(const LinkSpec& l) {
+  for (auto [name, v] : {std::pair<const char*, double>{"intra_bytes_per_s", l.intra_bytes_per_s},
+                         {"intra_latency_s", l.intra_latency_s},
+                         {"inter_bytes_per_s", l.inter_bytes_per_s},
+                         {"inter_latency_s", l.inter_latency_s}}) {
+    if (!FiniteNonNegative(v)) {
+      return Bad(absl::StrCat("link ", name, "=", v, ": allowed: a finite number >= 0"));
+    }
+  }
+  for (auto [name, v] : {std::pair<const char*, double>{"intra_efficiency", l.intra_efficiency},
+                         {"inter_efficiency", l.inter_efficiency}}) {
+    if (!std::isfinite(v) || v <= 0 || v > 1) {
+      return Bad(absl::StrCat("link ", name, "=", v, ": allowed: a fraction in (0, 1]"));
+    }
+  }
+  if (l.ranks_per_host < 0) {
+    return Bad(absl::StrCat("link ranks_per_host=", l.ranks_per_host,
+                            ": allowed: 0 (one host) or the ranks of each host"));
+  }
+  return absl::OkStatus();
+}
+
+int HostOf(int rank, const LinkSpec& l) { return l.ranks_per_host > 0 ? rank / l.ranks_per_host : 0; }
+
+// The local communicator's TransferSeconds (collectives/local/local_group.cc).
+double Transfer(int a, int b, double bytes, const LinkSpec& l) {
+  const bool inter = HostOf(a, l) != HostOf(b, l);
+  const double bw = inter ? l.inter_bytes_per_s : l.intra_bytes_per_s;
+  const double lat = inter ? l.inter_latency_s : l.intra_latency_s;
+  return lat + (bw > 0 ? bytes / bw : 0.0);
+}
+
+// The slowest rank's charge for sending `bytes` to every other rank of the group.
+double AllPeers(const std::vector<int>& g, double bytes, const LinkSpec& l) {
+  double worst = 0;
+  for (int r : g) {
+    double s = 0;
+    for (int q : g) {
+      if (q != r) s += Transfer(r, q, bytes, l);
+    }
+    worst = std::max(worst, s);
+  }
+  return worst;
+}
+
+double SimulatedSeconds(CollectiveKind kind, int64_t bytes, int elem, const std::vector<int>& g,
+                        const LinkSpec& l) {
+  const int n = static_cast<int>(g.size());
+  if (kind == CollectiveKind::kAllReduce) {
+    const int64_t count = bytes / elem;
+    const int64_t align = std::max<int64_t>(1, 64 / elem);
+    const int64_t per = ((count + n - 1) / n + align - 1) / align * align;
+    return 2 * AllPeers(g, static_cast<double>(per * elem), l);
+  }
+  return AllPeers(g, static_cast<double>(bytes) / n, l);
+}
+
+double Div(double bytes, double bw) { return bw > 0 ? bytes / bw : 0.0; }
+
+double RingSeconds(CollectiveKind kind, int64_t bytes, const std::vector<int>& g,
+                   const LinkSpec& l, bool hierarchical) {
+  const int n = static_cast<int>(g.size());
+  std::set<int> hosts;
+  for (int r : g) hosts.insert(HostOf(r, l));
+  const int h = static_cast<int>(hosts.size());
+  const int per_host = n / h;  // ranks of the group on each host
+  const int host_ranks = l.ranks_per_host > 0 ? l.ranks_per_host : n;
+  // Groups of the same shape run at once on every host (every rank runs the same step): they
+  // share the host's network interface.
+  const int sharing = std::max(1, host_ranks / per_host);
+  const double intra_bw = l.intra_bytes_per_s * l.intra_efficiency;
+  const double nic_bw = l.inter_bytes_per_s * l.inter_efficiency / sharing;
+  const double phases = kind == CollectiveKind::kAllReduce ? 2.0 : 1.0;
+  const double S = static_cast<double>(bytes);
+  if (h == 1) {
+    return phases * ((n - 1) * l.intra_latency_s + Div((n - 1.0) / n * S, intra_bw));
+  }
+  if (hierarchical) {
+    // Among hosts: h ranks with the same local index, each with 1/per_host of the group's
+    // share of the interface, move (h-1)/h of S/per_host; then inside the host (per_host
+    // ranks, (per_host-1)/per_host of S).
+    const double inter = (h - 1) * l.inter_latency_s +
+                         Div((h - 1.0) / h * S / per_host, nic_bw / per_host);
+    const double intra = per_host > 1 ? (per_host - 1) * l.intra_latency_s +
+                                            Div((per_host - 1.0) / per_host * S, intra_bw)
+                                      : 0.0;
+    return phases * (inter + intra);
+  }
+  // A ring: (n-1)/n S through each hop and through each host's interface; hops: h cross hosts,
+  // the others stay inside a host (per step of the n-1).
+  const double bw = per_host > 1 ? std::min(intra_bw > 0 ? intra_bw : nic_bw, nic_bw) : nic_bw;
+  const double latency = (n - h) * l.intra_latency_s + (h - 1) * l.inter_latency_s;
+  return phases * (latency + Div((n - 1.0) / n * S, bw));
+}
+
+// ---- the replay ----------------------------------------------------------------------------
+
+enum class State { kIdle, kForward, kForwardDone, kBackward, kBackwardDone };
+
+class Replay {
+ public:
+  Replay(const StepProfile& p, const LinkSpec& l, const ProjectionRun& run, int S, int R)
+      : p_(p), link_(l), run_(run), S_(S), R_(R) {
+    const int U = static_cast<int>(p.unit_numel.size());
+    units_.resize(U);
+    // Rank 0's groups (ranks r = replicate index x S + shard index); every rank's look alike.
+    for (int i = 0; i < S; ++i) shard_group_.push_back(i);
+    for (int i = 0; i < R; ++i) replicate_group_.push_back(i * S);
+    for (int u = 0; u < U; ++u) forward_order_.push_back(u);
+    backward_order_.push_back(0);
+    for (int u = U - 1; u >= 1; --u) backward_order_.push_back(u);
+  }
+
+  absl::StatusOr<Projection> Run() {
+    const int L = p_.num_blocks();
+    // Forward.
+    FSDP_RETURN_IF_ERROR(PreForward(0));
+    Compute(p_.before_blocks_s);
+    for (int i = 0; i < L; ++i) {
+      FSDP_RETURN_IF_ERROR(PreForward(i + 1));
+      Compute(p_.forward_gaps_s / L + p_.block_forward_s[i]);
+      PostForward(i + 1);
+    }
+    // The head: its forward (a third) before PostForward(root), its backward after.
+    Compute(p_.head_s / 3);
+    PostForward(0);
+    in_backward_ = true;
+    forward_recorded_ = true;
+    FSDP_RETURN_IF_ERROR(PreBackward(0));
+    Compute(p_.head_s * 2 / 3);
+    for (int i = L - 1; i >= 0; --i) {
+      FSDP_RETURN_IF_ERROR(PreBackward(i + 1));
+      Compute(p_.backward_gaps_s / L + p_.block_recompute_s[i] + p_.block_backward_s[i]);
+      FSDP_RETURN_IF_ERROR(PostBackward(i + 1));
+    }
+    Compute(p_.after_blocks_s);
+    FSDP_RETURN_IF_ERROR(PostBackward(0));
+    FSDP_RETURN_IF_ERROR(Progress(true));
+    // The optimizer step: the gradient norm's all_gather (an f32 pair per rank) over the
+    // shard group, then the update.
+    if (S_ > 1) {
+      FSDP_ASSIGN_OR_RETURN(int c, Issue(true, CollectiveKind::kAllGather, 8LL * S_, 4, -1));
+      Wait(c);
+    }
+    Compute(p_.optimizer_s + p_.after_optimizer_s);
+    t_ += p_.sync_s;
+    exposed_ += p_.sync_s;
+
+    Projection out;
+    out.step_s = t_;
+    out.compute_s = p_.compute_s();
+    out.exposed_comm_s = exposed_;
+    out.shard_size = S_;
+    out.replicate_size = R_;
+    std::vector<std::pair<double, double>> spans;
+    for (const ProjectedCollective& c : colls_) {
+      out.comm_total_s += c.end_s - c.start_s;
+      spans.push_back({c.start_s, c.end_s});
+      const double n = c.group == "shard" ? S_ : R_;
+      out.comm_bytes_per_rank += static_cast<double>(c.bytes);
+      out.bus_bytes_per_rank += (c.kind == "all_reduce" ? 2 : 1) * static_cast<double>(c.bytes) *
+                                (n - 1) / n;
+    }
+    std::sort(spans.begin(), spans.end());
+    double covered_to = 0;
+    for (auto [b, e] : spans) {
+      b = std::max(b, covered_to);
+      if (e > b) {
+        out.comm_busy_s += e - b;
+        covered_to = e;
+      }
+    }
+    out.tokens_per_s = p_.tokens_per_rank > 0 && t_ > 0
+                           ? static_cast<double>(p_.tokens_per_rank) * run_.world_size / t_
+                           : 0;
+    out.collectives = std::move(colls_);
+    return out;
+  }
+
+ private:
+  struct Unit {
+    bool gathered = false;
+    int gather = -1;  // the collective of its gather in flight, until waited for
+    bool prefetched = false;
+    State state = State::kIdle;
+  };
+
+  int64_t Padded(int u) const {
+    const int64_t n = p_.unit_numel[u];
+    return (n + S_ - 1) / S_ * S_;
+  }
+
+  // `s` seconds of compute; while a collective runs beside it, compute runs at 1 - slowdown of
+  // its speed (every collective issued so far has its times fixed already).
+  void Compute(double s) {
+    const double f = run_.overlap_slowdown;
+    if (f <= 0 || s <= 0) {
+      t_ += s;
+      return;
+    }
+    std::vector<std::pair<double, double>> busy;
+    for (const ProjectedCollective& c : colls_) {
+      if (c.end_s > t_) busy.push_back({std::max(c.start_s, t_), c.end_s});
+    }
+    std::sort(busy.begin(), busy.end());
+    double left = s;
+    for (auto [b, e] : busy) {
+      if (e <= t_) continue;
+      b = std::max(b, t_);
+      if (b > t_) {  // free of communication until b
+        if (t_ + left <= b) break;
+        left -= b - t_;
+        t_ = b;
+      }
+      const double slow = (e - t_) * (1 - f);  // work done until e
+      if (slow >= left) {
+        t_ += left / (1 - f);
+        return;
+      }
+      left -= slow;
+      t_ = e;
+    }
+    t_ += left;
+  }
+
+  absl::StatusOr<int> Issue(bool shard, CollectiveKind kind, int64_t bytes, int elem, int unit) {
+    const std::vector<int>& g = shard ? shard_group_ : replicate_group_;
+    FSDP_ASSIGN_OR_RETURN(double d, CollectiveSeconds(kind, bytes, elem, g, link_));
+    double& free = shard ? shard_free_ : replicate_free_;
+    ProjectedCollective c;
+    c.kind = kind == CollectiveKind::kAllGather       ? "all_gather"
+             : kind == CollectiveKind::kReduceScatter ? "reduce_scatter"
+                                                      : "all_reduce";
+    c.group = shard ? "shard" : "replicate";
+    c.unit = unit;
+    c.bytes = bytes;
+    c.start_s = std::max(t_, free);
+    c.end_s = c.start_s + d;
+    free = c.end_s;
+    colls_.push_back(c);
+    return static_cast<int>(colls_.size()) - 1;
+  }
+  void Wait(int c) {
+    if (c < 0) return;
+    if (colls_[c].end_s > t_) {
+      exposed_ += colls_[c].end_s - t_;
+      t_ = colls_[c].end_s;
+    }
+  }
+  bool Done(int c) const { return c < 0 || colls_[c].end_s <= t_; }
+
+  absl::Status IssueGather(int u) {
+    Unit& unit = units_[u];
+    if (unit.gathered || S_ == 1) return absl::OkStatus();
+    unit.gathered = true;
+    const int e = static_cast<int>(DTypeSize(p_.param_dtype));
+    FSDP_ASSIGN_OR_RETURN(unit.gather, Issue(true, CollectiveKind::kAllGather, Padded(u) * e, e, u));
+    return absl::OkStatus();
+  }
+  absl::Status Acquire(int u, const std::vector<int>& order) {
+    Unit& unit = units_[u];
+    if (unit.prefetched) {
+      unit.prefetched = false;
+      --prefetched_;
+    }
+    FSDP_RETURN_IF_ERROR(IssueGather(u));
+    if (run_.prefetch && S_ > 1) {
+      auto pos = std::find(order.begin(), order.end(), u);
+      for (auto it = pos == order.end() ? pos : pos + 1; it != order.end() && prefetched_ < 1;
+           ++it) {
+        Unit& next = units_[*it];
+        const State want = in_backward_ ? State::kForwardDone : State::kIdle;
+        if (next.gathered || next.state != want) continue;
+        FSDP_RETURN_IF_ERROR(IssueGather(*it));
+        next.prefetched = true;
+        ++prefetched_;
+        break;
+      }
+    }
+    Wait(unit.gather);
+    unit.gather = -1;
+    return absl::OkStatus();
+  }
+  void Free(int u) {
+    Unit& unit = units_[u];
+    if (!unit.gathered) return;
+    unit.gathered = false;
+    unit.gather = -1;
+    if (unit.prefetched) {
+      unit.prefetched = false;
+      --prefetched_;
+    }
+  }
+  bool ReshardAfterForward() const {
+    return run_.strategy == ShardingStrategy::kFullShard ||
+           run_.strategy == ShardingStrategy::kHybridShard;
+  }
+  bool NeededFirstInBackward(int u) const {
+    return u == forward_order_.front() || (forward_recorded_ && u == forward_order_.back());
+  }
+
+  absl::Status PreForward(int u) {
+    in_backward_ = false;
+    FSDP_RETURN_IF_ERROR(Acquire(u, forward_order_));
+    units_[u].state = State::kForward;
+    return absl::OkStatus();
+  }
+  void PostForward(int u) {
+    // The replay is of a step after the first: the order has been recorded.
+    if (ReshardAfterForward() && !NeededFirstInBackward(u)) Free(u);
+    units_[u].state = State::kForwardDone;
+  }
+  absl::Status PreBackward(int u) {
+    FSDP_RETURN_IF_ERROR(Acquire(u, backward_order_));
+    units_[u].state = State::kBackward;
+    return absl::OkStatus();
+  }
+  absl::Status PostBackward(int u) {
+    Free(u);
+    if (S_ > 1 || R_ > 1) {
+      const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
+      int c = -1;
+      if (S_ > 1) {
+        FSDP_ASSIGN_OR_RETURN(c, Issue(true, CollectiveKind::kReduceScatter, Padded(u) * e, e, u));
+      } else {
+        FSDP_ASSIGN_OR_RETURN(c, Issue(false, CollectiveKind::kAllReduce, Padded(u) * e, e, u));
+      }
+      shard_reductions_.push_back({u, c});
+    }
+    FSDP_RETURN_IF_ERROR(Progress(false));
+    units_[u].state = State::kBackwardDone;
+    return absl::OkStatus();
+  }
+  // ProgressReductions of src/fsdp/reduce.cc on a host backend, at most one reduction in
+  // flight beyond the newest.
+  absl::Status Progress(bool drain) {
+    const size_t in_flight = drain ? 0 : 1;
+    const bool collective_next = S_ > 1 && R_ > 1;
+    while (!shard_reductions_.empty()) {
+      auto [u, c] = shard_reductions_.front();
+      const bool done = Done(c);
+      const bool move_now = collective_next ? false : done;
+      if (!move_now && !drain && shard_reductions_.size() <= in_flight) break;
+      Wait(c);
+      shard_reductions_.pop_front();
+      if (collective_next) {
+        const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
+        FSDP_ASSIGN_OR_RETURN(int ar, Issue(false, CollectiveKind::kAllReduce,
+                                            Padded(u) / S_ * e, e, u));
+        replica_reductions_.push_back({u, ar});
+      }
+    }
+    while (!replica_reductions_.empty()) {
+      auto [u, c] = replica_reductions_.front();
+      if (!drain && !Done(c) && replica_reductions_.size() <= in_flight) break;
+      Wait(c);
+      replica_reductions_.pop_front();
+    }
+    return absl::OkStatus();
+  }
+
+  const StepProfile& p_;
+  const LinkSpec& link_;
+  const ProjectionRun& run_;
+  const int S_, R_;
+  std::vector<int> shard_group_, replicate_group_, forward_order_, backward_order_;
+  std::vector<Unit> units_;
+  std::vector<ProjectedCollective> colls_;
+  std::deque<std::pair<int, int>> shard_reductions_, replica_reductions_;
+  double t_ = 0, exposed_ = 0, shard_free_ = 0, replicate_free_ = 0;
+  int prefetched_ = 0;
+  bool in_backward_ = false, forward_recorded_ = true;
+};
+
+}  // namespace
+
+double StepProfile::compute_s() const {
+  double s = before_blocks_s + forward_gaps_s + head_s + backward_gaps_s + after_blocks_s +
+             optimizer_s + after_optimizer_s;
+  for (double x : block_forward_s) s += x;
+  for (double x : block_backward_s) s += x;
+  for (double x : block_recompute_s) s += x;
+  return s;
+}
+
+std::string_view CollectiveAlgorithmName(CollectiveAlgorithm a) {
+  switch (a) {
+    case CollectiveAlgorithm::kSimulatedLink: return "simulated";
+    case CollectiveAlgorithm::kRing: return "ring";
+    case CollectiveAlgorithm::kHierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+absl::StatusOr<CollectiveAlgorithm> ParseCollectiveAlgorithm(std::string_view name) {
+  const std::string n = absl::AsciiStrToLower(std::string(name));
+  if (n == "simulated") return CollectiveAlgorithm::kSimulatedLink;
+  if (n == "ring") return CollectiveAlgorithm::kRing;
+  if (n == "hierarchical") return CollectiveAlgorithm::kHierarchical;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "collective algorithm '", std::string(name), "': allowed: simulated, ring, hierarchical"));
+}
+
+LinkSpec SimulatedLink(const CommOptions& o) {
+  LinkSpec l;
+  l.algorithm = CollectiveAlgorithm::kSimulatedLink;
+  l.ranks_per_host = o.ranks_per_host;
+  l.intra_bytes_per_s = o.link_bytes_per_second;
+  l.intra_latency_s = std::max(0.0, absl::ToDoubleSeconds(o.link_latency));
+  l.inter_bytes_per_s = o.inter_host_bytes_per_second;
+  l.inter_latency_s = std::max(0.0, absl::ToDoubleSeconds(o.inter_host_latency));
+  return l;
+}
+
+absl::StatusOr<double> CollectiveSeconds(CollectiveKind kind, int64_t bytes, int elem_bytes,
+                                         const std::vector<int>& group, const LinkSpec& link) {
+  FSDP_RETURN_IF_ERROR(CheckLink(link));
+  if (kind != CollectiveKind::kAllGather && kind != CollectiveKind::kReduceScatter &&
+      kind != CollectiveKind::kAllReduce) {
+    return Bad(absl::StrCat("CollectiveSeconds: ", std::string(CollectiveName(kind)),
+                            ": allowed: all_gather, reduce_scatter, all_reduce"));
+  }
+  if (bytes < 0 || elem_bytes < 1) {
+    return Bad(absl::StrCat("CollectiveSeconds: bytes=", bytes, ", elem_bytes=", elem_bytes,
+                            ": allowed: bytes >= 0, elem_bytes >= 1"));
+  }
+  if (group.empty()) return Bad("CollectiveSeconds: an empty group");
+  if (group.size() == 1) return 0.0;
+  switch (link.algorithm) {
+    case CollectiveAlgorithm::kSimulatedLink:
+      return SimulatedSeconds(kind, bytes, elem_bytes, group, link);
+    case CollectiveAlgorithm::kRing:
+      return RingSeconds(kind, bytes, group, link, false);
+    case CollectiveAlgorithm::kHierarchical:
+      return RingSeconds(kind, bytes, group, link, true);
+  }
+  return Bad("CollectiveSeconds: unknown algorithm");
+}
+
+absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& link,
+                                       const ProjectionRun& run) {
+  const int L = p.num_blocks();
+  if (L < 1) return Bad("the profile has no blocks: give each block's forward and backward time");
+  if (static_cast<int>(p.block_backward_s.size()) != L ||
+      static_cast<int>(p.block_recompute_s.size()) != L) {
+    return Bad(absl::StrCat("the profile has ", L, " forward, ", p.block_backward_s.size(),
+                            " backward and ", p.block_recompute_s.size(),
+                            " recompute times: give one of each per block"));
+  }
+  if (static_cast<int>(p.unit_numel.size()) != L + 1) {
+    return Bad(absl::StrCat("the profile has ", p.unit_numel.size(), " unit sizes for ", L,
+                            " blocks: give the root unit's and each block's (", L + 1, ")"));
+  }
+  for (int64_t n : p.unit_numel) {
+    if (n < 1) return Bad(absl::StrCat("a unit of ", n, " elements: allowed: 1 or more"));
+  }
+  for (const std::vector<double>* v :
+       {&p.block_forward_s, &p.block_backward_s, &p.block_recompute_s}) {
+    for (double x : *v) {
+      if (!FiniteNonNegative(x)) {
+        return Bad(absl::StrCat("a block time of ", x, " s: allowed: finite and >= 0"));
+      }
+    }
+  }
+  for (double x : {p.before_blocks_s, p.forward_gaps_s, p.head_s, p.backward_gaps_s,
+                   p.after_blocks_s, p.optimizer_s, p.after_optimizer_s, p.sync_s}) {
+    if (!FiniteNonNegative(x)) {
+      return Bad(absl::StrCat("a compute time of ", x, " s: allowed: finite and >= 0"));
+    }
+  }
+  FSDP_RETURN_IF_ERROR(CheckLink(link));
+  if (!std::isfinite(run.overlap_slowdown) || run.overlap_slowdown < 0 ||
+      run.overlap_slowdown >= 1) {
+    return Bad(absl::StrCat("overlap_slowdown=", run.overlap_slowdown,
+                            ": allowed: a fraction in [0, 1)"));
+  }
+  const int W = run.world_size;
+  if (W < 1) return Bad(absl::StrCat("world_size=", W, ": allowed: 1 or more ranks"));
+  if (link.ranks_per_host > 0 && W > link.ranks_per_host && W % link.ranks_per_host != 0) {
+    return Bad(absl::StrCat("ranks_per_host=", link.ranks_per_host, " does not divide the ",
+                            W, " ranks: every host holds the same number of ranks"));
+  }
+  int S = W, R = 1;
+  if (run.strategy == ShardingStrategy::kNoShard) {
+    S = 1;
+    R = W;
+  } else if (IsHybrid(run.strategy)) {
+    S = run.hybrid_shard_size;
+    if (S <= 0) {
+      const int rph = link.ranks_per_host;
+      S = rph > 0 && rph <= W && W % rph == 0 ? rph : W;
+    }
+    if (S > W) S = W;
+    if (W % S != 0) {
+      return Bad(absl::StrCat("hybrid_shard_size=", run.hybrid_shard_size, " does not divide the ",
+                              W, " ranks: give a divisor of the world size"));
+    }
+    R = W / S;
+  }
+  Replay replay(p, link, run, S, R);
+  return replay.Run();
+}
+
+absl::StatusOr<StepProfile> ProfileFromBench(const BenchResult& r, const nn::ModelConfig& config) {
+  const int L = config.num_layers();
+  if (static_cast<int>(r.block_forward_s.size()) != L ||
+      static_cast<int>(r.block_backward_s.size()) != L ||
+      static_cast<int>(r.block_recompute_s.size()) != L) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ProfileFromBench: the result has ", r.block_forward_s.size(),
+        " per-block times for a model of ", L, " blocks: pass the result of RunBench for ",
+        config.name()));
+  }
+  StepProfile p;
+  p.source = absl::StrCat("measured: ", r.model, " ", r.strategy, " ", r.world_size,
+                          r.world_size == 1 ? " rank" : " ranks", ", B=", r.batch_size,
+                          " T=", r.seq_len, ", ", r.threads_per_rank, " thread(s) per rank");
+  for (int u = 0; u < config.num_units(); ++u) p.unit_numel.push_back(config.UnitNumel(u));
+  p.block_forward_s = r.block_forward_s;
+  p.block_backward_s = r.block_backward_s;
+  p.block_recompute_s = r.block_recompute_s;
+  p.before_blocks_s = r.before_blocks_s;
+  p.forward_gaps_s = r.forward_gaps_s;
+  p.head_s = r.head_s;
+  p.backward_gaps_s = r.backward_gaps_s;
+  p.after_blocks_s = r.after_blocks_s;
+  p.optimizer_s = r.optimizer_s;
+  p.after_optimizer_s = r.after_optimizer_s;
+  const bool no_link = r.link_gbps == 0 && r.link_latency_us == 0 && r.inter_gbps == 0 &&
+                       r.inter_latency_us == 0;
+  p.sync_s = no_link ? r.exposed_comm_s : 0;
+  p.param_dtype = r.param_dtype;
+  p.reduce_dtype = r.reduce_dtype;
+  p.tokens_per_rank = static_cast<int64_t>(r.batch_size) * r.seq_len;
+  p.model_flops_per_rank = config.flops_per_step(p.tokens_per_rank, r.seq_len);
+  return p;
+}
+
+absl::StatusOr<StepProfile> ProfileFromFlops(const nn::ModelConfig& config,
+                                             const DeviceSpec& d, const FlopsWorkload& w,
+                                             int shard_size) {
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("ProfileFromFlops: ", parts...));
+  };
+  if (!std::isfinite(d.peak_flops) || d.peak_flops <= 0) {
+    return bad("peak_flops=", d.peak_flops, ": give the device's dense FLOP/s (> 0)");
+  }
+  if (!std::isfinite(d.achieved_fraction) || d.achieved_fraction <= 0 ||
+      d.achieved_fraction > 1) {
+    return bad("achieved_fraction=", d.achieved_fraction, ": allowed: a fraction in (0, 1]");
+  }
+  if (!std::isfinite(d.memory_bytes_per_s) || d.memory_bytes_per_s <= 0) {
+    return bad("memory_bytes_per_s=", d.memory_bytes_per_s, ": give the HBM bandwidth (> 0)");
+  }
+  const int T = w.seq_len > 0 ? w.seq_len : config.block_size();
+  if (T > config.block_size()) {
+    return bad("seq_len=", T, ": allowed: 1 to the block size of ", config.name(), ", ",
+               config.block_size());
+  }
+  if (w.batch_size < 1) return bad("batch_size=", w.batch_size, ": allowed: 1 or more");
+  if (shard_size < 1) return bad("shard_size=", shard_size, ": allowed: 1 or more");
+  if (w.checkpoint_every < 0) return bad("checkpoint_every=", w.checkpoint_every);
+  const double rate = d.peak_flops * d.achieved_fraction;
+  const double tokens = static_cast<double>(w.batch_size) * T;
+  const int L = config.num_layers();
+  const double C = config.channels();
+  StepProfile p;
+  p.source = absl::StrCat("FLOPs: ", config.name(), " on ", d.name, " at ", d.achieved_fraction,
+                          " of ", d.peak_flops / 1e12, " TFLOP/s, B=", w.batch_size, " T=", T);
+  for (int u = 0; u < config.num_units(); ++u) p.unit_numel.push_back(config.UnitNumel(u));
+  for (int i = 0; i < L; ++i) {
+    const double fwd = 2.0 * static_cast<double>(config.UnitNumel(i + 1)) * tokens +
+                       4.0 * C * T * tokens;
+    p.block_forward_s.push_back(fwd / rate);
+    p.block_backward_s.push_back(2 * fwd / rate);
+    const bool ckpt = w.checkpoint_every > 0 && i % w.checkpoint_every == 0;
+    p.block_recompute_s.push_back(ckpt ? fwd / rate : 0.0);
+  }
+  p.head_s = 6.0 * config.vocab_size() * C * tokens / rate;
+  // AdamW on the rank's shard: read the f32 master, gradient and two moments, write the master
+  // and the moments (28 bytes per parameter), memory-bound.
+  const double shard_params = static_cast<double>(config.num_parameters()) / shard_size;
+  p.optimizer_s = 28.0 * shard_params / d.memory_bytes_per_s;
+  p.param_dtype = w.param_dtype;
+  p.reduce_dtype = w.reduce_dtype;
+  p.tokens_per_rank = static_cast<int64_t>(tokens);
+  p.model_flops_per_rank = config.flops_per_step(p.tokens_per_rank, T);
+  return p;
+}
+
+}  // namespace fsdp

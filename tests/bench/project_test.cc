@@ -1,0 +1,415 @@
+// The projection (fsdp/project.h): the replay of a step against timelines worked out by hand,
+// the collectives' costs against the simulated link's and the ring's formulas, the profile of
+// a measured run, bad input, and fsdp_bench --project / --validate_projection.
+#include "fsdp/project.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "fsdp/bench.h"
+#include "gtest/gtest.h"
+
+namespace fsdp {
+namespace {
+
+// Two blocks, every unit 400 f32 elements (divisible by 2 and 4: no padding), forward 2 s and
+// backward 3 s per block, optimizer 0.5 s, nothing else.
+StepProfile TwoBlocks() {
+  StepProfile p;
+  p.unit_numel = {400, 400, 400};
+  p.block_forward_s = {2, 2};
+  p.block_backward_s = {3, 3};
+  p.block_recompute_s = {0, 0};
+  p.optimizer_s = 0.5;
+  p.tokens_per_rank = 100;
+  return p;
+}
+
+// One level, 800 bytes/s, no latency: a gather or reduce-scatter of a unit on 2 ranks moves a
+// chunk of 800 bytes to the one peer, 1 s.
+LinkSpec OneSecondPerUnit() {
+  LinkSpec l;
+  l.intra_bytes_per_s = 800;
+  return l;
+}
+
+ProjectionRun MakeRun(ShardingStrategy s, int world, bool prefetch) {
+  ProjectionRun r;
+  r.strategy = s;
+  r.world_size = world;
+  r.prefetch = prefetch;
+  return r;
+}
+
+TEST(ProjectStep, FreeLinkIsTheCompute) {
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard}) {
+    for (bool prefetch : {false, true}) {
+      LinkSpec free;
+      free.ranks_per_host = 2;
+      absl::StatusOr<Projection> p = ProjectStep(TwoBlocks(), free, MakeRun(s, 4, prefetch));
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_DOUBLE_EQ(p->step_s, 10.5);
+      EXPECT_DOUBLE_EQ(p->compute_s, 10.5);
+      EXPECT_DOUBLE_EQ(p->exposed_comm_s, 0);
+      EXPECT_DOUBLE_EQ(p->tokens_per_s, 4 * 100 / 10.5);
+    }
+  }
+}
+
+// FULL_SHARD on 2 ranks without prefetch, worked out by hand (times in s):
+//   forward: gather root [0,1], block 0 [1,2], compute 2-4, block 1 [4,5], compute 5-7 (the
+//   root and the last block stay gathered); backward: block 1 7-10, reduce-scatter [10,11];
+//   block 0's gather is issued at 10 behind it, [11,12] (2 s waited), compute 12-15,
+//   reduce-scatter [15,16]; the root's queues behind, [16,17]: the runtime waits for the
+//   older one (1 s), then drains (1 s); the norm's all_gather (8 bytes) 0.01 s; optimizer.
+TEST(ProjectStep, WithoutPrefetchEveryTransferIsWaitedFor) {
+  absl::StatusOr<Projection> p =
+      ProjectStep(TwoBlocks(), OneSecondPerUnit(), MakeRun(ShardingStrategy::kFullShard, 2, false));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NEAR(p->exposed_comm_s, 7.01, 1e-12);
+  EXPECT_NEAR(p->step_s, 17.51, 1e-12);
+  EXPECT_NEAR(p->step_s, p->compute_s + p->exposed_comm_s, 1e-12);
+  // 4 gathers, 3 reduce-scatters and the norm's gather.
+  ASSERT_EQ(p->collectives.size(), 8u);
+  EXPECT_NEAR(p->comm_total_s, 7.01, 1e-12);
+  EXPECT_NEAR(p->comm_busy_s, 7.01, 1e-12);
+  // Bus bytes as BenchResult counts them: S (n-1)/n per collective.
+  EXPECT_NEAR(p->bus_bytes_per_rank, 7 * 1600 / 2.0 + 16 / 2.0, 1e-9);
+  EXPECT_NEAR(p->comm_bytes_per_rank, 7 * 1600 + 16, 1e-9);
+}
+
+// With prefetch: the next unit's gather is issued before this one's compute and overlaps it.
+//   forward: root [0,1] and block 0 [1,2] issued at once (2 s waited), block 1 [2,3] during
+//   block 0's compute (2-4), block 1 computes 4-6; backward: block 0's gather [6,7] issued at
+//   the head, hidden by block 1's backward (6-9); reduce-scatters [9,10], [12,13], the root's
+//   [13,14]: 1 s waited for the older, 1 s drained; the norm 0.01 s.
+TEST(ProjectStep, PrefetchOverlapsTheNextGather) {
+  absl::StatusOr<Projection> p =
+      ProjectStep(TwoBlocks(), OneSecondPerUnit(), MakeRun(ShardingStrategy::kFullShard, 2, true));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NEAR(p->exposed_comm_s, 4.01, 1e-12);
+  EXPECT_NEAR(p->step_s, 14.51, 1e-12);
+  // The same bytes as without prefetch.
+  EXPECT_EQ(p->collectives.size(), 8u);
+  // SHARD_GRAD_OP keeps every unit gathered from forward into backward: no gathers in backward.
+  absl::StatusOr<Projection> sgo = ProjectStep(TwoBlocks(), OneSecondPerUnit(),
+                                               MakeRun(ShardingStrategy::kShardGradOp, 2, true));
+  ASSERT_TRUE(sgo.ok()) << sgo.status();
+  EXPECT_EQ(sgo->collectives.size(), 7u);
+  EXPECT_NEAR(sgo->step_s, 14.51, 1e-12);  // the backward gather was hidden anyway
+}
+
+// HYBRID_SHARD on 2 hosts of 2 ranks: free inside a host, 448 bytes/s between hosts. Each
+// unit's replica all_reduce moves its 200-element shard in two phases of a 112-element slice
+// (100 rounded up to 64 bytes) to the one peer: 2 x 448 / 448 = 2 s. A host backend moves a
+// reduction on (issues its all_reduce) only when a later unit's gradient comes, so the three
+// all_reduces run back to back after the last backward and are all waited for: 6 s.
+TEST(ProjectStep, HybridAllReducesAcrossHosts) {
+  LinkSpec l;
+  l.ranks_per_host = 2;
+  l.inter_bytes_per_s = 448;
+  absl::StatusOr<double> a = CollectiveSeconds(CollectiveKind::kAllReduce, 800, 4, {0, 2}, l);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_DOUBLE_EQ(*a, 2.0);
+  for (bool prefetch : {false, true}) {
+    absl::StatusOr<Projection> p =
+        ProjectStep(TwoBlocks(), l, MakeRun(ShardingStrategy::kHybridShard, 4, prefetch));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->shard_size, 2);
+    EXPECT_EQ(p->replicate_size, 2);
+    EXPECT_NEAR(p->exposed_comm_s, 6.0, 1e-12);
+    EXPECT_NEAR(p->step_s, 16.5, 1e-12);
+    int all_reduces = 0;
+    for (const ProjectedCollective& c : p->collectives) {
+      if (c.kind == "all_reduce") {
+        ++all_reduces;
+        EXPECT_EQ(c.group, "replicate");
+        EXPECT_EQ(c.bytes, 800);
+      }
+    }
+    EXPECT_EQ(all_reduces, 3);
+  }
+}
+
+// The local communicator's charge: the sum over peers of latency + chunk / bandwidth, at the
+// level of each pair.
+TEST(CollectiveSeconds, SimulatedLinkChargesEveryPeer) {
+  LinkSpec l;
+  l.ranks_per_host = 2;
+  l.intra_bytes_per_s = 100;
+  l.intra_latency_s = 0.5;
+  l.inter_bytes_per_s = 10;
+  l.inter_latency_s = 1;
+  // 4 ranks, chunk 100 bytes: one peer inside (0.5 + 1) and two outside (1 + 10 each).
+  absl::StatusOr<double> ag = CollectiveSeconds(CollectiveKind::kAllGather, 400, 4, {0, 1, 2, 3}, l);
+  ASSERT_TRUE(ag.ok()) << ag.status();
+  EXPECT_DOUBLE_EQ(*ag, 1.5 + 2 * 11);
+  absl::StatusOr<double> rs =
+      CollectiveSeconds(CollectiveKind::kReduceScatter, 400, 4, {0, 1, 2, 3}, l);
+  EXPECT_DOUBLE_EQ(*rs, *ag);
+  // One level: (n - 1) x (latency + chunk / bandwidth).
+  LinkSpec one;
+  one.intra_bytes_per_s = 100;
+  one.intra_latency_s = 0.5;
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllGather, 400, 4, {0, 1, 2, 3}, one),
+                   3 * 1.5);
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllGather, 400, 4, {0}, one), 0);
+}
+
+// NCCL's ring: (n-1)/n S at the slowest leg's bandwidth; the hosts' network shared by the
+// groups that run at once.
+TEST(CollectiveSeconds, RingAndHierarchical) {
+  LinkSpec l;
+  l.algorithm = CollectiveAlgorithm::kRing;
+  l.ranks_per_host = 8;
+  l.intra_bytes_per_s = 100e9;
+  l.inter_bytes_per_s = 50e9;
+  const int64_t S = 8'000'000'000;
+  std::vector<int> host(8), two_hosts(16);
+  for (int i = 0; i < 16; ++i) {
+    if (i < 8) host[i] = i;
+    two_hosts[i] = i;
+  }
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllGather, S, 2, host, l),
+                   7.0 / 8 * S / 100e9);
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllReduce, S, 2, host, l),
+                   2 * 7.0 / 8 * S / 100e9);
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllGather, S, 2, two_hosts, l),
+                   15.0 / 16 * S / 50e9);
+  // One rank per host, as HYBRID's replicate groups: 8 such groups share each host's network.
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllReduce, S, 2, {0, 8}, l),
+                   2 * 0.5 * S / (50e9 / 8));
+  // Achieved fractions scale the bandwidths; latency per hop.
+  l.inter_efficiency = 0.5;
+  l.inter_latency_s = 1e-3;
+  l.intra_latency_s = 1e-4;
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllGather, S, 2, two_hosts, l),
+                   14 * 1e-4 + 1 * 1e-3 + 15.0 / 16 * S / 25e9);
+  l.inter_efficiency = 1;
+  l.inter_latency_s = l.intra_latency_s = 0;
+  l.algorithm = CollectiveAlgorithm::kHierarchical;
+  EXPECT_DOUBLE_EQ(*CollectiveSeconds(CollectiveKind::kAllGather, S, 2, two_hosts, l),
+                   0.5 * S / 8 / (50e9 / 8) + 7.0 / 8 * S / 100e9);
+}
+
+TEST(ProjectStep, ComputeSlowsWhileCollectivesRun) {
+  ProjectionRun run = MakeRun(ShardingStrategy::kFullShard, 2, true);
+  absl::StatusOr<Projection> fast = ProjectStep(TwoBlocks(), OneSecondPerUnit(), run);
+  run.overlap_slowdown = 0.5;
+  absl::StatusOr<Projection> slow = ProjectStep(TwoBlocks(), OneSecondPerUnit(), run);
+  ASSERT_TRUE(fast.ok() && slow.ok());
+  // Block 1's gather [2,3] runs during block 0's forward (2-4): 1 s of it at half speed costs
+  // 0.5 s more; block 0's backward gather [6,7] during block 1's backward, 0.5 s more; ...
+  EXPECT_GT(slow->step_s, fast->step_s + 0.9);
+  EXPECT_LT(slow->step_s, fast->step_s + 0.5 * fast->comm_total_s + 1e-9);
+  // Without communication nothing changes.
+  LinkSpec free;
+  absl::StatusOr<Projection> none = ProjectStep(TwoBlocks(), free, run);
+  EXPECT_DOUBLE_EQ(none->step_s, 10.5);
+}
+
+TEST(ProjectStep, BadInputSaysWhatIsWrong) {
+  auto message = [](const absl::StatusOr<Projection>& p) {
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(p.status().message());
+  };
+  const LinkSpec l = OneSecondPerUnit();
+  const ProjectionRun run = MakeRun(ShardingStrategy::kFullShard, 2, true);
+  StepProfile p;
+  EXPECT_NE(message(ProjectStep(p, l, run)).find("no blocks"), std::string::npos);
+  p = TwoBlocks();
+  p.unit_numel = {400, 400};
+  EXPECT_NE(message(ProjectStep(p, l, run)).find("unit sizes"), std::string::npos);
+  p = TwoBlocks();
+  p.block_backward_s = {3};
+  EXPECT_NE(message(ProjectStep(p, l, run)).find("one of each per block"), std::string::npos);
+  p = TwoBlocks();
+  p.head_s = -1;
+  EXPECT_NE(message(ProjectStep(p, l, run)).find(">= 0"), std::string::npos);
+  p = TwoBlocks();
+  p.block_forward_s[1] = NAN;
+  EXPECT_NE(message(ProjectStep(p, l, run)).find("block time"), std::string::npos);
+  EXPECT_NE(message(ProjectStep(TwoBlocks(), l, MakeRun(ShardingStrategy::kFullShard, 0, true)))
+                .find("world_size=0"),
+            std::string::npos);
+  ProjectionRun hybrid = MakeRun(ShardingStrategy::kHybridShard, 4, true);
+  hybrid.hybrid_shard_size = 3;
+  EXPECT_NE(message(ProjectStep(TwoBlocks(), l, hybrid)).find("divisor"), std::string::npos);
+  LinkSpec bad = l;
+  bad.inter_efficiency = 1.5;
+  EXPECT_NE(message(ProjectStep(TwoBlocks(), bad, run)).find("inter_efficiency"),
+            std::string::npos);
+  bad = l;
+  bad.intra_bytes_per_s = -1;
+  EXPECT_NE(message(ProjectStep(TwoBlocks(), bad, run)).find("intra_bytes_per_s"),
+            std::string::npos);
+  bad = l;
+  bad.ranks_per_host = 3;
+  EXPECT_NE(message(ProjectStep(TwoBlocks(), bad, MakeRun(ShardingStrategy::kFullShard, 4, true)))
+                .find("ranks_per_host=3"),
+            std::string::npos);
+  ProjectionRun slow = run;
+  slow.overlap_slowdown = 1;
+  EXPECT_NE(message(ProjectStep(TwoBlocks(), l, slow)).find("overlap_slowdown"),
+            std::string::npos);
+  EXPECT_FALSE(ParseCollectiveAlgorithm("tree").ok());
+  EXPECT_EQ(*ParseCollectiveAlgorithm("Ring"), CollectiveAlgorithm::kRing);
+}
+
+TEST(ProfileFromFlops, FollowsModelSpec) {
+  const nn::ModelConfig mc = *nn::ModelConfig::FromName("llama2-7b");
+  DeviceSpec d{"H100", 1000e12, 0.5, 3e12};
+  FlopsWorkload w;
+  w.batch_size = 1;
+  w.seq_len = 4096;
+  w.checkpoint_every = 2;
+  absl::StatusOr<StepProfile> p = ProfileFromFlops(mc, d, w, 8);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->num_blocks(), 32);
+  ASSERT_EQ(p->unit_numel.size(), 33u);
+  const double tokens = 4096, C = 4096;
+  const double fwd = (2.0 * mc.UnitNumel(1) * tokens + 4 * C * 4096 * tokens) / 500e12;
+  EXPECT_DOUBLE_EQ(p->block_forward_s[0], fwd);
+  EXPECT_DOUBLE_EQ(p->block_backward_s[0], 2 * fwd);
+  EXPECT_DOUBLE_EQ(p->block_recompute_s[0], fwd);  // blocks 0, 2, 4, ... checkpointed
+  EXPECT_DOUBLE_EQ(p->block_recompute_s[1], 0);
+  EXPECT_DOUBLE_EQ(p->head_s, 6.0 * 32000 * C * tokens / 500e12);
+  EXPECT_DOUBLE_EQ(p->optimizer_s, 28.0 * mc.num_parameters() / 8 / 3e12);
+  // Without recomputation, the blocks and the head are MODEL_SPEC.md's FLOPs at the rate.
+  w.checkpoint_every = 0;
+  p = ProfileFromFlops(mc, d, w, 8);
+  double blocks = 0;
+  for (int i = 0; i < 32; ++i) blocks += p->block_forward_s[i] + p->block_backward_s[i];
+  EXPECT_NEAR((blocks + p->head_s) * 500e12, mc.flops_per_step(4096, 4096),
+              1e-6 * mc.flops_per_step(4096, 4096));
+  d.achieved_fraction = 0;
+  EXPECT_EQ(ProfileFromFlops(mc, d, w, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  d.achieved_fraction = 0.5;
+  w.seq_len = 8192;
+  EXPECT_EQ(ProfileFromFlops(mc, d, w, 8).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A measured run's profile: the blocks' spans are its compute, the places around them its
+// "other", and projecting it with no link gives its step back (within the noise of the run).
+TEST(ProfileFromBench, IsTheMeasuredSplit) {
+  BenchConfig c;
+  c.model = "nano";
+  c.world_size = 2;
+  c.threads_per_rank = 1;
+  c.steps = 4;
+  c.peak_gflops_per_core = 50;
+  absl::StatusOr<BenchResult> r = RunBench(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const nn::ModelConfig mc = *nn::ModelConfig::FromName("nano");
+  absl::StatusOr<StepProfile> p = ProfileFromBench(*r, mc);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->num_blocks(), mc.num_layers());
+  double blocks = 0;
+  for (int i = 0; i < p->num_blocks(); ++i) {
+    EXPECT_GT(p->block_forward_s[i], 0);
+    EXPECT_GT(p->block_backward_s[i], 0);
+    EXPECT_EQ(p->block_recompute_s[i], 0);
+    blocks += p->block_forward_s[i] + p->block_backward_s[i];
+  }
+  EXPECT_NEAR(blocks, r->compute_s, 1e-9 + 1e-9 * r->compute_s);
+  EXPECT_NEAR(r->before_blocks_s + r->forward_gaps_s + r->head_s + r->backward_gaps_s +
+                  r->after_blocks_s + r->after_optimizer_s,
+              r->other_s, 1e-6);
+  EXPECT_NEAR(p->compute_s(), r->step_mean_s - r->exposed_comm_s, 1e-6);
+  absl::StatusOr<Projection> proj =
+      ProjectStep(*p, SimulatedLink(c.link), MakeRun(ShardingStrategy::kFullShard, 2, true));
+  ASSERT_TRUE(proj.ok()) << proj.status();
+  // A run with no link: its waits are the profile's sync_s, added to the step.
+  EXPECT_DOUBLE_EQ(p->sync_s, r->exposed_comm_s);
+  EXPECT_NEAR(proj->step_s, r->step_mean_s, 1e-6);
+  EXPECT_NEAR(proj->exposed_comm_s, r->exposed_comm_s, 1e-9);
+  // A result of another model is refused.
+  EXPECT_EQ(ProfileFromBench(*r, *nn::ModelConfig::FromName("mini")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// ---- the command line ------------------------------------------------------------------------
+#ifdef FSDP_BENCH_BINARY
+
+struct Ran {
+  int rc = -1;
+  std::string output;
+};
+
+Ran RunCli(const std::string& args) {
+  const std::string cmd = std::string(FSDP_BENCH_BINARY) + " " + args + " 2>&1";
+  Ran r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(FsdpBenchProject, ClusterPresetPrintsAssumptionsAndATable) {
+  const Ran r = RunCli("--project --cluster p5 --models llama2-7b --strategies "
+                       "FULL_SHARD,HYBRID_SHARD --nodes 1,2,16 --seq 4096 --batch 1 "
+                       "--checkpoint 1");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (const char* word : {"Assumptions", "989 TFLOP/s", "x 0.5 achieved", "ring",
+                           "450 GB/s per device", "400 GB/s per host", "PlanMemory",
+                           "step ms", "exposed", "eff", "HYBRID_SHARD", "fits"}) {
+    EXPECT_NE(r.output.find(word), std::string::npos) << word << "\n" << r.output;
+  }
+  // 2 strategies x 3 worlds.
+  int rows = 0;
+  for (size_t at = r.output.find("\nllama2-7b "); at != std::string::npos;
+       at = r.output.find("\nllama2-7b ", at + 1)) {
+    ++rows;
+  }
+  EXPECT_EQ(rows, 6) << r.output;
+}
+
+TEST(FsdpBenchProject, ValidationMeasuresAndPredicts) {
+  const Ran r = RunCli("--validate_projection --models nano --worlds 2 --validate_links 0.05 "
+                       "--threads 1 --warmup 1 --steps 2");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (const char* word : {"calibration: nano 2 ranks", "predicted", "error", "median |error|",
+                           "worst"}) {
+    EXPECT_NE(r.output.find(word), std::string::npos) << word << "\n" << r.output;
+  }
+}
+
+TEST(FsdpBenchProject, BadFlagsExit2WithOneLine) {
+  for (const char* args :
+       {"--project --achieved 2", "--nodes 2", "--validate_projection",
+        "--validate_projection --validate_links 1:x", "--project --algorithm tree",
+        "--overlap_slowdown 0.5", "--project --cluster p6", "--project --peak_tflops 100",
+        "--validate_projection --validate_links 1:0.1", "--project --validate_projection",
+        "--project --cluster p5 --overlap_slowdown 1", "--validate_links 1",
+        "--calibrate each", "--validate_projection --validate_links 1 --calibrate all",
+        "--project --inter_eff 0.5,2", "--project --cluster p5 --published 87"}) {
+    const Ran r = RunCli(args);
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind("fsdp_bench: ", 0), 0u) << r.output;
+  }
+  const Ran help = RunCli("--help");
+  EXPECT_EQ(help.rc, 0);
+  for (const char* word : {"--project", "--cluster", "--nodes", "--algorithm", "--intra_eff",
+                           "--project_from", "--peak_tflops", "--achieved", "--hbm_gbps",
+                           "--device_mem_gib", "--compute_scale", "--overlap_slowdown",
+                           "--validate_projection", "--validate_links", "--calibrate",
+                           "--published"}) {
+    EXPECT_NE(help.output.find(word), std::string::npos) << word;
+  }
+}
+
+#endif  // FSDP_BENCH_BINARY
+
+}  // namespace
+}  // namespace fsdp
