@@ -934,7 +934,8 @@ int RunValidation(const Args& a) {
                 return 1;
               }
             }
-            const double m = r->step_median_s;
+            // The profile's times are means over the measured steps: compared with the mean step.
+            const double m = r->step_mean_s;
             rows.push_back({*r, *p, *own, (p->step_s - m) / m, (own->step_s - m) / m,
                             profile->compute_s(), profile->sync_s});
           }
@@ -953,7 +954,7 @@ int RunValidation(const Args& a) {
                                : "its world's calibration run (FULL_SHARD, prefetch)");
   for (const std::string& c : calibrations) std::printf("calibration: %s\n", c.c_str());
   std::printf("%-6s %-13s %2s %5s %2s %10s | %8s %8s %8s %9s %7s | %8s %9s %7s | %8s %9s %9s\n",
-              "model", "strategy", "N", "shard", "pf", "link GB/s", "step ms", "cal cmp",
+              "model", "strategy", "N", "shard", "pf", "link GB/s", "mean ms", "cal cmp",
               "cal wait", "pred cal", "error", "compute", "pred own", "error", "exposed",
               "pred cal", "pred own");
   std::vector<double> errs, own_errs;
@@ -962,7 +963,7 @@ int RunValidation(const Args& a) {
     std::printf("%-6s %-13s %2d %5d %2d %10s | %8.1f %8.1f %8.1f %9.1f %+6.1f%% | %8.1f %9.1f "
                 "%+6.1f%% | %8.1f %9.1f %9.1f\n",
                 r.m.model.c_str(), r.m.strategy.c_str(), r.m.world_size, r.m.hybrid_shard_size,
-                r.m.prefetch ? 1 : 0, linktext.c_str(), r.m.step_median_s * 1e3,
+                r.m.prefetch ? 1 : 0, linktext.c_str(), r.m.step_mean_s * 1e3,
                 r.cal_compute * 1e3, r.cal_sync * 1e3, r.p.step_s * 1e3, 100 * r.err, r.own.compute_s * 1e3, r.own.step_s * 1e3,
                 100 * r.own_err, r.m.exposed_comm_s * 1e3, r.p.exposed_comm_s * 1e3,
                 r.own.exposed_comm_s * 1e3);
