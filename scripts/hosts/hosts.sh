@@ -86,7 +86,8 @@ subnet_in_use() {
 
 # Removes every trace of hosts NAME: processes left in its namespaces (the ranks and orted
 # that this script's mpirun started there), the namespaces (which deletes their veth ends),
-# the bridge-side veths and the bridge. Never fails.
+# the bridge-side veths and the bridge, and Open MPI's shared-memory files of its hosts. Never
+# fails.
 down() {
   local n=$1 ns pid i
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${n}h[0-9]+$" || true); do
@@ -98,6 +99,9 @@ down() {
     ip link show "${n}v$i" >/dev/null 2>&1 && { run ip link del "${n}v$i" 2>/dev/null || true; }
   done
   ip link show "${n}br" >/dev/null 2>&1 && { run ip link del "${n}br" 2>/dev/null || true; }
+  # Open MPI's shared-memory files of ranks that were killed (it names them after the host,
+  # whose hostname is NAME's: nobody else's); the namespaces share this machine's /dev/shm.
+  rm -f /dev/shm/vader_segment."${n}"h[0-9]*.* 2>/dev/null || true
   rm -rf "${state_root:?}/$n"
 }
 
