@@ -22,10 +22,14 @@
 #include "fsdp/cpu_backend.h"
 #include "fsdp/plan.h"
 #include "gtest/gtest.h"
+#include "tests/bench/cli_util.h"
 #include "src/checkpoint/json.h"
 
 namespace fsdp {
 namespace {
+
+using testing::Ran;
+using testing::RunCli;
 
 // Fixed so that the tests do not spend seconds measuring the GEMM peak.
 constexpr double kPeak = 50;
@@ -237,23 +241,6 @@ TEST(RunBench, SlowLinkIsExposedAndPrefetchHidesSome) {
 #ifdef FSDP_BENCH_BINARY
 
 
-struct Ran {
-  int rc = -1;
-  std::string output;  // stdout and stderr
-};
-
-Ran RunCli(const std::string& args) {
-  const std::string cmd = std::string(FSDP_BENCH_BINARY) + " " + args + " 2>&1";
-  Ran r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 std::string ReadAll(const std::filesystem::path& p) {
   std::ifstream f(p);

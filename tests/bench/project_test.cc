@@ -13,9 +13,13 @@
 
 #include "fsdp/bench.h"
 #include "gtest/gtest.h"
+#include "tests/bench/cli_util.h"
 
 namespace fsdp {
 namespace {
+
+using testing::Ran;
+using testing::RunCli;
 
 // Two blocks, every unit 400 f32 elements (divisible by 2 and 4: no padding), forward 2 s and
 // backward 3 s per block, optimizer 0.5 s, nothing else.
@@ -337,23 +341,6 @@ TEST(ProfileFromBench, IsTheMeasuredSplit) {
 // ---- the command line ------------------------------------------------------------------------
 #ifdef FSDP_BENCH_BINARY
 
-struct Ran {
-  int rc = -1;
-  std::string output;
-};
-
-Ran RunCli(const std::string& args) {
-  const std::string cmd = std::string(FSDP_BENCH_BINARY) + " " + args + " 2>&1";
-  Ran r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 TEST(FsdpBenchProject, ClusterPresetPrintsAssumptionsAndATable) {
   const Ran r = RunCli("--project --cluster p5 --models llama2-7b --strategies "

@@ -1,0 +1,30 @@
+// Runs the fsdp_bench binary (FSDP_BENCH_BINARY, set by tests/bench/CMakeLists.txt) with
+// arguments and collects its exit code and output, for the tests of its command line.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+namespace fsdp::testing {
+
+struct Ran {
+  int rc = -1;
+  std::string output;  // stdout and stderr
+};
+
+inline Ran RunCli(const std::string& args) {
+  const std::string cmd = std::string(FSDP_BENCH_BINARY) + " " + args + " 2>&1";
+  Ran r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace fsdp::testing
