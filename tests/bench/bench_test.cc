@@ -28,8 +28,10 @@
 namespace fsdp {
 namespace {
 
+#ifdef FSDP_BENCH_BINARY
 using testing::Ran;
 using testing::RunCli;
+#endif
 
 // Fixed so that the tests do not spend seconds measuring the GEMM peak.
 constexpr double kPeak = 50;

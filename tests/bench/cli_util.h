@@ -1,6 +1,9 @@
 // Runs the fsdp_bench binary (FSDP_BENCH_BINARY, set by tests/bench/CMakeLists.txt) with
-// arguments and collects its exit code and output, for the tests of its command line.
+// arguments and collects its exit code and output, for the tests of its command line. Without
+// the benchmarks (FSDP_BUILD_BENCH=OFF) there is no binary and nothing here is defined.
 #pragma once
+
+#ifdef FSDP_BENCH_BINARY
 
 #include <sys/wait.h>
 
@@ -28,3 +31,5 @@ inline Ran RunCli(const std::string& args) {
 }
 
 }  // namespace fsdp::testing
+
+#endif  // FSDP_BENCH_BINARY

@@ -18,8 +18,10 @@
 namespace fsdp {
 namespace {
 
+#ifdef FSDP_BENCH_BINARY
 using testing::Ran;
 using testing::RunCli;
+#endif
 
 // Two blocks, every unit 400 f32 elements (divisible by 2 and 4: no padding), forward 2 s and
 // backward 3 s per block, optimizer 0.5 s, nothing else.
