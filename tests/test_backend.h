@@ -1,14 +1,20 @@
-// The backend the parameterised suites run on: $FSDP_TEST_BACKEND ("cpu", the default, or
-// "sim", the strict simulated accelerator). CTest registers the suites once per backend
-// (tests/CMakeLists.txt), so a backend that passes them keeps the device contract.
+// The backend the parameterised suites run on: $FSDP_TEST_BACKEND ("cpu", the default, "sim",
+// the strict simulated accelerator, or "pjrt", the PJRT backend on the XLA CPU plugin). CTest
+// registers the suites once per backend (tests/CMakeLists.txt), so a backend that passes them
+// keeps the device contract.
 #pragma once
 
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "fsdp/cpu_backend.h"
 #include "fsdp/sim_backend.h"
+#ifdef FSDP_TEST_PJRT
+#include "backends/pjrt/pjrt_backend.h"
+#endif
 
 namespace fsdp::testing {
 
@@ -17,10 +23,70 @@ inline std::string TestBackendName() {
   return v == nullptr || *v == '\0' ? "cpu" : v;
 }
 
+// Devices of the process's PJRT client: ranks as threads take one each.
+inline constexpr int kPjrtTestDevices = 8;
+
+// The plugin the PJRT suites load: $FSDP_PJRT_PLUGIN, else the one the build fetched.
+inline std::string PjrtTestPlugin() {
+  const char* v = std::getenv("FSDP_PJRT_PLUGIN");
+  if (v != nullptr && *v != '\0') return v;
+#ifdef FSDP_TEST_PJRT_PLUGIN
+  return FSDP_TEST_PJRT_PLUGIN;
+#else
+  return "";
+#endif
+}
+
+// Why the pjrt backend cannot run in this build ("" when it can), for the skip messages.
+inline std::string PjrtUnavailable() {
+#ifndef FSDP_TEST_PJRT
+  return "skipped: the PJRT backend is not built (FSDP_WITH_PJRT is off or the PJRT header was "
+         "not fetched: scripts/fetch_pjrt_plugin.sh <build>/pjrt)";
+#else
+  const std::string path = PjrtTestPlugin();
+  if (path.empty() || !std::filesystem::exists(path)) {
+    return "skipped: no PJRT plugin at '" + path +
+           "' (scripts/fetch_pjrt_plugin.sh <build>/pjrt fetches it, or set FSDP_PJRT_PLUGIN)";
+  }
+  return "";
+#endif
+}
+
+#ifdef FSDP_TEST_PJRT
+// One client per process, kPjrtTestDevices CPU devices, shared by every rank's backend.
+inline absl::StatusOr<std::shared_ptr<pjrt::Client>> PjrtTestClient() {
+  static std::mutex mu;
+  static std::shared_ptr<pjrt::Client>* client = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (client == nullptr) {
+    pjrt::PjrtClientOptions o;
+    o.plugin_path = PjrtTestPlugin();
+    o.create_options["cpu_device_count"] = int64_t{kPjrtTestDevices};
+    FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> c, pjrt::Client::Create(o));
+    client = new std::shared_ptr<pjrt::Client>(std::move(c));
+  }
+  return *client;
+}
+#endif
+
 // A backend of the test's kind for one rank, its kernels on `threads` threads (bound to the
-// calling thread on the CPU; a sim device's compute stream uses them).
+// calling thread on the CPU; a sim device's compute stream uses them). `device`: the rank's
+// device where ranks share one (pjrt: a device of the process's client per rank).
 inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
-    int threads, int64_t memory_limit = 0, const std::string& name = TestBackendName()) {
+    int threads, int64_t memory_limit = 0, const std::string& name = TestBackendName(),
+    int device = 0) {
+  if (name == "pjrt") {
+#ifdef FSDP_TEST_PJRT
+    if (memory_limit > 0) {
+      return absl::UnimplementedError("the pjrt test backend has no memory limit");
+    }
+    FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> client, PjrtTestClient());
+    FSDP_ASSIGN_OR_RETURN(auto b, PjrtBackend::Create(std::move(client), device));
+    return std::unique_ptr<Backend>(std::move(b));
+#else
+    return absl::FailedPreconditionError(PjrtUnavailable());
+#endif
+  }
   if (name == "sim") {
     SimBackendOptions options;
     options.num_threads = threads;
@@ -32,7 +98,8 @@ inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
     return std::unique_ptr<Backend>(std::move(b));
   }
   if (name != "cpu") {
-    return absl::InvalidArgumentError("FSDP_TEST_BACKEND must be cpu or sim, got '" + name + "'");
+    return absl::InvalidArgumentError("FSDP_TEST_BACKEND must be cpu, sim or pjrt, got '" + name +
+                                      "'");
   }
   FSDP_ASSIGN_OR_RETURN(auto b, CpuBackend::Create({.num_threads = threads,
                                                     .memory_limit_bytes = memory_limit}));

@@ -1,6 +1,6 @@
 // The PJRT backend (pjrt_backend.h): byte buffers held as PJRT handles, in-order host queues as
 // streams, programs for copies and memset, the data plane of ranks as threads (StableHLO
-// collectives over replicas), and an op table that is not implemented yet.
+// collectives over replicas), and the op table's programs (pjrt_ops.h) launched in stream order.
 #include "backends/pjrt/pjrt_backend.h"
 
 #include <unistd.h>
@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backends/pjrt/pjrt_ops.h"
 #include "backends/pjrt/stablehlo.h"
 #include "collectives/control.h"
 #include "fsdp/data_plane.h"
@@ -158,6 +159,45 @@ struct PjrtBackend::Impl {
     });
   }
 
+  // Runs an op's program: its allocations locked (in address order, so the two streams never
+  // deadlock), their buffers and the run-time values as arguments, the written allocations'
+  // buffers replaced by the outputs (the old ones were donated).
+  absl::Status RunProgram(const pjrt::Program& p) const {
+    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe, Program(p.name(), p.Text()));
+    std::vector<Storage*> order;
+    for (const pjrt::Program::Arg& a : p.args()) order.push_back(static_cast<Storage*>(a.storage));
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (Storage* st : order) locks.emplace_back(st->mu);
+    FSDP_ASSIGN_OR_RETURN(
+        pjrt::DeviceBuffer params,
+        client->I64Array(p.params().data(), static_cast<int64_t>(p.params().size()), device));
+    std::vector<PJRT_Buffer*> args;
+    for (const pjrt::Program::Arg& a : p.args()) {
+      args.push_back(static_cast<Storage*>(a.storage)->buf.get());
+    }
+    args.push_back(params.get());
+    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out, client->Execute(*exe, device, args));
+    size_t j = 0;
+    for (const pjrt::Program::Arg& a : p.args()) {
+      if (a.written) static_cast<Storage*>(a.storage)->buf = std::move(out[j++]);
+    }
+    return absl::OkStatus();
+  }
+  // Queues an op's program on a stream. After a failure on the stream, later ops do not run.
+  void Launch(Stream s, std::shared_ptr<pjrt::Program> p) {
+    Queue* q = &stream(s);
+    q->Submit([this, q, p = std::move(p)] {
+      if (!q->failure().ok()) return;
+      absl::Status st = RunProgram(*p);
+      if (!st.ok()) {
+        q->SetFailure(absl::Status(
+            st.code(), absl::StrCat("pjrt backend: op ", p->name(), ": ", st.message())));
+      }
+    });
+  }
+
   absl::StatusOr<pjrt::DeviceBuffer> Offset(int64_t offset) const {
     return client->Scalar(offset, device);
   }
@@ -191,118 +231,6 @@ struct PjrtBackend::Impl {
 };
 
 namespace {
-
-// The op table: not implemented on PJRT yet. Each op fails its stream, in stream order.
-class PjrtOps final : public Ops {
- public:
-  explicit PjrtOps(PjrtBackend::Impl* impl) : impl_(impl) {}
-  void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
-                     int64_t N) override {
-    Fail(s, "MatmulForward");
-  }
-  void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
-                      View weight, int64_t M, int64_t K, int64_t N) override {
-    Fail(s, "MatmulBackward");
-  }
-  void LayernormForward(Stream s, View out, View mean, View rstd, View inp, View weight, View bias,
-                        int64_t N, int64_t C, float eps) override {
-    Fail(s, "LayernormForward");
-  }
-  void LayernormBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
-                         View weight, View mean, View rstd, int64_t N, int64_t C) override {
-    Fail(s, "LayernormBackward");
-  }
-  void GeluForward(Stream s, View out, View inp) override { Fail(s, "GeluForward"); }
-  void GeluBackward(Stream s, View dinp, View inp, View dout) override { Fail(s, "GeluBackward"); }
-  void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t C,
-                        int64_t NH) override {
-    Fail(s, "AttentionForward");
-  }
-  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B, int64_t T,
-                         int64_t C, int64_t NH) override {
-    Fail(s, "AttentionBackward");
-  }
-  void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t NH,
-                           int64_t NKV, int64_t D) override {
-    Fail(s, "GqaAttentionForward");
-  }
-  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
-                            int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
-    Fail(s, "GqaAttentionBackward");
-  }
-  void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N, int64_t C,
-                      float eps) override {
-    Fail(s, "RmsnormForward");
-  }
-  void RmsnormBackward(Stream s, View dinp, View dweight, View dout, View inp, View weight,
-                       View rstd, int64_t N, int64_t C) override {
-    Fail(s, "RmsnormBackward");
-  }
-  void RopeForward(Stream s, View x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
-                   float theta) override {
-    Fail(s, "RopeForward");
-  }
-  void RopeBackward(Stream s, View dx, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
-                    float theta) override {
-    Fail(s, "RopeBackward");
-  }
-  void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
-    Fail(s, "SwigluForward");
-  }
-  void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
-    Fail(s, "SwigluBackward");
-  }
-  void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits, View targets,
-                                  int64_t N, int64_t V) override {
-    Fail(s, "SoftmaxCrossEntropyForward");
-  }
-  void SoftmaxCrossEntropyBackward(Stream s, View dlogits, View probs, View targets, float dloss,
-                                   int64_t N, int64_t V) override {
-    Fail(s, "SoftmaxCrossEntropyBackward");
-  }
-  void EmbeddingForward(Stream s, View out, View idx, View table, int64_t N, int64_t C) override {
-    Fail(s, "EmbeddingForward");
-  }
-  void EmbeddingBackward(Stream s, View dtable, View dout, View idx, int64_t N,
-                         int64_t C) override {
-    Fail(s, "EmbeddingBackward");
-  }
-  void Add(Stream s, View out, View a, View b) override { Fail(s, "Add"); }
-  void AddBackward(Stream s, View da, View db, View dout) override { Fail(s, "AddBackward"); }
-  void Cast(Stream s, View out, View in) override { Fail(s, "Cast"); }
-  void Scale(Stream s, View x, float factor) override { Fail(s, "Scale"); }
-  void ScaleBy(Stream s, View x, View factor) override { Fail(s, "ScaleBy"); }
-  void Reduce(Stream s, View out, std::span<const View> ins, ReduceOp op) override {
-    Fail(s, "Reduce");
-  }
-  void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int64_t step) override {
-    Fail(s, "AdamW");
-  }
-  void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
-           float dampening, float weight_decay, bool nesterov, bool first_step) override {
-    Fail(s, "Sgd");
-  }
-  void SumSquares(Stream s, View out, View x) override { Fail(s, "SumSquares"); }
-  void SplitF64(Stream s, View out, View in) override { Fail(s, "SplitF64"); }
-  void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
-                      float max_norm) override {
-    Fail(s, "GlobalNormClip");
-  }
-  void Mean(Stream s, View out, View x) override { Fail(s, "Mean"); }
-
- private:
-  void Fail(Stream s, const char* op) {
-    Queue* q = &impl_->stream(s);
-    q->Submit([q, op] {
-      q->SetFailure(absl::UnimplementedError(
-          absl::StrCat("pjrt backend: op ", op,
-                       " is not implemented yet (its StableHLO program is still to "
-                       "come); run compute on the cpu or sim backend")));
-    });
-  }
-  PjrtBackend::Impl* impl_;
-};
 
 absl::Status CheckView(const PjrtBackend* backend, const View& v, const char* what) {
   if (v.count == 0) return absl::OkStatus();
@@ -501,7 +429,9 @@ absl::StatusOr<std::unique_ptr<PjrtBackend>> PjrtBackend::Create(
   impl->options = std::move(options);
   impl->compute = std::make_unique<Queue>();
   impl->comm = std::make_unique<Queue>();
-  impl->ops = std::make_unique<PjrtOps>(impl.get());
+  Impl* m = impl.get();
+  impl->ops = pjrt::MakeOps(
+      [m](Stream s, std::shared_ptr<pjrt::Program> p) { m->Launch(s, std::move(p)); });
   return std::unique_ptr<PjrtBackend>(new PjrtBackend(std::move(impl)));
 }
 

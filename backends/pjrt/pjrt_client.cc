@@ -323,6 +323,11 @@ absl::StatusOr<DeviceBuffer> Client::Scalar(int64_t value, int device) const {
   return Transfer(&value, PJRT_Buffer_Type_S64, {}, device);
 }
 
+absl::StatusOr<DeviceBuffer> Client::I64Array(const int64_t* values, int64_t n,
+                                              int device) const {
+  return Transfer(values, PJRT_Buffer_Type_S64, {n}, device);
+}
+
 absl::StatusOr<DeviceBuffer> Client::Transfer(const void* data, int type,
                                               const std::vector<int64_t>& dims, int device) const {
   PJRT_Client_BufferFromHostBuffer_Args a{};

@@ -128,6 +128,8 @@ class Client {
   absl::StatusOr<DeviceBuffer> FromHost(const void* data, int64_t bytes, int device) const;
   // An i64 scalar on device `device`.
   absl::StatusOr<DeviceBuffer> Scalar(int64_t value, int device) const;
+  // An i64[n] array on device `device`.
+  absl::StatusOr<DeviceBuffer> I64Array(const int64_t* values, int64_t n, int device) const;
   // The whole buffer's bytes into dst (dst_bytes must be its size); waits.
   absl::Status ToHost(PJRT_Buffer* buf, void* dst, size_t dst_bytes) const;
   // Runs `exe` on device `device` (one launch of a program whose addressable devices include

@@ -1,0 +1,561 @@
+// The PJRT backend's op table (pjrt_ops.h): every op of fsdp/ops.h as one StableHLO program,
+// following the CPU reference kernels (fsdp/kernels_cpu.h) step by step where the order of
+// the f32 operations matters; matmuls and reductions run in XLA's order (the conformance
+// suite's tolerances).
+#include "backends/pjrt/pjrt_ops.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace fsdp::pjrt {
+namespace {
+
+using P = Program;
+
+Value Splat(P& p, double v, const Value& like) { return p.Constant(v, like.type, like.dims); }
+
+// x + a scalar constant broadcast.
+Value AddC(P& p, const Value& x, double c) { return p.Add(x, Splat(p, c, x)); }
+Value MulC(P& p, const Value& x, double c) { return p.Mul(x, Splat(p, c, x)); }
+
+// A scalar value broadcast to x's shape.
+Value Bcast(P& p, const Value& scalar, const Value& like) {
+  return p.Broadcast(scalar, like.dims, {});
+}
+
+// v of dims [N] broadcast to [N, C] (along the rows) or [C] to [N, C] (along the columns).
+Value Rows(P& p, const Value& v, const std::vector<int64_t>& dims) {
+  return p.Broadcast(v, dims, {0});
+}
+Value Cols(P& p, const Value& v, const std::vector<int64_t>& dims) {
+  return p.Broadcast(v, dims, {static_cast<int64_t>(dims.size()) - 1});
+}
+
+// dst += x: loads dst, adds, stores (an accumulating gradient output).
+void Accumulate(P& p, const View& dst, const Value& x) {
+  p.Store(dst, p.Add(p.Load(dst, x.dims), x));
+}
+
+// Causal (grouped-query) attention forward, shared by the GPT and Llama layers.
+// qkv[B,T,(NH+2NKV)*D]. Returns att [B,NKV,G,T,T] (probabilities) and out [B,T,NH*D].
+struct AttentionParts {
+  Value q, k, v;  // [B,NKV,G,T,D], [B,NKV,T,D], [B,NKV,T,D]
+};
+AttentionParts SplitQkv(P& p, const Value& qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                        int64_t D) {
+  const int64_t G = NH / NKV, H = NH + 2 * NKV;
+  const Value x = p.Reshape(qkv, {B, T, H, D});
+  Value q = p.Slice(x, {0, 0, 0, 0}, {B, T, NH, D});
+  Value k = p.Slice(x, {0, 0, NH, 0}, {B, T, NH + NKV, D});
+  Value v = p.Slice(x, {0, 0, NH + NKV, 0}, {B, T, H, D});
+  q = p.Transpose(p.Reshape(q, {B, T, NKV, G, D}), {0, 2, 3, 1, 4});
+  k = p.Transpose(k, {0, 2, 1, 3});
+  v = p.Transpose(v, {0, 2, 1, 3});
+  return {q, k, v};
+}
+
+void AttentionForwardProgram(P& p, const View& out, const View& att, const View& qkv, int64_t B,
+                             int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+  const int64_t G = NH / NKV;
+  const AttentionParts in = SplitQkv(p, p.Load(qkv, {B, T, (NH + 2 * NKV) * D}), B, T, NH, NKV, D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // scores [B,NKV,G,T,T]
+  Value s = MulC(p, p.Dot(in.q, in.k, {0, 1}, {0, 1}, {4}, {3}), scale);
+  const std::vector<int64_t> dims = s.dims;
+  const Value causal = p.Compare("GE", p.Iota(dims, 3, "i32"), p.Iota(dims, 4, "i32"));
+  s = p.Select(causal, s, Splat(p, -INFINITY, s));
+  const Value mx = p.Reduce(s, {4}, "maximum");
+  const Value e = p.Select(causal, p.Unary("exponential", p.Sub(s, p.Broadcast(mx, dims, {0, 1, 2, 3}))),
+                           Splat(p, 0.0, s));
+  const Value sum = p.Reduce(p.Convert(e, "f64"), {4});
+  const Value inv = p.Convert(p.Div(p.Constant(1.0, "f64", sum.dims), sum), "f32");
+  const Value a = p.Mul(e, p.Broadcast(inv, dims, {0, 1, 2, 3}));
+  p.Store(att, a);
+  // out [B,NKV,G,T,D] -> [B,T,NKV,G,D]
+  const Value o = p.Dot(a, in.v, {0, 1}, {0, 1}, {4}, {2});
+  p.Store(out, p.Reshape(p.Transpose(o, {0, 3, 1, 2, 4}), {B, T, NH * D}));
+  (void)G;
+}
+
+void AttentionBackwardProgram(P& p, const View& dqkv, const View& dout, const View& qkv,
+                              const View& att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t D) {
+  const int64_t G = NH / NKV, H = NH + 2 * NKV;
+  const AttentionParts in = SplitQkv(p, p.Load(qkv, {B, T, H * D}), B, T, NH, NKV, D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const Value a = p.Load(att, {B, NKV, G, T, T});
+  const Value dy =
+      p.Transpose(p.Reshape(p.Load(dout, {B, T, NH * D}), {B, T, NKV, G, D}), {0, 2, 3, 1, 4});
+  // dv [B,NKV,T,D] = sum over (G, T) of att * dy
+  const Value dv = p.Dot(a, dy, {0, 1}, {0, 1}, {2, 3}, {2, 3});
+  // datt [B,NKV,G,T,T] = dy v^T; ds = scale * att * (datt - sum(att * datt))
+  const Value datt = p.Dot(dy, in.v, {0, 1}, {0, 1}, {4}, {3});
+  const Value dot = p.Reduce(p.Mul(a, datt), {4});
+  const Value ds =
+      MulC(p, p.Mul(a, p.Sub(datt, p.Broadcast(dot, a.dims, {0, 1, 2, 3}))), scale);
+  const Value dq = p.Dot(ds, in.k, {0, 1}, {0, 1}, {4}, {2});             // [B,NKV,G,T,D]
+  const Value dk = p.Dot(ds, in.q, {0, 1}, {0, 1}, {2, 3}, {2, 3});       // [B,NKV,T,D]
+  const Value q_part = p.Reshape(p.Transpose(dq, {0, 3, 1, 2, 4}), {B, T, NH, D});
+  const Value k_part = p.Transpose(dk, {0, 2, 1, 3});
+  const Value v_part = p.Transpose(dv, {0, 2, 1, 3});
+  Accumulate(p, dqkv, p.Reshape(p.Concat({q_part, k_part, v_part}, 2), {B, T, H * D}));
+}
+
+// The cos and sin tables of RoPE, as the CPU kernel computes them (kernels/cpu/rope.cc).
+void RopeTables(int64_t T, int64_t D, float theta, std::vector<float>& cos_t,
+                std::vector<float>& sin_t) {
+  const int64_t half = D / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) {
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(D);
+    inv_freq[j] = 1.0f / std::pow(theta, exponent);
+  }
+  cos_t.resize(static_cast<size_t>(T * half));
+  sin_t.resize(static_cast<size_t>(T * half));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(t) * inv_freq[j];
+      cos_t[t * half + j] = std::cos(angle);
+      sin_t[t * half + j] = std::sin(angle);
+    }
+  }
+}
+
+void RopeProgram(P& p, const View& x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                 float theta, float sign) {
+  const int64_t half = D / 2;
+  std::vector<float> cos_t, sin_t;
+  RopeTables(T, D, theta, cos_t, sin_t);
+  const Value c = p.HostF32(cos_t, {T, half});
+  Value s = p.HostF32(sin_t, {T, half});
+  if (sign < 0) s = p.Unary("negate", s);
+  const Value row = p.Load(x, {B, T, W});
+  const Value heads = p.Reshape(p.Slice(row, {0, 0, 0}, {B, T, NH * D}), {B, T, NH, D});
+  const Value lo = p.Slice(heads, {0, 0, 0, 0}, {B, T, NH, half});
+  const Value hi = p.Slice(heads, {0, 0, 0, half}, {B, T, NH, D});
+  const std::vector<int64_t> dims = lo.dims;
+  const Value cb = p.Broadcast(c, dims, {1, 3});
+  const Value sb = p.Broadcast(s, dims, {1, 3});
+  const Value nlo = p.Sub(p.Mul(lo, cb), p.Mul(hi, sb));
+  const Value nhi = p.Add(p.Mul(hi, cb), p.Mul(lo, sb));
+  Value rotated = p.Reshape(p.Concat({nlo, nhi}, 3), {B, T, NH * D});
+  if (NH * D < W) rotated = p.Concat({rotated, p.Slice(row, {0, 0, NH * D}, {B, T, W})}, 2);
+  p.Store(x, rotated);
+}
+
+// exp(min(-g, 87)) of the SwiGLU kernels.
+Value ExpNeg(P& p, const Value& g) {
+  const Value m = p.Binary("minimum", p.Unary("negate", g), Splat(p, 87.0, g));
+  return p.Unary("exponential", m);
+}
+
+// exp(min(-2u, 80)) with u = sqrt(2/pi) (x + 0.044715 x^3): the GELU kernels' exponential.
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+Value GeluExp(P& p, const Value& x) {
+  const Value x3 = p.Mul(p.Mul(MulC(p, x, kGeluCubic), x), x);
+  const Value u = MulC(p, p.Add(x, x3), kSqrt2OverPi);
+  return p.Unary("exponential",
+                 p.Binary("minimum", MulC(p, u, -2.0), Splat(p, 80.0, u)));
+}
+
+class PjrtOps final : public Ops {
+ public:
+  explicit PjrtOps(LaunchFn launch) : launch_(std::move(launch)) {}
+
+  void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
+                     int64_t N) override {
+    auto p = New("matmul_forward");
+    const DType dt = weight.dtype;
+    const Value x = p->RoundTo(p->Load(inp, {M, K}), dt);
+    const Value w = p->Load(weight, {N, K});
+    Value y = p->Dot(x, w, {}, {}, {1}, {1});
+    if (!bias.empty()) y = p->Add(y, Cols(*p, p->Load(bias, {N}), {M, N}));
+    p->Store(out, y);
+    launch_(s, std::move(p));
+  }
+  void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
+                      View weight, int64_t M, int64_t K, int64_t N) override {
+    if (dinp.empty() && dweight.empty() && dbias.empty()) return;
+    auto p = New("matmul_backward");
+    const DType dt = weight.dtype;
+    const Value d = p->Load(dout, {M, N});
+    const Value dr = p->RoundTo(d, dt);
+    if (!dinp.empty()) {
+      Accumulate(*p, dinp, p->Dot(dr, p->Load(weight, {N, K}), {}, {}, {1}, {0}));
+    }
+    if (!dweight.empty()) {
+      const Value x = p->RoundTo(p->Load(inp, {M, K}), dt);
+      Accumulate(*p, dweight, p->Dot(dr, x, {}, {}, {0}, {0}));
+    }
+    if (!dbias.empty()) Accumulate(*p, dbias, p->Reduce(d, {0}));
+    launch_(s, std::move(p));
+  }
+
+  void LayernormForward(Stream s, View out, View mean, View rstd, View inp, View weight, View bias,
+                        int64_t N, int64_t C, float eps) override {
+    auto p = New("layernorm_forward");
+    const Value x = p->Load(inp, {N, C});
+    const Value m = p->Div(p->Reduce(x, {1}), p->Constant(static_cast<float>(C), "f32", {N}));
+    const Value dev = p->Sub(x, Rows(*p, m, {N, C}));
+    const Value var =
+        p->Div(p->Reduce(p->Mul(dev, dev), {1}), p->Constant(static_cast<float>(C), "f32", {N}));
+    const Value r = p->Div(p->Constant(1.0, "f32", {N}), p->Unary("sqrt", AddC(*p, var, eps)));
+    const Value y = p->Add(p->Mul(p->Mul(dev, Rows(*p, r, {N, C})), Cols(*p, p->Load(weight, {C}), {N, C})),
+                           Cols(*p, p->Load(bias, {C}), {N, C}));
+    p->Store(out, y);
+    p->Store(mean, m);
+    p->Store(rstd, r);
+    launch_(s, std::move(p));
+  }
+  void LayernormBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
+                         View weight, View mean, View rstd, int64_t N, int64_t C) override {
+    if (dinp.empty() && dweight.empty() && dbias.empty()) return;
+    auto p = New("layernorm_backward");
+    const std::vector<int64_t> nc = {N, C};
+    const Value x = p->Load(inp, nc);
+    const Value dy = p->Load(dout, nc);
+    const Value m = Rows(*p, p->Load(mean, {N}), nc);
+    const Value r = Rows(*p, p->Load(rstd, {N}), nc);
+    const Value xhat = p->Mul(p->Sub(x, m), r);
+    if (!dinp.empty()) {
+      const Value g = p->Mul(dy, Cols(*p, p->Load(weight, {C}), nc));
+      const Value cn = p->Constant(static_cast<float>(C), "f32", {N});
+      const Value g_mean = Rows(*p, p->Div(p->Reduce(g, {1}), cn), nc);
+      const Value gx_mean = Rows(*p, p->Div(p->Reduce(p->Mul(g, xhat), {1}), cn), nc);
+      Accumulate(*p, dinp, p->Mul(r, p->Sub(p->Sub(g, g_mean), p->Mul(xhat, gx_mean))));
+    }
+    if (!dweight.empty()) Accumulate(*p, dweight, p->Reduce(p->Mul(dy, xhat), {0}));
+    if (!dbias.empty()) Accumulate(*p, dbias, p->Reduce(dy, {0}));
+    launch_(s, std::move(p));
+  }
+
+  void GeluForward(Stream s, View out, View inp) override {
+    auto p = New("gelu_forward");
+    const Value x = p->Load(inp, {inp.count});
+    p->Store(out, p->Div(x, AddC(*p, GeluExp(*p, x), 1.0)));
+    launch_(s, std::move(p));
+  }
+  void GeluBackward(Stream s, View dinp, View inp, View dout) override {
+    auto p = New("gelu_backward");
+    const Value x = p->Load(inp, {inp.count});
+    const Value e = GeluExp(*p, x);
+    const Value sg = p->Div(Splat(*p, 1.0, x), AddC(*p, e, 1.0));
+    const Value du =
+        MulC(*p, AddC(*p, p->Mul(MulC(*p, x, 3.0f * kGeluCubic), x), 1.0), kSqrt2OverPi);
+    const Value t = p->Mul(p->Mul(p->Mul(MulC(*p, x, 2.0), sg), p->Mul(e, sg)), du);
+    Accumulate(*p, dinp, p->Mul(p->Load(dout, {inp.count}), p->Add(sg, t)));
+    launch_(s, std::move(p));
+  }
+
+  void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) override {
+    auto p = New("attention_forward");
+    AttentionForwardProgram(*p, out, att, qkv, B, T, NH, NH, C / NH);
+    launch_(s, std::move(p));
+  }
+  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B, int64_t T,
+                         int64_t C, int64_t NH) override {
+    auto p = New("attention_backward");
+    AttentionBackwardProgram(*p, dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+    launch_(s, std::move(p));
+  }
+  void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t NH,
+                           int64_t NKV, int64_t D) override {
+    auto p = New("gqa_attention_forward");
+    AttentionForwardProgram(*p, out, att, qkv, B, T, NH, NKV, D);
+    launch_(s, std::move(p));
+  }
+  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
+                            int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
+    auto p = New("gqa_attention_backward");
+    AttentionBackwardProgram(*p, dqkv, dout, qkv, att, B, T, NH, NKV, D);
+    launch_(s, std::move(p));
+  }
+
+  void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N, int64_t C,
+                      float eps) override {
+    auto p = New("rmsnorm_forward");
+    const Value x = p->Load(inp, {N, C});
+    const Value ms =
+        p->Div(p->Reduce(p->Mul(x, x), {1}), p->Constant(static_cast<float>(C), "f32", {N}));
+    const Value r = p->Div(p->Constant(1.0, "f32", {N}), p->Unary("sqrt", AddC(*p, ms, eps)));
+    p->Store(out, p->Mul(p->Mul(x, Rows(*p, r, {N, C})), Cols(*p, p->Load(weight, {C}), {N, C})));
+    p->Store(rstd, r);
+    launch_(s, std::move(p));
+  }
+  void RmsnormBackward(Stream s, View dinp, View dweight, View dout, View inp, View weight,
+                       View rstd, int64_t N, int64_t C) override {
+    if (dinp.empty() && dweight.empty()) return;
+    auto p = New("rmsnorm_backward");
+    const std::vector<int64_t> nc = {N, C};
+    const Value x = p->Load(inp, nc);
+    const Value dy = p->Load(dout, nc);
+    const Value r = Rows(*p, p->Load(rstd, {N}), nc);
+    const Value xs = p->Mul(x, r);
+    if (!dinp.empty()) {
+      const Value g = p->Mul(dy, Cols(*p, p->Load(weight, {C}), nc));
+      const Value gx_mean = Rows(
+          *p,
+          p->Div(p->Reduce(p->Mul(g, xs), {1}), p->Constant(static_cast<float>(C), "f32", {N})),
+          nc);
+      Accumulate(*p, dinp, p->Mul(r, p->Sub(g, p->Mul(xs, gx_mean))));
+    }
+    if (!dweight.empty()) Accumulate(*p, dweight, p->Reduce(p->Mul(dy, xs), {0}));
+    launch_(s, std::move(p));
+  }
+  void RopeForward(Stream s, View x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                   float theta) override {
+    auto p = New("rope_forward");
+    RopeProgram(*p, x, B, T, W, NH, D, theta, 1.0f);
+    launch_(s, std::move(p));
+  }
+  void RopeBackward(Stream s, View dx, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
+                    float theta) override {
+    auto p = New("rope_backward");
+    RopeProgram(*p, dx, B, T, W, NH, D, theta, -1.0f);
+    launch_(s, std::move(p));
+  }
+  void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
+    auto p = New("swiglu_forward");
+    const Value x = p->Load(gu, {N, 2 * F});
+    const Value g = p->Slice(x, {0, 0}, {N, F});
+    const Value u = p->Slice(x, {0, F}, {N, 2 * F});
+    p->Store(out, p->Mul(p->Div(g, AddC(*p, ExpNeg(*p, g), 1.0)), u));
+    launch_(s, std::move(p));
+  }
+  void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
+    auto p = New("swiglu_backward");
+    const Value x = p->Load(gu, {N, 2 * F});
+    const Value g = p->Slice(x, {0, 0}, {N, F});
+    const Value u = p->Slice(x, {0, F}, {N, 2 * F});
+    const Value dy = p->Load(dout, {N, F});
+    const Value e = ExpNeg(*p, g);
+    const Value one_e = AddC(*p, e, 1.0);
+    const Value sg = p->Div(Splat(*p, 1.0, g), one_e);
+    const Value dg =
+        p->Mul(p->Mul(dy, u), p->Mul(sg, AddC(*p, p->Mul(g, p->Mul(e, sg)), 1.0)));
+    const Value du = p->Mul(dy, p->Div(g, one_e));
+    Accumulate(*p, dgu, p->Concat({dg, du}, 1));
+    launch_(s, std::move(p));
+  }
+
+  void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits, View targets,
+                                  int64_t N, int64_t V) override {
+    auto p = New("softmax_crossentropy_forward");
+    const std::vector<int64_t> nv = {N, V};
+    const Value x = p->Load(logits, nv);
+    const Value t = p->Load(targets, {N});
+    const Value mx = p->Reduce(x, {1}, "maximum");
+    const Value e = p->Unary("exponential", p->Sub(x, Rows(*p, mx, nv)));
+    const Value sum = p->Reduce(p->Convert(e, "f64"), {1});
+    const Value inv = p->Convert(p->Div(p->Constant(1.0, "f64", {N}), sum), "f32");
+    p->Store(probs, p->Mul(e, Rows(*p, inv, nv)));
+    const Value hit = p->Compare("EQ", p->Iota(nv, 1, "i32"), Rows(*p, t, nv));
+    const Value xt = p->Reduce(p->Select(hit, x, p->Constant(0.0, "f32", nv)), {1});
+    const Value loss =
+        p->Sub(p->Add(mx, p->Unary("log", p->Convert(sum, "f32"))), xt);
+    const Value ignored = p->Compare("LT", t, p->Constant(0, "i32", {N}));
+    p->Store(losses, p->Select(ignored, p->Constant(0.0, "f32", {N}), loss));
+    launch_(s, std::move(p));
+  }
+  void SoftmaxCrossEntropyBackward(Stream s, View dlogits, View probs, View targets, float dloss,
+                                   int64_t N, int64_t V) override {
+    auto p = New("softmax_crossentropy_backward");
+    const std::vector<int64_t> nv = {N, V};
+    const Value d = p->Load(dlogits, nv);
+    const Value t = p->Load(targets, {N});
+    const Value dl = Bcast(*p, p->Scalar(dloss), d);
+    Value acc = p->Add(d, p->Mul(dl, p->Load(probs, nv)));
+    const Value hit = p->Compare("EQ", p->Iota(nv, 1, "i32"), Rows(*p, t, nv));
+    acc = p->Select(hit, p->Sub(acc, dl), acc);
+    const Value ignored = Rows(*p, p->Compare("LT", t, p->Constant(0, "i32", {N})), nv);
+    p->Store(dlogits, p->Select(ignored, d, acc));
+    launch_(s, std::move(p));
+  }
+
+  void EmbeddingForward(Stream s, View out, View idx, View table, int64_t N, int64_t C) override {
+    auto p = New("embedding_forward");
+    const Value tab = p->Load(table, {table.count / C, C});
+    p->Store(out, p->Gather(tab, p->Load(idx, {N})));
+    launch_(s, std::move(p));
+  }
+  void EmbeddingBackward(Stream s, View dtable, View dout, View idx, int64_t N,
+                         int64_t C) override {
+    auto p = New("embedding_backward");
+    const Value tab = p->Load(dtable, {dtable.count / C, C});
+    p->Store(dtable, p->ScatterAdd(tab, p->Load(idx, {N}), p->Load(dout, {N, C})));
+    launch_(s, std::move(p));
+  }
+
+  void Add(Stream s, View out, View a, View b) override {
+    const int64_t n = out.count;
+    if (n == 0) return;
+    auto p = New("add");
+    p->Store(out, p->Add(p->Load(a.Slice(0, n), {n}), p->Load(b.Slice(0, n), {n})));
+    launch_(s, std::move(p));
+  }
+  void AddBackward(Stream s, View da, View db, View dout) override {
+    if (da.empty() && db.empty()) return;
+    auto p = New("add_backward");
+    const int64_t n = da.empty() ? db.count : da.count;
+    const Value d = p->Load(dout.Slice(0, n), {n});
+    if (!da.empty()) Accumulate(*p, da, d);
+    if (!db.empty()) Accumulate(*p, db, d);
+    launch_(s, std::move(p));
+  }
+  void Cast(Stream s, View out, View in) override {
+    if (in.count == 0) return;
+    auto p = New("cast");
+    p->Store(out, p->Load(in, {in.count}));
+    launch_(s, std::move(p));
+  }
+  void Scale(Stream s, View x, float factor) override {
+    if (x.count == 0) return;
+    auto p = New("scale");
+    const Value v = p->Load(x, {x.count});
+    p->Store(x, p->Mul(v, Bcast(*p, p->Scalar(factor), v)));
+    launch_(s, std::move(p));
+  }
+  void ScaleBy(Stream s, View x, View factor) override {
+    if (x.count == 0) return;
+    auto p = New("scale_by");
+    const Value v = p->Load(x, {x.count});
+    const Value f = p->Reshape(p->Load(factor.Slice(0, 1), {1}), {});
+    p->Store(x, p->Mul(v, Bcast(*p, f, v)));
+    launch_(s, std::move(p));
+  }
+  void Reduce(Stream s, View out, std::span<const View> ins, ReduceOp op) override {
+    const int64_t n = out.count;
+    if (n == 0 || ins.empty()) return;
+    auto p = New("reduce");
+    Value acc = p->Load(ins[0].Slice(0, n), {n}, "f32");
+    for (size_t i = 1; i < ins.size(); ++i) {
+      const Value x = p->Load(ins[i].Slice(0, n), {n}, "f32");
+      acc = op == ReduceOp::kMax ? p->Max(acc, x) : p->Add(acc, x);
+    }
+    if (op == ReduceOp::kAvg) acc = p->Div(acc, Splat(*p, static_cast<float>(ins.size()), acc));
+    p->Store(out, acc);
+    launch_(s, std::move(p));
+  }
+
+  void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1, float beta2,
+             float eps, float weight_decay, int64_t step) override {
+    const int64_t n = param.count;
+    if (n == 0) return;
+    // The scalars as the CPU kernel computes them (kernels/cpu/optimizers.cc).
+    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+    const auto decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+    const auto step_size = static_cast<float>(lr / bc1);
+    const auto inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+    auto p = New("adamw");
+    const Value g = p->Load(grad, {n});
+    const auto S = [&](float x) { return Bcast(*p, p->Scalar(x), g); };
+    const Value mi = p->Add(p->Mul(S(beta1), p->Load(m, {n})), p->Mul(S(1.0f - beta1), g));
+    const Value vi =
+        p->Add(p->Mul(S(beta2), p->Load(v, {n})), p->Mul(p->Mul(S(1.0f - beta2), g), g));
+    const Value denom = p->Add(p->Mul(p->Unary("sqrt", vi), S(inv_bc2_sqrt)), S(eps));
+    const Value np =
+        p->Sub(p->Mul(p->Load(param, {n}), S(decay)), p->Div(p->Mul(S(step_size), mi), denom));
+    p->Store(m, mi);
+    p->Store(v, vi);
+    p->Store(param, np);
+    launch_(s, std::move(p));
+  }
+  void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
+           float dampening, float weight_decay, bool nesterov, bool first_step) override {
+    const int64_t n = param.count;
+    if (n == 0) return;
+    auto p = New("sgd");
+    const Value x = p->Load(param, {n});
+    const auto S = [&](float f) { return Bcast(*p, p->Scalar(f), x); };
+    if (momentum == 0.0f) {
+      p->Store(param,
+               p->Sub(x, p->Mul(S(lr), p->Add(p->Load(grad, {n}), p->Mul(S(weight_decay), x)))));
+    } else {
+      const Value g = p->Add(p->Load(grad, {n}), p->Mul(S(weight_decay), x));
+      const Value buf =
+          first_step ? g
+                     : p->Add(p->Mul(S(momentum), p->Load(momentum_buf, {n})),
+                              p->Mul(S(1.0f - dampening), g));
+      p->Store(momentum_buf, buf);
+      const Value d = nesterov ? p->Add(g, p->Mul(S(momentum), buf)) : buf;
+      p->Store(param, p->Sub(x, p->Mul(S(lr), d)));
+    }
+    launch_(s, std::move(p));
+  }
+
+  void SumSquares(Stream s, View out, View x) override {
+    auto p = New("sum_squares");
+    const View o = out.Slice(0, 1);
+    Value acc = p->Reshape(p->Load(o, {1}), {});
+    if (x.count > 0) {
+      const Value w = p->Convert(p->Load(x, {x.count}), "f64");
+      acc = p->Add(acc, p->Reduce(p->Mul(w, w), {0}));
+    }
+    p->Store(o, acc);
+    launch_(s, std::move(p));
+  }
+  void SplitF64(Stream s, View out, View in) override {
+    auto p = New("split_f64");
+    const Value v = p->Reshape(p->Load(in.Slice(0, 1), {1}), {});
+    const Value hi = p->Convert(v, "f32");
+    const Value lo = p->Convert(p->Sub(v, p->Convert(hi, "f64")), "f32");
+    p->Store(out.Slice(0, 2),
+             p->Concat({p->Reshape(hi, {1}), p->Reshape(lo, {1})}, 0));
+    launch_(s, std::move(p));
+  }
+  void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
+                      float max_norm) override {
+    auto p = New("global_norm_clip");
+    const bool wide = partials.dtype == DType::kF64;
+    const int64_t n = wide ? partials.count : partials.count / 2;
+    Value sum = p->Constant(0.0, "f64");
+    if (n > 0) {
+      const Value parts = wide ? p->Load(partials.Slice(0, n), {n, 1})
+                               : p->Convert(p->Load(partials.Slice(0, 2 * n), {n, 2}), "f64");
+      // In rank order, as the CPU sums them.
+      for (int64_t r = 0; r < n; ++r) {
+        Value term = p->Reshape(p->Slice(parts, {r, 0}, {r + 1, 1}), {});
+        if (!wide) term = p->Add(term, p->Reshape(p->Slice(parts, {r, 1}, {r + 1, 2}), {}));
+        sum = p->Add(sum, term);
+      }
+    }
+    p->Store(total_sq.Slice(0, 1), sum);
+    // ClipCoefficient(sqrt(sum) / k, max_norm) / k (src/fsdp/optim.cc).
+    const Value kk = p->Scalar(k, "f64");
+    const Value mn = p->Scalar(max_norm, "f64");
+    const Value norm = p->Div(p->Unary("sqrt", sum), kk);
+    const Value clip =
+        p->Convert(p->Convert(p->Div(mn, p->Add(norm, p->Constant(1e-6, "f64"))), "f32"), "f64");
+    const Value clips = p->Binary("and", p->Compare("GT", mn, p->Constant(0.0, "f64")),
+                                  p->Compare("GT", norm, mn));
+    const Value coef = p->Select(clips, clip, p->Constant(1.0, "f64"));
+    p->Store(factor.Slice(0, 1), p->Convert(p->Div(coef, kk), "f32"));
+    launch_(s, std::move(p));
+  }
+  void Mean(Stream s, View out, View x) override {
+    auto p = New("mean");
+    const Value sum = x.count == 0 ? p->Constant(0.0, "f64")
+                                   : p->Reduce(p->Convert(p->Load(x, {x.count}), "f64"), {0});
+    p->Store(out.Slice(0, 1),
+             p->Convert(p->Div(sum, p->Constant(static_cast<double>(x.count), "f64")), "f32"));
+    launch_(s, std::move(p));
+  }
+
+ private:
+  static std::shared_ptr<Program> New(const char* name) {
+    return std::make_shared<Program>(name);
+  }
+  LaunchFn launch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> MakeOps(LaunchFn launch) { return std::make_unique<PjrtOps>(std::move(launch)); }
+
+}  // namespace fsdp::pjrt

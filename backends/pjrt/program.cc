@@ -1,0 +1,373 @@
+// The program builder of the PJRT backend's ops (program.h).
+#include "backends/pjrt/program.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+
+namespace fsdp::pjrt {
+namespace {
+
+constexpr char kParamsType[] = "@PARAMS@";  // tensor<P x i64>, filled in by Text()
+
+std::string Tensor(const std::vector<int64_t>& dims, const std::string& type) {
+  std::string s = "tensor<";
+  for (int64_t d : dims) absl::StrAppend(&s, d, "x");
+  return absl::StrCat(s, type, ">");
+}
+
+std::string List(const std::vector<int64_t>& v) { return absl::StrJoin(v, ", "); }
+
+int64_t Product(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+bool IsFloatType(const std::string& t) {
+  return t == "f32" || t == "f64" || t == "bf16" || t == "f16";
+}
+
+// A literal of `type` for dense<...>: exact (hex for infinities and NaN).
+std::string Literal(double v, const std::string& type) {
+  if (!IsFloatType(type)) {
+    if (type == "i1") return v != 0 ? "true" : "false";
+    return absl::StrCat(static_cast<int64_t>(v));
+  }
+  if (std::isfinite(v)) return absl::StrFormat("%.17e", v);
+  if (type == "f64") {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    return absl::StrFormat("0x%016X", bits);
+  }
+  const auto f = static_cast<float>(v);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (type == "f32") return absl::StrFormat("0x%08X", bits);
+  // bf16: the top half of the f32; f16 infinities only.
+  if (type == "bf16") return absl::StrFormat("0x%04X", bits >> 16);
+  return v > 0 ? "0x7C00" : v < 0 ? "0xFC00" : "0x7E00";
+}
+
+}  // namespace
+
+std::string ElementTypeOf(DType d) {
+  switch (d) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kF64: return "f64";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+    case DType::kU8: return "ui8";
+  }
+  return "?";
+}
+
+int64_t Value::numel() const { return Product(dims); }
+std::string Value::tensor() const { return Tensor(dims, type); }
+
+std::string Program::Fresh() { return absl::StrCat("%v", next_++); }
+
+Value Program::Emit(const std::string& rhs, std::vector<int64_t> dims, const std::string& type) {
+  Value v{Fresh(), std::move(dims), type};
+  absl::StrAppend(&body_, "    ", v.id, " = ", rhs, "\n");
+  return v;
+}
+
+int Program::ArgIndex(const View& v) {
+  for (size_t i = 0; i < args_.size(); ++i) {
+    if (args_[i].storage == v.allocation.storage) return static_cast<int>(i);
+  }
+  args_.push_back(Arg{v.allocation.storage, static_cast<int64_t>(v.allocation.bytes)});
+  current_.push_back(absl::StrCat("%a", args_.size() - 1));
+  return static_cast<int>(args_.size() - 1);
+}
+
+Value Program::Param(int64_t index, const std::string& type) {
+  Value one = Emit(absl::StrCat("\"stablehlo.slice\"(%params) {start_indices = array<i64: ", index,
+                                ">, limit_indices = array<i64: ", index + 1,
+                                ">, strides = array<i64: 1>} : (", kParamsType,
+                                ") -> tensor<1xi64>"),
+                   {1}, "i64");
+  Value s = Reshape(one, {});
+  if (type == "i64") return s;
+  Value d = Emit(absl::StrCat("stablehlo.bitcast_convert ", s.id, " : (tensor<i64>) -> tensor<f64>"),
+                 {}, "f64");
+  return Convert(d, type);
+}
+
+Value Program::Scalar(double value, const std::string& type) {
+  int64_t bits;
+  std::memcpy(&bits, &value, 8);
+  params_.push_back(bits);
+  return Param(static_cast<int64_t>(params_.size()) - 1, type);
+}
+
+Value Program::HostF32(const std::vector<float>& values, std::vector<int64_t> dims) {
+  const auto start = static_cast<int64_t>(params_.size());
+  const auto k = static_cast<int64_t>(values.size());
+  for (float f : values) {
+    int32_t bits;
+    std::memcpy(&bits, &f, 4);
+    params_.push_back(bits);  // sign-extended: converts back to i32 exactly
+  }
+  Value part = Emit(absl::StrCat("\"stablehlo.slice\"(%params) {start_indices = array<i64: ", start,
+                                 ">, limit_indices = array<i64: ", start + k,
+                                 ">, strides = array<i64: 1>} : (", kParamsType, ") -> ",
+                                 Tensor({k}, "i64")),
+                    {k}, "i64");
+  Value bits = Convert(part, "i32");
+  Value f = Emit(absl::StrCat("stablehlo.bitcast_convert ", bits.id, " : (", bits.tensor(), ") -> ",
+                              Tensor({k}, "f32")),
+                 {k}, "f32");
+  return Reshape(f, std::move(dims));
+}
+
+Value Program::Load(const View& v, std::vector<int64_t> dims, const std::string& as) {
+  const int a = ArgIndex(v);
+  params_.push_back(v.offset);
+  const Value off = Param(static_cast<int64_t>(params_.size()) - 1, "i64");
+  const int64_t bytes = v.bytes();
+  const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
+  const std::string dt = ElementTypeOf(v.dtype);
+  Value raw = Emit(absl::StrCat("stablehlo.dynamic_slice %a", a, ", ", off.id, ", sizes = [", bytes,
+                                "] : (", Tensor({args_[a].bytes}, "ui8"), ", tensor<i64>) -> ",
+                                Tensor({bytes}, "ui8")),
+                   {bytes}, "ui8");
+  Value typed = raw;
+  if (es > 1) {
+    Value r = Reshape(raw, {v.count, es});
+    typed = Emit(absl::StrCat("stablehlo.bitcast_convert ", r.id, " : (", r.tensor(), ") -> ",
+                              Tensor({v.count}, dt)),
+                 {v.count}, dt);
+  }
+  std::string want = as;
+  if (want.empty()) want = (dt == "bf16" || dt == "f16") ? "f32" : dt;
+  return Reshape(Convert(typed, want), std::move(dims));
+}
+
+void Program::Store(const View& v, const Value& x) {
+  const int a = ArgIndex(v);
+  params_.push_back(v.offset);
+  const Value off = Param(static_cast<int64_t>(params_.size()) - 1, "i64");
+  const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
+  const std::string dt = ElementTypeOf(v.dtype);
+  Value flat = Convert(Reshape(x, {v.count}), dt);
+  Value bytes = flat;
+  if (es > 1) {
+    Value b = Emit(absl::StrCat("stablehlo.bitcast_convert ", flat.id, " : (", flat.tensor(),
+                                ") -> ", Tensor({v.count, es}, "ui8")),
+                   {v.count, es}, "ui8");
+    bytes = Reshape(b, {v.bytes()});
+  }
+  const std::string arg_t = Tensor({args_[a].bytes}, "ui8");
+  Value upd = Emit(absl::StrCat("stablehlo.dynamic_update_slice ", current_[a], ", ", bytes.id,
+                                ", ", off.id, " : (", arg_t, ", ", bytes.tensor(),
+                                ", tensor<i64>) -> ", arg_t),
+                   {args_[a].bytes}, "ui8");
+  current_[a] = upd.id;
+  args_[a].written = true;
+}
+
+Value Program::Constant(double value, const std::string& type, std::vector<int64_t> dims) {
+  const std::string t = Tensor(dims, type);
+  return Emit(absl::StrCat("stablehlo.constant dense<", Literal(value, type), "> : ", t),
+              std::move(dims), type);
+}
+
+Value Program::Iota(std::vector<int64_t> dims, int64_t dim, const std::string& type) {
+  const std::string t = Tensor(dims, type);
+  return Emit(absl::StrCat("stablehlo.iota dim = ", dim, " : ", t), std::move(dims), type);
+}
+
+Value Program::Unary(const char* op, const Value& a) {
+  return Emit(absl::StrCat("stablehlo.", op, " ", a.id, " : ", a.tensor()), a.dims, a.type);
+}
+
+Value Program::Binary(const char* op, const Value& a, const Value& b) {
+  return Emit(absl::StrCat("stablehlo.", op, " ", a.id, ", ", b.id, " : ", a.tensor()), a.dims,
+              a.type);
+}
+
+Value Program::Compare(const char* direction, const Value& a, const Value& b) {
+  return Emit(absl::StrCat("stablehlo.compare  ", direction, ", ", a.id, ", ", b.id, " : (",
+                           a.tensor(), ", ", b.tensor(), ") -> ", Tensor(a.dims, "i1")),
+              a.dims, "i1");
+}
+
+Value Program::Select(const Value& pred, const Value& a, const Value& b) {
+  return Emit(absl::StrCat("\"stablehlo.select\"(", pred.id, ", ", a.id, ", ", b.id, ") : (",
+                           pred.tensor(), ", ", a.tensor(), ", ", b.tensor(), ") -> ", a.tensor()),
+              a.dims, a.type);
+}
+
+Value Program::Convert(const Value& a, const std::string& type) {
+  if (a.type == type) return a;
+  return Emit(absl::StrCat("stablehlo.convert ", a.id, " : (", a.tensor(), ") -> ",
+                           Tensor(a.dims, type)),
+              a.dims, type);
+}
+
+Value Program::RoundTo(const Value& a, DType d) {
+  if (d == DType::kF32) return a;
+  return Convert(Convert(a, ElementTypeOf(d)), a.type);
+}
+
+Value Program::Reshape(const Value& a, std::vector<int64_t> dims) {
+  if (a.dims == dims) return a;
+  return Emit(absl::StrCat("stablehlo.reshape ", a.id, " : (", a.tensor(), ") -> ",
+                           Tensor(dims, a.type)),
+              dims, a.type);
+}
+
+Value Program::Broadcast(const Value& a, std::vector<int64_t> dims, std::vector<int64_t> map) {
+  return Emit(absl::StrCat("stablehlo.broadcast_in_dim ", a.id, ", dims = [", List(map), "] : (",
+                           a.tensor(), ") -> ", Tensor(dims, a.type)),
+              dims, a.type);
+}
+
+Value Program::BroadcastPrefix(const Value& a, const std::vector<int64_t>& dims) {
+  if (a.dims == dims) return a;
+  std::vector<int64_t> map(a.dims.size());
+  for (size_t i = 0; i < map.size(); ++i) map[i] = static_cast<int64_t>(i);
+  return Broadcast(a, dims, map);
+}
+
+Value Program::Transpose(const Value& a, std::vector<int64_t> perm) {
+  std::vector<int64_t> dims(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) dims[i] = a.dims[perm[i]];
+  return Emit(absl::StrCat("stablehlo.transpose ", a.id, ", dims = [", List(perm), "] : (",
+                           a.tensor(), ") -> ", Tensor(dims, a.type)),
+              dims, a.type);
+}
+
+Value Program::Slice(const Value& a, std::vector<int64_t> start, std::vector<int64_t> limit) {
+  std::vector<int64_t> dims(start.size()), strides(start.size(), 1);
+  for (size_t i = 0; i < start.size(); ++i) dims[i] = limit[i] - start[i];
+  if (dims == a.dims) return a;
+  return Emit(absl::StrCat("\"stablehlo.slice\"(", a.id, ") {start_indices = array<i64: ",
+                           List(start), ">, limit_indices = array<i64: ", List(limit),
+                           ">, strides = array<i64: ", List(strides), ">} : (", a.tensor(),
+                           ") -> ", Tensor(dims, a.type)),
+              dims, a.type);
+}
+
+Value Program::Concat(const std::vector<Value>& parts, int64_t dim) {
+  if (parts.size() == 1) return parts[0];
+  std::vector<int64_t> dims = parts[0].dims;
+  dims[dim] = 0;
+  std::vector<std::string> ids, types;
+  for (const Value& p : parts) {
+    dims[dim] += p.dims[dim];
+    ids.push_back(p.id);
+    types.push_back(p.tensor());
+  }
+  return Emit(absl::StrCat("stablehlo.concatenate ", absl::StrJoin(ids, ", "), ", dim = ", dim,
+                           " : (", absl::StrJoin(types, ", "), ") -> ",
+                           Tensor(dims, parts[0].type)),
+              dims, parts[0].type);
+}
+
+Value Program::Reduce(const Value& a, std::vector<int64_t> dims, const char* op) {
+  const bool max = std::string(op) == "maximum";
+  const Value init = Constant(max ? -INFINITY : 0.0, a.type);
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    bool reduced = false;
+    for (int64_t d : dims) reduced |= d == static_cast<int64_t>(i);
+    if (!reduced) out.push_back(a.dims[i]);
+  }
+  return Emit(absl::StrCat("stablehlo.reduce(", a.id, " init: ", init.id, ") applies stablehlo.",
+                           op, " across dimensions = [", List(dims), "] : (", a.tensor(), ", ",
+                           init.tensor(), ") -> ", Tensor(out, a.type)),
+              out, a.type);
+}
+
+Value Program::Dot(const Value& a, const Value& b, std::vector<int64_t> batch_a,
+                   std::vector<int64_t> batch_b, std::vector<int64_t> contract_a,
+                   std::vector<int64_t> contract_b) {
+  auto in = [](const std::vector<int64_t>& v, int64_t x) {
+    for (int64_t y : v) {
+      if (y == x) return true;
+    }
+    return false;
+  };
+  std::vector<int64_t> dims;
+  for (int64_t d : batch_a) dims.push_back(a.dims[d]);
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    const auto d = static_cast<int64_t>(i);
+    if (!in(batch_a, d) && !in(contract_a, d)) dims.push_back(a.dims[i]);
+  }
+  for (size_t i = 0; i < b.dims.size(); ++i) {
+    const auto d = static_cast<int64_t>(i);
+    if (!in(batch_b, d) && !in(contract_b, d)) dims.push_back(b.dims[i]);
+  }
+  std::string rhs = absl::StrCat("stablehlo.dot_general ", a.id, ", ", b.id, ", ");
+  if (!batch_a.empty()) {
+    absl::StrAppend(&rhs, "batching_dims = [", List(batch_a), "] x [", List(batch_b), "], ");
+  }
+  absl::StrAppend(&rhs, "contracting_dims = [", List(contract_a), "] x [", List(contract_b),
+                  "], precision = [HIGHEST, HIGHEST] : (", a.tensor(), ", ", b.tensor(), ") -> ",
+                  Tensor(dims, a.type));
+  return Emit(rhs, dims, a.type);
+}
+
+Value Program::Gather(const Value& table, const Value& idx) {
+  const int64_t N = idx.numel(), C = table.dims[1];
+  const Value i2 = Reshape(idx, {N, 1});
+  return Emit(absl::StrCat("\"stablehlo.gather\"(", table.id, ", ", i2.id,
+                           ") {dimension_numbers = #stablehlo.gather<offset_dims = [1], "
+                           "collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = "
+                           "1>, indices_are_sorted = false, slice_sizes = array<i64: 1, ",
+                           C, ">} : (", table.tensor(), ", ", i2.tensor(), ") -> ",
+                           Tensor({N, C}, table.type)),
+              {N, C}, table.type);
+}
+
+Value Program::ScatterAdd(const Value& table, const Value& idx, const Value& upd) {
+  const int64_t N = idx.numel();
+  const Value i2 = Reshape(idx, {N, 1});
+  const std::string s = Tensor({}, table.type);
+  return Emit(absl::StrCat("\"stablehlo.scatter\"(", table.id, ", ", i2.id, ", ", upd.id,
+                           ") ({\n    ^bb0(%x: ", s, ", %y: ", s, "):\n      %z = stablehlo.add "
+                           "%x, %y : ", s, "\n      stablehlo.return %z : ", s,
+                           "\n    }) {indices_are_sorted = false, scatter_dimension_numbers = "
+                           "#stablehlo.scatter<update_window_dims = [1], inserted_window_dims = "
+                           "[0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
+                           "unique_indices = false} : (",
+                           table.tensor(), ", ", i2.tensor(), ", ", upd.tensor(), ") -> ",
+                           table.tensor()),
+              table.dims, table.type);
+}
+
+std::string Program::Text() const {
+  std::vector<std::string> sig, results, ret_ids, ret_types;
+  int out = 0;
+  for (size_t i = 0; i < args_.size(); ++i) {
+    const std::string t = Tensor({args_[i].bytes}, "ui8");
+    if (args_[i].written) {
+      sig.push_back(absl::StrCat("%a", i, ": ", t, " {tf.aliasing_output = ", out++, " : i32}"));
+      ret_ids.push_back(current_[i]);
+      ret_types.push_back(t);
+    } else {
+      sig.push_back(absl::StrCat("%a", i, ": ", t));
+    }
+  }
+  const std::string params_t = Tensor({static_cast<int64_t>(params_.size())}, "i64");
+  sig.push_back(absl::StrCat("%params: ", params_t));
+  std::string body = absl::StrReplaceAll(body_, {{kParamsType, params_t}});
+  return absl::StrCat(
+      "module @fsdp_", name_,
+      " attributes {mhlo.num_replicas = 1 : i32, mhlo.num_partitions = 1 : i32} {\n"
+      "  func.func public @main(",
+      absl::StrJoin(sig, ", "), ") -> (", absl::StrJoin(ret_types, ", "), ") {\n", body,
+      "    return ", absl::StrJoin(ret_ids, ", "), " : ", absl::StrJoin(ret_types, ", "),
+      "\n  }\n}\n");
+}
+
+}  // namespace fsdp::pjrt

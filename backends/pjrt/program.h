@@ -1,0 +1,116 @@
+// Builds one StableHLO program of an op of the PJRT backend's table from the op's views.
+//
+// Device memory is a ui8 array per allocation (stablehlo.h). A Program takes every allocation
+// its views touch as one argument (views of the same allocation share it), and one i64 array
+// of run-time values: the byte offset of each view and the op's float scalars (as the bits of
+// a double). So the program text depends on sizes and on which views share an allocation, not
+// on offsets or scalar values, and the client's cache compiles it once per shape.
+//
+// Load() reads a view as a typed tensor (the argument's value before any store of the
+// program); Store() converts a tensor to the view's dtype and writes it. An allocation that is
+// stored to is donated and returned: the backend replaces its buffer with the output.
+//
+// The rest is a small typed emitter: each call appends one line and returns its SSA value.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend.h"
+
+namespace fsdp::pjrt {
+
+// The StableHLO element type of a dtype ("f32", "bf16", "f16", "f64", "i32", "i64", "ui8").
+std::string ElementTypeOf(DType d);
+
+// An SSA value: its name and tensor type.
+struct Value {
+  std::string id;
+  std::vector<int64_t> dims;
+  std::string type;  // element type
+  int64_t numel() const;
+  std::string tensor() const;  // e.g. "tensor<4x8xf32>"
+};
+
+class Program {
+ public:
+  explicit Program(std::string name) : name_(std::move(name)) {}
+
+  // ---- memory ------------------------------------------------------------------------------
+  // The view's elements as a tensor of `dims` (their product must be the view's count),
+  // converted to `as` (floats to f32 by default; i32 and f64 views keep their type).
+  Value Load(const View& v, std::vector<int64_t> dims, const std::string& as = "");
+  // Writes x (any shape, v.count elements) to the view, converted to its dtype.
+  void Store(const View& v, const Value& x);
+  // A float scalar given at run time (not part of the program text), as `type`.
+  Value Scalar(double value, const std::string& type = "f32");
+  // Host floats given at run time as an f32 tensor of `dims` (small tables, e.g. RoPE's).
+  Value HostF32(const std::vector<float>& values, std::vector<int64_t> dims);
+
+  // ---- values ------------------------------------------------------------------------------
+  Value Constant(double value, const std::string& type, std::vector<int64_t> dims = {});
+  Value Iota(std::vector<int64_t> dims, int64_t dim, const std::string& type);
+  Value Unary(const char* op, const Value& a);            // "exponential", "tanh", "sqrt", ...
+  Value Binary(const char* op, const Value& a, const Value& b);  // same shapes: "add", ...
+  Value Add(const Value& a, const Value& b) { return Binary("add", a, b); }
+  Value Sub(const Value& a, const Value& b) { return Binary("subtract", a, b); }
+  Value Mul(const Value& a, const Value& b) { return Binary("multiply", a, b); }
+  Value Div(const Value& a, const Value& b) { return Binary("divide", a, b); }
+  Value Max(const Value& a, const Value& b) { return Binary("maximum", a, b); }
+  Value Compare(const char* direction, const Value& a, const Value& b);  // "LT", "EQ", ...
+  Value Select(const Value& pred, const Value& a, const Value& b);
+  Value Convert(const Value& a, const std::string& type);
+  // Rounds f32 to `type` (bf16 / f16, nearest even) and back: the value a kernel computing in
+  // that dtype reads. f32 returns a.
+  Value RoundTo(const Value& a, DType d);
+  Value Reshape(const Value& a, std::vector<int64_t> dims);
+  // a broadcast to `dims`; a's dimension i becomes dimension map[i].
+  Value Broadcast(const Value& a, std::vector<int64_t> dims, std::vector<int64_t> map);
+  // A scalar (rank 0) or a value broadcast along trailing / leading dims as needed: a of dims
+  // equal to a prefix of `dims` is broadcast along the rest.
+  Value BroadcastPrefix(const Value& a, const std::vector<int64_t>& dims);
+  Value Transpose(const Value& a, std::vector<int64_t> perm);
+  Value Slice(const Value& a, std::vector<int64_t> start, std::vector<int64_t> limit);
+  Value Concat(const std::vector<Value>& parts, int64_t dim);
+  // Sums (or maxima) over `dims`, in a's type. "add" or "maximum".
+  Value Reduce(const Value& a, std::vector<int64_t> dims, const char* op = "add");
+  // dot_general at HIGHEST precision: batch dims, then a's free dims, then b's free dims.
+  Value Dot(const Value& a, const Value& b, std::vector<int64_t> batch_a,
+            std::vector<int64_t> batch_b, std::vector<int64_t> contract_a,
+            std::vector<int64_t> contract_b);
+  // a[idx[n], :] for a of [V, C] and idx of [N] i32: [N, C].
+  Value Gather(const Value& table, const Value& idx);
+  // table with table[idx[n], :] += upd[n, :] (a of [V, C], idx [N] i32, upd [N, C]).
+  Value ScatterAdd(const Value& table, const Value& idx, const Value& upd);
+
+  // ---- the program ---------------------------------------------------------------------------
+  // The module text (one function @main(args..., params) -> written args).
+  std::string Text() const;
+  // A key naming the program: its text.
+  struct Arg {
+    void* storage;      // Allocation::storage
+    int64_t bytes;      // the allocation's size
+    bool written = false;
+  };
+  const std::vector<Arg>& args() const { return args_; }
+  const std::vector<int64_t>& params() const { return params_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string Fresh();
+  Value Emit(const std::string& rhs, std::vector<int64_t> dims, const std::string& type);
+  int ArgIndex(const View& v);
+  Value Param(int64_t index, const std::string& type);  // params[index] as a scalar
+
+  std::string name_;
+  std::vector<Arg> args_;
+  std::vector<std::string> current_;  // each argument's latest value (after stores)
+  std::vector<int64_t> params_;
+  std::string body_;
+  int next_ = 0;
+};
+
+}  // namespace fsdp::pjrt
