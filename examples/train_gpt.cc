@@ -37,6 +37,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "fsdp/agreement.h"
 #include "fsdp/backend.h"
@@ -44,6 +45,9 @@
 #include "fsdp/communicator.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/sim_backend.h"
+#ifdef FSDP_TRAIN_WITH_PJRT
+#include "backends/pjrt/pjrt_backend.h"
+#endif
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
@@ -115,9 +119,13 @@ ABSL_FLAG(std::string, nonfinite, "error",
           "when the gradients hold inf or NaN: error (stop, exit 1) or skip (skip the step on "
           "every rank and count it)");
 ABSL_FLAG(std::string, backend, "cpu",
-          "cpu, or sim: the strict simulated accelerator (device memory the host cannot read, "
+          "cpu; sim: the strict simulated accelerator (device memory the host cannot read, "
           "every op asynchronous on a stream; ranks as threads only), to check an integration "
-          "against the device contract");
+          "against the device contract; or pjrt: a PJRT plugin's devices, one per rank (ranks "
+          "as threads only; --pjrt_plugin)");
+ABSL_FLAG(std::string, pjrt_plugin, "",
+          "with --backend pjrt: the PJRT plugin to load (a .so exporting GetPjrtApi: the XLA CPU "
+          "plugin, libtpu, the Neuron plugin); empty: $FSDP_PJRT_PLUGIN");
 ABSL_FLAG(int64_t, device_memory_mib, 0,
           "memory each rank's device may hold, in MiB (0 = what the system gives); past it an "
           "allocation is an out-of-memory error naming the buffer, as on an accelerator");
@@ -139,6 +147,10 @@ struct Settings {
   int micro_batches = 1, steps = 0, warmup = 0, log_every = 1, eval_every = 0, threads = 0;
   int ranks_on_host = 1;
   bool sim = false;  // --backend=sim
+  bool pjrt = false;  // --backend=pjrt
+#ifdef FSDP_TRAIN_WITH_PJRT
+  std::shared_ptr<fsdp::pjrt::Client> pjrt_client;  // shared by the rank threads
+#endif
   int sample_tokens = 0, checkpoint_every = 0;
   Schedule schedule = Schedule::kCosine;
   float max_lr = 0, temperature = 0;
@@ -387,13 +399,47 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   s.model.seed = s.seed;
 
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "cpu" && backend != "sim") {
-    return BadFlag("backend", backend, "allowed: cpu or sim");
+  if (backend != "cpu" && backend != "sim" && backend != "pjrt") {
+    return BadFlag("backend", backend, "allowed: cpu, sim or pjrt");
   }
   s.sim = backend == "sim";
-  if (s.sim && !ranks_share_process) {
+  s.pjrt = backend == "pjrt";
+  if ((s.sim || s.pjrt) && !ranks_share_process) {
     return BadFlag("backend", backend,
-                   "the sim backend connects ranks as threads of one process, not under mpirun");
+                   absl::StrCat("the ", backend, " backend connects ranks as threads of one "
+                                "process, not under mpirun"));
+  }
+  const std::string plugin = absl::GetFlag(FLAGS_pjrt_plugin);
+  if (!plugin.empty() && !s.pjrt) {
+    return BadFlag("pjrt_plugin", plugin, "only with --backend pjrt");
+  }
+  if (s.pjrt) {
+#ifdef FSDP_TRAIN_WITH_PJRT
+    // One client for the process, a device per rank. The XLA CPU plugin makes as many devices
+    // as it is asked for; an accelerator plugin has its chips.
+    fsdp::pjrt::PjrtClientOptions o;
+    o.plugin_path = plugin;
+    const char* env = std::getenv(fsdp::pjrt::kPluginEnv);
+    const std::string path = !plugin.empty() ? plugin : env != nullptr ? env : "";
+    if (absl::StrContains(std::filesystem::path(path).filename().string(), "cpu")) {
+      o.create_options["cpu_device_count"] = int64_t{world_size};
+    }
+    auto client = fsdp::pjrt::Client::Create(o);
+    if (!client.ok()) {
+      return BadFlag("pjrt_plugin", path.empty() ? "(none)" : path,
+                     std::string(client.status().message()));
+    }
+    if ((*client)->num_devices() < world_size) {
+      return BadFlag("ranks", world_size,
+                     absl::StrCat("the PJRT plugin ", path, " has ", (*client)->num_devices(),
+                                  " device(s): at most that many ranks"));
+    }
+    s.pjrt_client = *std::move(client);
+#else
+    return BadFlag("backend", backend,
+                   "this build has no PJRT backend (configure with FSDP_WITH_PJRT=ON after "
+                   "scripts/fetch_pjrt_plugin.sh <build>/pjrt)");
+#endif
   }
 
   // Threads per rank: never more than this process may use.
@@ -557,6 +603,10 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     o.memory_limit_bytes = s.device_memory_bytes;
     FSDP_ASSIGN_OR_RETURN(backend, fsdp::SimBackend::Create(o));
     threads = o.num_threads;
+  } else if (s.pjrt) {
+#ifdef FSDP_TRAIN_WITH_PJRT
+    FSDP_ASSIGN_OR_RETURN(backend, fsdp::PjrtBackend::Create(s.pjrt_client, world.rank()));
+#endif
   } else {
     FSDP_ASSIGN_OR_RETURN(auto cpu,
                           fsdp::CpuBackend::Create({.num_threads = s.threads,

@@ -4,6 +4,7 @@
 // keeps the device contract.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -70,18 +71,22 @@ inline absl::StatusOr<std::shared_ptr<pjrt::Client>> PjrtTestClient() {
 #endif
 
 // A backend of the test's kind for one rank, its kernels on `threads` threads (bound to the
-// calling thread on the CPU; a sim device's compute stream uses them). `device`: the rank's
-// device where ranks share one (pjrt: a device of the process's client per rank).
+// calling thread on the CPU; a sim device's compute stream uses them). On pjrt, every rank
+// gets a device of the process's client: `device`, or (< 0) the calling thread's, taken in
+// turn by the threads that ask, so the ranks of a test, each a new thread, get distinct ones.
 inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
     int threads, int64_t memory_limit = 0, const std::string& name = TestBackendName(),
-    int device = 0) {
+    int device = -1) {
   if (name == "pjrt") {
 #ifdef FSDP_TEST_PJRT
-    if (memory_limit > 0) {
-      return absl::UnimplementedError("the pjrt test backend has no memory limit");
+    if (device < 0) {
+      static std::atomic<int> next{0};
+      thread_local const int mine = next.fetch_add(1) % kPjrtTestDevices;
+      device = mine;
     }
     FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> client, PjrtTestClient());
-    FSDP_ASSIGN_OR_RETURN(auto b, PjrtBackend::Create(std::move(client), device));
+    FSDP_ASSIGN_OR_RETURN(auto b, PjrtBackend::Create(std::move(client), device,
+                                                      {.memory_limit_bytes = memory_limit}));
     return std::unique_ptr<Backend>(std::move(b));
 #else
     return absl::FailedPreconditionError(PjrtUnavailable());

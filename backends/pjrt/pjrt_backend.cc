@@ -136,6 +136,7 @@ struct PjrtBackend::Impl {
   std::unique_ptr<Queue> compute, comm;
   std::unique_ptr<Ops> ops;
 
+  const Backend* backend = nullptr;  // the PjrtBackend of this Impl
   Queue& stream(Stream s) { return s == Stream::kCompute ? *compute : *comm; }
 
   // Freed allocations, released once the work issued before the free has run on both streams.
@@ -163,6 +164,7 @@ struct PjrtBackend::Impl {
   // deadlock), their buffers and the run-time values as arguments, the written allocations'
   // buffers replaced by the outputs (the old ones were donated).
   absl::Status RunProgram(const pjrt::Program& p) const {
+    FSDP_RETURN_IF_ERROR(p.CheckViews(backend));
     FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe, Program(p.name(), p.Text()));
     std::vector<Storage*> order;
     for (const pjrt::Program::Arg& a : p.args()) order.push_back(static_cast<Storage*>(a.storage));
@@ -203,7 +205,7 @@ struct PjrtBackend::Impl {
   }
   absl::StatusOr<const pjrt::Executable*> Program(const std::string& name,
                                                   const std::string& mlir) const {
-    return client->Compile(name, mlir, pjrt::CompileOptions({client->device_id(device)}));
+    return client->Compile(name, mlir, pjrt::PortableCompileOptions());
   }
   // Bytes [offset, offset + k) of `st` as a new buffer (the caller holds st.mu).
   absl::StatusOr<pjrt::DeviceBuffer> Slice(Storage& st, int64_t offset, int64_t k) const {
@@ -423,6 +425,11 @@ absl::StatusOr<std::unique_ptr<PjrtBackend>> PjrtBackend::Create(
         "PjrtBackend: device ", device, " does not exist: the client has ", client->num_devices(),
         " device(s) (for the XLA CPU plugin, set the create option cpu_device_count)"));
   }
+  if (options.memory_limit_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PjrtBackend: memory_limit_bytes must be >= 0 (0 = no limit), got ",
+        options.memory_limit_bytes));
+  }
   auto impl = std::make_unique<Impl>();
   impl->client = std::move(client);
   impl->device = device;
@@ -435,7 +442,9 @@ absl::StatusOr<std::unique_ptr<PjrtBackend>> PjrtBackend::Create(
   return std::unique_ptr<PjrtBackend>(new PjrtBackend(std::move(impl)));
 }
 
-PjrtBackend::PjrtBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PjrtBackend::PjrtBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  impl_->backend = this;
+}
 
 PjrtBackend::~PjrtBackend() {
   impl_->compute.reset();  // drain, then stop
@@ -449,6 +458,13 @@ int PjrtBackend::device() const { return impl_->device; }
 absl::StatusOr<Allocation> PjrtBackend::Allocate(size_t bytes) {
   if (bytes == 0) return Allocation{};
   impl_->Reap(/*wait_all=*/false);
+  const int64_t limit = impl_->options.memory_limit_bytes;
+  if (limit > 0 && impl_->in_use.load() + static_cast<int64_t>(bytes) > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of memory: ", bytes, " bytes asked for with ", impl_->in_use.load(), " of the ",
+        limit, "-byte limit in use; reduce the batch size, checkpoint activations or shard over "
+        "more ranks"));
+  }
   // Zeroed pages from the system: the host side costs nothing until the copy reads them.
   void* zeros = std::calloc(bytes, 1);
   if (zeros == nullptr) {

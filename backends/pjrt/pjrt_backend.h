@@ -30,6 +30,9 @@ struct PjrtBackendOptions {
   // call on the host before the program is launched, so a missing rank is an error, not a
   // hang inside the plugin).
   CommOptions data_plane = {};
+  // Bytes the backend may hold (0: what the device gives). Past it an allocation is a
+  // RESOURCE_EXHAUSTED error, as on a device whose memory is full; the runtime names the buffer.
+  int64_t memory_limit_bytes = 0;
 };
 
 class PjrtBackend final : public Backend {

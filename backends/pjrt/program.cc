@@ -79,6 +79,32 @@ Value Program::Emit(const std::string& rhs, std::vector<int64_t> dims, const std
   return v;
 }
 
+void Program::NoteView(const View& v, const char* role) {
+  view_backends_.push_back(v.backend);
+  if (!bad_view_.empty()) return;
+  if (v.count <= 0 || v.allocation.storage == nullptr) {
+    bad_view_ = absl::StrCat("an empty ", role, " view");
+  } else if (v.offset < 0 || v.offset + v.bytes() > static_cast<int64_t>(v.allocation.bytes)) {
+    bad_view_ = absl::StrCat("a ", role, " view (offset ", v.offset, ", ", v.bytes(),
+                             " bytes) that does not fit in its allocation of ",
+                             v.allocation.bytes, " bytes");
+  }
+}
+
+absl::Status Program::CheckViews(const Backend* backend) const {
+  std::string why = bad_view_;
+  if (why.empty()) {
+    for (const Backend* b : view_backends_) {
+      if (b != backend) {
+        why = "a view that is not memory of this backend";
+        break;
+      }
+    }
+  }
+  if (why.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("given ", why));
+}
+
 int Program::ArgIndex(const View& v) {
   for (size_t i = 0; i < args_.size(); ++i) {
     if (args_[i].storage == v.allocation.storage) return static_cast<int>(i);
@@ -129,6 +155,7 @@ Value Program::HostF32(const std::vector<float>& values, std::vector<int64_t> di
 }
 
 Value Program::Load(const View& v, std::vector<int64_t> dims, const std::string& as) {
+  NoteView(v, "input");
   const int a = ArgIndex(v);
   params_.push_back(v.offset);
   const Value off = Param(static_cast<int64_t>(params_.size()) - 1, "i64");
@@ -152,6 +179,7 @@ Value Program::Load(const View& v, std::vector<int64_t> dims, const std::string&
 }
 
 void Program::Store(const View& v, const Value& x) {
+  NoteView(v, "output");
   const int a = ArgIndex(v);
   params_.push_back(v.offset);
   const Value off = Param(static_cast<int64_t>(params_.size()) - 1, "i64");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fsdp/backend.h"
+#include "fsdp/status.h"
 
 namespace fsdp::pjrt {
 
@@ -98,6 +99,9 @@ class Program {
   const std::vector<Arg>& args() const { return args_; }
   const std::vector<int64_t>& params() const { return params_; }
   const std::string& name() const { return name_; }
+  // The first bad view given to Load or Store (not memory of `backend`, or outside its
+  // allocation); OK when every view is good.
+  absl::Status CheckViews(const Backend* backend) const;
 
  private:
   std::string Fresh();
@@ -105,8 +109,12 @@ class Program {
   int ArgIndex(const View& v);
   Value Param(int64_t index, const std::string& type);  // params[index] as a scalar
 
+  void NoteView(const View& v, const char* role);
+
   std::string name_;
   std::vector<Arg> args_;
+  std::vector<const Backend*> view_backends_;
+  std::string bad_view_;
   std::vector<std::string> current_;  // each argument's latest value (after stores)
   std::vector<int64_t> params_;
   std::string body_;

@@ -133,6 +133,17 @@ std::string CompileOptions(const std::vector<int64_t>& device_ids) {
   return options.bytes;
 }
 
+std::string PortableCompileOptions() {
+  Proto build;        // ExecutableBuildOptionsProto
+  build.Int(1, -1);   // device_ordinal: unset
+  build.Int(4, 1);    // num_replicas
+  build.Int(5, 1);    // num_partitions
+  Proto options;      // CompileOptionsProto
+  options.Message(3, build);
+  options.Int(4, 1);  // compile_portable_executable
+  return options.bytes;
+}
+
 std::string SliceProgram(int64_t n, int64_t k) {
   return Module(
       "fsdp_slice", 1, absl::StrCat("%src: ", Bytes(n), ", %off: tensor<i64>) -> ", Bytes(k)),

@@ -17,6 +17,11 @@ namespace fsdp::pjrt {
 // device device_ids[r]. Never empty (empty options make some plugins abort the process).
 std::string CompileOptions(const std::vector<int64_t>& device_ids);
 
+// xla.CompileOptionsProto of a portable single-device program: no device assignment, so one
+// executable runs on any device (each launch names its device). The ops' programs compile
+// once for all the ranks of a client.
+std::string PortableCompileOptions();
+
 // (src: ui8[n], offset: i64) -> ui8[k]: bytes [offset, offset + k) of src.
 std::string SliceProgram(int64_t n, int64_t k);
 // (dst: ui8[n] donated, src: ui8[k], offset: i64) -> ui8[n]: dst with [offset, offset + k) = src.

@@ -30,6 +30,7 @@ struct CkptRun {
   std::string config = "nano";  // any ModelConfig name, or "nano-narrow"
   uint64_t init_seed = 1337;
   float max_grad_norm = 0.5f;
+  std::string backend = TestBackendName();  // the ranks' backend (tests/test_backend.h)
 };
 
 struct CkptResult {
@@ -89,7 +90,7 @@ inline absl::StatusOr<std::unique_ptr<nn::ShardedModel>> MakeModel(Communicator&
 inline absl::StatusOr<CkptResult> RunRank(Communicator& comm, const CkptRun& run, int steps,
                                           const std::string& load_dir,
                                           const std::string& save_dir) {
-  FSDP_ASSIGN_OR_RETURN(auto backend, testing::MakeTestBackend(1));
+  FSDP_ASSIGN_OR_RETURN(auto backend, testing::MakeTestBackend(1, 0, run.backend));
   FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), run));
   nn::DataLoaderOptions lo;
   lo.batch_size = run.batch_size;

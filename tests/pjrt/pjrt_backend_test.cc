@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/pjrt/stablehlo.h"
+#include "fsdp/cpu_backend.h"
 #include "fsdp/data_plane.h"
 #include "fsdp/local_world.h"
 #include "fsdp/ops.h"
@@ -273,21 +274,39 @@ TEST(PjrtBuffers, CopyMemsetStatsAndStreams) {
   EXPECT_EQ(b.CopyFromHost(bad, h).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(PjrtOps, OpsFailTheirStreamNamingTheOp) {
+// A bad view fails the op's stream with an error naming the op and the view; the ops queued
+// after it on that stream do not run; the other stream is unaffected.
+TEST(PjrtOps, BadViewsFailTheirStreamNamingTheOp) {
   SKIP_WITHOUT_PLUGIN();
   absl::StatusOr<std::shared_ptr<pjrt::Client>> c = CpuClient(1);
   ASSERT_TRUE(c.ok()) << c.status();
-  absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0);
-  ASSERT_TRUE(be.ok()) << be.status();
-  Backend& b = **be;
-  absl::StatusOr<Buffer> x = Buffer::Create(&b, 64);
-  ASSERT_TRUE(x.ok());
-  ASSERT_TRUE(b.Sync(b.Record(Stream::kCompute)).ok());
-  b.ops().GeluForward(Stream::kCompute, x->view(), x->view());
-  absl::Status s = b.Sync(b.Record(Stream::kCompute));
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(s.message(), HasSubstr("GeluForward"));
-  EXPECT_TRUE(b.Sync(b.Record(Stream::kComm)).ok());  // the other stream is unaffected
+  auto cpu = std::move(CpuBackend::Create({.num_threads = 1})).value();
+  for (int bad = 0; bad < 2; ++bad) {
+    absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0);
+    ASSERT_TRUE(be.ok()) << be.status();
+    Backend& b = **be;
+    absl::StatusOr<Buffer> x = Buffer::Create(&b, 64);
+    absl::StatusOr<Buffer> host = Buffer::Create(cpu.get(), 64);
+    ASSERT_TRUE(x.ok() && host.ok());
+    const std::vector<float> ones(16, 1.0f);
+    ASSERT_TRUE(b.CopyFromHost(x->view(), ones.data()).ok());
+    View out = x->view();
+    if (bad == 0) {
+      out = host->view();  // memory of another backend
+    } else {
+      out.count = 32;  // past the end of its allocation
+    }
+    b.ops().GeluForward(Stream::kCompute, out, x->view());
+    b.ops().Scale(Stream::kCompute, x->view(), 2.0f);  // must not run
+    absl::Status s = b.Sync(b.Record(Stream::kCompute));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("gelu_forward"));
+    EXPECT_THAT(s.message(), HasSubstr(bad == 0 ? "not memory of this backend" : "does not fit"));
+    EXPECT_TRUE(b.Sync(b.Record(Stream::kComm)).ok());  // the other stream is unaffected
+    std::vector<float> got(16);
+    ASSERT_TRUE(b.CopyToHost(got.data(), x->view(), Stream::kComm).ok());
+    EXPECT_EQ(got, ones) << "an op after the failure ran";
+  }
 }
 
 // ---- the data plane: ranks as threads, one device each ------------------------------------

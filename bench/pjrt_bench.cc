@@ -1,0 +1,231 @@
+// PJRT benchmark: what running through a PJRT plugin costs next to the CPU backend.
+//
+//   pjrt_bench [--plugin PATH] [--models nano,mini] [--ranks N] [--steps S] [--launches K]
+//
+// 1. Per-launch overhead: K launches of the smallest op (Scale of one f32) on one device,
+//    (a) each waited for (issue, run, event: the latency a dependent op sees) and (b) issued
+//    back to back and waited for once (the rate of a stream), in an allocation of 4 KiB and of
+//    64 MiB (an op writes into its allocation's buffer, donated to the program: if the plugin
+//    copied the buffer instead, the 64 MiB row would show it). The CPU backend's rows are the
+//    same ops on the host.
+// 2. Per model: FULL_SHARD training on N ranks as threads (a device of the plugin each, or the
+//    CPU backend), batch 4 x 64 per rank: the first step (it compiles every program of the
+//    model: the client's compile count and seconds are printed), then the median of S steps,
+//    and the ratio pjrt / cpu.
+// The plugin is --plugin or $FSDP_PJRT_PLUGIN. Exit status 1 on an error, 2 on bad flags.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "backends/pjrt/pjrt_backend.h"
+#include "fsdp/backend.h"
+#include "fsdp/cpu_backend.h"
+#include "fsdp/local_world.h"
+#include "fsdp/nn/data.h"
+#include "fsdp/nn/sharded_model.h"
+#include "fsdp/ops.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Params {
+  std::string plugin;
+  std::vector<std::string> models = {"nano", "mini"};
+  int ranks = 2, steps = 5, launches = 200;
+};
+
+[[noreturn]] void Usage(const std::string& why) {
+  std::fprintf(stderr,
+               "pjrt_bench: %s\nusage: pjrt_bench [--plugin PATH] [--models nano,mini] "
+               "[--ranks N] [--steps S] [--launches K]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Params Parse(int argc, char** argv) {
+  Params p;
+  const char* env = std::getenv("FSDP_PJRT_PLUGIN");
+  if (env != nullptr) p.plugin = env;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help") Usage("help");
+    if (i + 1 >= argc) Usage("flag " + a + " needs a value");
+    const std::string v = argv[++i];
+    auto count = [&](int lo, int hi) {
+      int x = 0;
+      if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
+        Usage(a + "=" + v + ": allowed " + std::to_string(lo) + " to " + std::to_string(hi));
+      }
+      return x;
+    };
+    if (a == "--plugin") {
+      p.plugin = v;
+    } else if (a == "--models") {
+      p.models = absl::StrSplit(v, ',', absl::SkipEmpty());
+    } else if (a == "--ranks") {
+      p.ranks = count(1, 8);
+    } else if (a == "--steps") {
+      p.steps = count(1, 1000);
+    } else if (a == "--launches") {
+      p.launches = count(1, 100000);
+    } else {
+      Usage("unknown flag " + a);
+    }
+  }
+  if (p.plugin.empty()) Usage("no plugin: --plugin PATH or $FSDP_PJRT_PLUGIN");
+  return p;
+}
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "pjrt_bench: %s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+template <typename T>
+T Check(absl::StatusOr<T> v, const char* what) {
+  Check(v.status(), what);
+  return *std::move(v);
+}
+
+// Microseconds per launch: (waited each, back to back).
+std::pair<double, double> LaunchCost(fsdp::Backend* b, size_t bytes, int launches) {
+  fsdp::Buffer buf = Check(fsdp::Buffer::Create(b, bytes), "allocate");
+  const fsdp::View one = buf.view(fsdp::DType::kF32).Slice(0, 1);
+  const float x = 1.0f;
+  Check(b->CopyFromHost(one, &x), "copy");
+  for (int i = 0; i < 3; ++i) b->ops().Scale(fsdp::Stream::kCompute, one, 1.0f);  // compiles
+  Check(b->Record(fsdp::Stream::kCompute).Wait(), "warm-up");
+  std::vector<double> each;
+  for (int i = 0; i < launches; ++i) {
+    const auto t0 = Clock::now();
+    b->ops().Scale(fsdp::Stream::kCompute, one, 1.0f);
+    Check(b->Record(fsdp::Stream::kCompute).Wait(), "launch");
+    each.push_back(Seconds(t0, Clock::now()));
+  }
+  const auto t0 = Clock::now();
+  for (int i = 0; i < launches; ++i) b->ops().Scale(fsdp::Stream::kCompute, one, 1.0f);
+  Check(b->Record(fsdp::Stream::kCompute).Wait(), "launches");
+  return {Median(each) * 1e6, Seconds(t0, Clock::now()) / launches * 1e6};
+}
+
+struct ModelRun {
+  double first_s = 0, step_s = 0;
+  int64_t compiles = 0;
+  double compile_s = 0;
+  float loss = 0;
+};
+
+ModelRun Train(const Params& p, const std::string& model,
+               const std::shared_ptr<fsdp::pjrt::Client>& client) {
+  const auto config = Check(fsdp::nn::ModelConfig::FromName(model), "model");
+  const auto data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
+  ModelRun r;
+  std::vector<double> times;
+  const int64_t compiles0 = client ? client->compile_count() : 0;
+  const double compile0 = client ? client->compile_seconds() : 0;
+  const int threads = std::max(1, fsdp::HardwareThreads() / p.ranks);
+  Check(fsdp::LocalWorld::Run(p.ranks, {}, [&](fsdp::Communicator& world) -> absl::Status {
+          std::unique_ptr<fsdp::Backend> backend;
+          if (client) {
+            FSDP_ASSIGN_OR_RETURN(backend, fsdp::PjrtBackend::Create(client, world.rank()));
+          } else {
+            FSDP_ASSIGN_OR_RETURN(auto cpu, fsdp::CpuBackend::Create({.num_threads = threads}));
+            cpu->BindCurrentThread();
+            backend = std::move(cpu);
+          }
+          fsdp::nn::ShardedModelOptions o;
+          o.sharding.strategy = fsdp::ShardingStrategy::kFullShard;
+          o.batch_size = 4;
+          o.seq_len = 64;
+          FSDP_ASSIGN_OR_RETURN(auto m,
+                                fsdp::nn::ShardedModel::Create(config, backend.get(), world, o));
+          FSDP_ASSIGN_OR_RETURN(auto loader,
+                                fsdp::nn::DataLoader::Create(
+                                    &data, {.batch_size = 4, .seq_len = 64,
+                                            .rank = world.rank(), .world_size = world.size()}));
+          for (int step = 0; step <= p.steps; ++step) {
+            FSDP_RETURN_IF_ERROR(world.Barrier());
+            const auto t0 = Clock::now();
+            const fsdp::nn::Batch b = loader.Next();
+            FSDP_ASSIGN_OR_RETURN(float loss, m->ForwardBackward(b.inputs.data(), b.targets.data()));
+            FSDP_RETURN_IF_ERROR(m->Step(1e-3f).status());
+            FSDP_RETURN_IF_ERROR(world.Barrier());
+            const double dt = Seconds(t0, Clock::now());
+            if (world.rank() == 0) {
+              if (step == 0) {
+                r.first_s = dt;
+              } else {
+                times.push_back(dt);
+              }
+              r.loss = loss;
+            }
+          }
+          return absl::OkStatus();
+        }),
+        "training");
+  r.step_s = Median(times);
+  if (client) {
+    r.compiles = client->compile_count() - compiles0;
+    r.compile_s = client->compile_seconds() - compile0;
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Params p = Parse(argc, argv);
+  fsdp::pjrt::PjrtClientOptions o;
+  o.plugin_path = p.plugin;
+  o.create_options["cpu_device_count"] = int64_t{std::max(p.ranks, 1)};
+  const auto client = Check(fsdp::pjrt::Client::Create(o), "PJRT client");
+  std::printf("# pjrt_bench: plugin %s (%s, %d devices), %d hardware threads\n", p.plugin.c_str(),
+              client->platform_name().c_str(), client->num_devices(), fsdp::HardwareThreads());
+
+  std::printf("\n# per-launch overhead: Scale of one f32, %d launches (median us per launch)\n",
+              p.launches);
+  std::printf("%-8s %12s %14s %16s\n", "backend", "allocation", "waited each", "back to back");
+  {
+    auto pj = Check(fsdp::PjrtBackend::Create(client, 0), "pjrt backend");
+    auto cpu = Check(fsdp::CpuBackend::Create({.num_threads = 1}), "cpu backend");
+    cpu->BindCurrentThread();
+    for (size_t bytes : {size_t{4096}, size_t{64} << 20}) {
+      const char* size = bytes == 4096 ? "4 KiB" : "64 MiB";
+      const auto [pw, pb] = LaunchCost(pj.get(), bytes, p.launches);
+      std::printf("%-8s %12s %14.1f %16.1f\n", "pjrt", size, pw, pb);
+      const auto [cw, cb] = LaunchCost(cpu.get(), bytes, p.launches);
+      std::printf("%-8s %12s %14.1f %16.1f\n", "cpu", size, cw, cb);
+    }
+  }
+
+  std::printf("\n# FULL_SHARD on %d ranks (threads), batch 4 x 64 per rank: first step (compiles), "
+              "median of %d steps\n",
+              p.ranks, p.steps);
+  std::printf("%-6s %12s %10s %14s %14s %14s %8s\n", "model", "compiles", "compile s",
+              "pjrt first s", "pjrt step ms", "cpu step ms", "ratio");
+  for (const std::string& m : p.models) {
+    const ModelRun pj = Train(p, m, client);
+    const ModelRun cpu = Train(p, m, nullptr);
+    std::printf("%-6s %12lld %10.2f %14.2f %14.1f %14.1f %7.1fx   (loss %.4f pjrt, %.4f cpu)\n",
+                m.c_str(), static_cast<long long>(pj.compiles), pj.compile_s, pj.first_s,
+                pj.step_s * 1e3, cpu.step_s * 1e3, pj.step_s / cpu.step_s, pj.loss, cpu.loss);
+  }
+  return 0;
+}
