@@ -14,6 +14,7 @@
 //    and the ratio pjrt / cpu.
 // The plugin is --plugin or $FSDP_PJRT_PLUGIN. Exit status 1 on an error, 2 on bad flags.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -125,6 +126,25 @@ std::pair<double, double> LaunchCost(fsdp::Backend* b, size_t bytes, int launche
   return {Median(each) * 1e6, Seconds(t0, Clock::now()) / launches * 1e6};
 }
 
+// Microseconds per MatmulForward out[M,N] = inp[M,K] . w[N,K]^T + b (waited each, median):
+// the weight a view inside a larger flat buffer, as a gathered unit's is.
+double MatmulCost(fsdp::Backend* b, int64_t M, int64_t K, int64_t N, int launches) {
+  auto make = [&](int64_t n) { return Check(fsdp::Buffer::Create(b, n * 4), "allocate"); };
+  fsdp::Buffer inp = make(M * K), out = make(M * N), unit = make(4 * N * K + N);
+  std::vector<float> ones(static_cast<size_t>(4 * N * K + N), 0.01f);
+  Check(b->CopyFromHost(unit.view(), ones.data()), "copy");
+  Check(b->CopyFromHost(inp.view(), ones.data()), "copy");
+  const fsdp::View w = unit.view().Slice(N * K, N * K), bias = unit.view().Slice(4 * N * K, N);
+  std::vector<double> each;
+  for (int i = 0; i < launches + 3; ++i) {
+    const auto t0 = Clock::now();
+    b->ops().MatmulForward(fsdp::Stream::kCompute, out.view(), inp.view(), w, bias, M, K, N);
+    Check(b->Record(fsdp::Stream::kCompute).Wait(), "matmul");
+    if (i >= 3) each.push_back(Seconds(t0, Clock::now()));
+  }
+  return Median(each) * 1e6;
+}
+
 struct ModelRun {
   double first_s = 0, step_s = 0;
   int64_t compiles = 0;
@@ -212,6 +232,22 @@ int main(int argc, char** argv) {
       std::printf("%-8s %12s %14.1f %16.1f\n", "pjrt", size, pw, pb);
       const auto [cw, cb] = LaunchCost(cpu.get(), bytes, p.launches);
       std::printf("%-8s %12s %14.1f %16.1f\n", "cpu", size, cw, cb);
+    }
+  }
+
+  std::printf("\n# MatmulForward out[M,N] = inp[M,K] . w[N,K]^T + b, waited each (median us)\n");
+  std::printf("%-20s %12s %12s %8s\n", "M x K x N", "pjrt us", "cpu us", "ratio");
+  {
+    auto pj = Check(fsdp::PjrtBackend::Create(client, 0), "pjrt backend");
+    auto cpu = Check(fsdp::CpuBackend::Create({.num_threads = 1}), "cpu backend");
+    cpu->BindCurrentThread();
+    for (auto [M, K, N] : {std::array<int64_t, 3>{512, 64, 256}, {512, 256, 64},
+                           {1024, 256, 1024}}) {
+      const double pu = MatmulCost(pj.get(), M, K, N, std::max(10, p.launches / 10));
+      const double cu = MatmulCost(cpu.get(), M, K, N, std::max(10, p.launches / 10));
+      std::printf("%-20s %12.1f %12.1f %7.1fx\n",
+                  (std::to_string(M) + " x " + std::to_string(K) + " x " + std::to_string(N)).c_str(),
+                  pu, cu, pu / cu);
     }
   }
 

@@ -86,6 +86,19 @@ class Queue {
     std::lock_guard<std::mutex> lock(mu_);
     return failure_;
   }
+  // On the worker thread only: the completion events of the programs launched and not yet
+  // waited for. Drain() waits for them all; the first error fails the stream.
+  void AddPending(pjrt::DeviceEvent e) {
+    pending_.push_back(std::move(e));
+    if (pending_.size() >= kMaxPending) Drain();
+  }
+  void Drain() {
+    for (pjrt::DeviceEvent& e : pending_) {
+      absl::Status s = e.Await();
+      if (!s.ok()) SetFailure(s);
+    }
+    pending_.clear();
+  }
 
  private:
   void Loop() {
@@ -94,7 +107,11 @@ class Queue {
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
-        if (items_.empty()) return;  // stopped and drained
+        if (items_.empty()) {  // stopped and drained
+          lock.unlock();
+          Drain();
+          return;
+        }
         fn = std::move(items_.front());
         items_.pop_front();
       }
@@ -106,6 +123,8 @@ class Queue {
   std::deque<std::function<void()>> items_;
   bool stop_ = false;
   absl::Status failure_;
+  static constexpr size_t kMaxPending = 32;  // launches in flight before the queue waits
+  std::vector<pjrt::DeviceEvent> pending_;
   std::thread worker_;  // last: starts after the members it uses
 };
 
@@ -160,10 +179,12 @@ struct PjrtBackend::Impl {
     });
   }
 
-  // Runs an op's program: its allocations locked (in address order, so the two streams never
-  // deadlock), their buffers and the run-time values as arguments, the written allocations'
-  // buffers replaced by the outputs (the old ones were donated).
-  absl::Status RunProgram(const pjrt::Program& p) const {
+  // Launches an op's program: its allocations locked (in address order, so the two streams
+  // never deadlock), their buffers and the run-time values as arguments, the written
+  // allocations' buffers replaced by the outputs (the old ones were donated). It does not wait
+  // for the program: the plugin orders later launches that use the outputs after it, and the
+  // queue waits for its completion event at the next event recorded on the stream.
+  absl::Status RunProgram(const pjrt::Program& p, Queue& q) const {
     FSDP_RETURN_IF_ERROR(p.CheckViews(backend));
     FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe, Program(p.name(), p.Text()));
     std::vector<Storage*> order;
@@ -180,7 +201,10 @@ struct PjrtBackend::Impl {
       args.push_back(static_cast<Storage*>(a.storage)->buf.get());
     }
     args.push_back(params.get());
-    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out, client->Execute(*exe, device, args));
+    pjrt::DeviceEvent done;
+    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
+                          client->Launch(*exe, device, args, &done));
+    q.AddPending(std::move(done));
     size_t j = 0;
     for (const pjrt::Program::Arg& a : p.args()) {
       if (a.written) static_cast<Storage*>(a.storage)->buf = std::move(out[j++]);
@@ -192,7 +216,7 @@ struct PjrtBackend::Impl {
     Queue* q = &stream(s);
     q->Submit([this, q, p = std::move(p)] {
       if (!q->failure().ok()) return;
-      absl::Status st = RunProgram(*p);
+      absl::Status st = RunProgram(*p, *q);
       if (!st.ok()) {
         q->SetFailure(absl::Status(
             st.code(), absl::StrCat("pjrt backend: op ", p->name(), ": ", st.message())));
@@ -512,6 +536,7 @@ absl::Status PjrtBackend::DoCopyToHost(void* dst, View src, Stream s) {
   auto done = std::make_shared<HostEvent>();
   Impl* m = impl_.get();
   q->Submit([m, q, dst, src, done] {
+    q->Drain();
     absl::Status st = q->failure();
     if (st.ok() && src.count > 0) {
       Storage& from = *StorageOf(src);
@@ -604,7 +629,10 @@ absl::Status PjrtBackend::Memset(View dst, int byte, Stream s) {
 Event PjrtBackend::Record(Stream s) {
   auto e = std::make_shared<HostEvent>();
   Queue* q = &impl_->stream(s);
-  q->Submit([e, q] { e->Complete(q->failure()); });
+  q->Submit([e, q] {
+    q->Drain();
+    e->Complete(q->failure());
+  });
   return Event(e);
 }
 

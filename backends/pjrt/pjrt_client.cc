@@ -369,9 +369,45 @@ absl::Status Client::ToHost(PJRT_Buffer* buf, void* dst, size_t dst_bytes) const
   return s;
 }
 
+DeviceEvent& DeviceEvent::operator=(DeviceEvent&& o) noexcept {
+  if (this != &o) {
+    if (event_ != nullptr) Await().IgnoreError();
+    client_ = o.client_;
+    event_ = std::exchange(o.event_, nullptr);
+    what_ = std::move(o.what_);
+  }
+  return *this;
+}
+
+DeviceEvent::~DeviceEvent() {
+  if (event_ != nullptr) Await().IgnoreError();
+}
+
+absl::Status DeviceEvent::Await() {
+  if (event_ == nullptr) return absl::OkStatus();
+  PJRT_Event_Await_Args w{};
+  w.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+  w.event = event_;
+  absl::Status s = client_->ToStatus(client_->api()->PJRT_Event_Await(&w), what_);
+  DestroyEvent(client_->api(), event_);
+  event_ = nullptr;
+  return s;
+}
+
 absl::StatusOr<std::vector<DeviceBuffer>> Client::Execute(const Executable& exe, int device,
                                                           const std::vector<PJRT_Buffer*>& args,
                                                           int launch_id) const {
+  DeviceEvent done;
+  FSDP_ASSIGN_OR_RETURN(std::vector<DeviceBuffer> result,
+                        Launch(exe, device, args, &done, launch_id));
+  FSDP_RETURN_IF_ERROR(done.Await());
+  return result;
+}
+
+absl::StatusOr<std::vector<DeviceBuffer>> Client::Launch(const Executable& exe, int device,
+                                                         const std::vector<PJRT_Buffer*>& args,
+                                                         DeviceEvent* done_out,
+                                                         int launch_id) const {
   const PJRT_Api* a = api();
   std::vector<PJRT_Buffer*> outs(exe.num_outputs, nullptr);
   PJRT_Buffer* const* arg_list = args.data();
@@ -394,14 +430,7 @@ absl::StatusOr<std::vector<DeviceBuffer>> Client::Execute(const Executable& exe,
       ToStatus(a->PJRT_LoadedExecutable_Execute(&e), absl::StrCat("launch of '", exe.name, "'")));
   std::vector<DeviceBuffer> result;
   for (PJRT_Buffer* b : outs) result.emplace_back(this, b);
-  if (done != nullptr) {
-    PJRT_Event_Await_Args w{};
-    w.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
-    w.event = done;
-    absl::Status s = ToStatus(a->PJRT_Event_Await(&w), absl::StrCat("run of '", exe.name, "'"));
-    DestroyEvent(a, done);
-    FSDP_RETURN_IF_ERROR(s);
-  }
+  *done_out = DeviceEvent(this, done, absl::StrCat("run of '", exe.name, "'"));
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct PJRT_Client;
 struct PJRT_Device;
 struct PJRT_Buffer;
 struct PJRT_LoadedExecutable;
+struct PJRT_Event;
 
 namespace fsdp::pjrt {
 
@@ -96,6 +98,26 @@ class DeviceBuffer {
   PJRT_Buffer* buf_ = nullptr;
 };
 
+// An owned PJRT_Event: a launch's completion. Await() waits for it once and returns its status.
+class DeviceEvent {
+ public:
+  DeviceEvent() = default;
+  DeviceEvent(const Client* client, PJRT_Event* e, std::string what)
+      : client_(client), event_(e), what_(std::move(what)) {}
+  DeviceEvent(DeviceEvent&& o) noexcept
+      : client_(o.client_), event_(std::exchange(o.event_, nullptr)), what_(std::move(o.what_)) {}
+  DeviceEvent& operator=(DeviceEvent&& o) noexcept;
+  DeviceEvent(const DeviceEvent&) = delete;
+  DeviceEvent& operator=(const DeviceEvent&) = delete;
+  ~DeviceEvent();  // awaits a pending event before destroying it
+  absl::Status Await();
+
+ private:
+  const Client* client_ = nullptr;
+  PJRT_Event* event_ = nullptr;
+  std::string what_;
+};
+
 class Client {
  public:
   static absl::StatusOr<std::shared_ptr<Client>> Create(PjrtClientOptions options = {});
@@ -138,6 +160,11 @@ class Client {
   absl::StatusOr<std::vector<DeviceBuffer>> Execute(const Executable& exe, int device,
                                                     const std::vector<PJRT_Buffer*>& args,
                                                     int launch_id = 0) const;
+  // The same without waiting: `done` receives the launch's completion event. The outputs may
+  // be passed to later launches at once (the plugin orders them after this one).
+  absl::StatusOr<std::vector<DeviceBuffer>> Launch(const Executable& exe, int device,
+                                                   const std::vector<PJRT_Buffer*>& args,
+                                                   DeviceEvent* done, int launch_id = 0) const;
 
  private:
   Client() = default;
