@@ -131,7 +131,7 @@ std::pair<double, double> LaunchCost(fsdp::Backend* b, size_t bytes, int launche
 double MatmulCost(fsdp::Backend* b, int64_t M, int64_t K, int64_t N, int launches) {
   auto make = [&](int64_t n) { return Check(fsdp::Buffer::Create(b, n * 4), "allocate"); };
   fsdp::Buffer inp = make(M * K), out = make(M * N), unit = make(4 * N * K + N);
-  std::vector<float> ones(static_cast<size_t>(4 * N * K + N), 0.01f);
+  std::vector<float> ones(static_cast<size_t>(std::max(4 * N * K + N, M * K)), 0.01f);
   Check(b->CopyFromHost(unit.view(), ones.data()), "copy");
   Check(b->CopyFromHost(inp.view(), ones.data()), "copy");
   const fsdp::View w = unit.view().Slice(N * K, N * K), bias = unit.view().Slice(4 * N * K, N);

@@ -4,10 +4,11 @@
 // - Memory: an allocation is a PJRT buffer of bytes (ui8[bytes]) held in Allocation::storage;
 //   a view is reached by programs that slice it at a byte offset. Writes (copies, memset,
 //   collective results) run a program that donates the old buffer and returns the new one.
-// - Streams: each stream is an in-order queue on a host thread; an item launches its PJRT
-//   program and waits for the program's completion event before the next item starts, so
-//   events are host events of the queues (not PJRT events), and the two streams of a rank run
-//   concurrently.
+// - Streams: each stream is an in-order queue on a host thread. An op's item launches its
+//   program without waiting (the plugin orders launches that use its outputs after it); an
+//   event recorded on the stream completes once the PJRT completion events of everything
+//   launched before it have, and carries the first error. Copies and collectives wait for
+//   their own launch. The two streams of a rank run concurrently.
 // - Data plane: ranks as threads of one process, one device each: all_gather, reduce_scatter
 //   and all_reduce (sum, avg, max; f32, bf16, f16) are StableHLO collective programs over the
 //   group's replicas, compiled once per (collective, count, dtype, op, devices) and launched by
