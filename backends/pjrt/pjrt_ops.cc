@@ -146,6 +146,14 @@ void RopeProgram(P& p, const View& x, int64_t B, int64_t T, int64_t W, int64_t N
   p.Store(x, rotated);
 }
 
+// [N, V]: whether column v is row n's target (targets i32 [N]; a negative one matches none).
+Value TargetHit(P& p, const Value& t, const std::vector<int64_t>& nv) {
+  return p.Compare("EQ", p.Iota(nv, 1, "i32"), Rows(p, t, nv));
+}
+Value Ignored(P& p, const Value& t) {
+  return p.Compare("LT", t, p.Constant(0, "i32", t.dims));
+}
+
 // exp(min(-g, 87)) of the SwiGLU kernels.
 Value ExpNeg(P& p, const Value& g) {
   const Value m = p.Binary("minimum", p.Unary("negate", g), Splat(p, 87.0, g));
@@ -354,12 +362,10 @@ class PjrtOps final : public Ops {
     const Value sum = p->Reduce(p->Convert(e, "f64"), {1});
     const Value inv = p->Convert(p->Div(p->Constant(1.0, "f64", {N}), sum), "f32");
     p->Store(probs, p->Mul(e, Rows(*p, inv, nv)));
-    const Value hit = p->Compare("EQ", p->Iota(nv, 1, "i32"), Rows(*p, t, nv));
-    const Value xt = p->Reduce(p->Select(hit, x, p->Constant(0.0, "f32", nv)), {1});
-    const Value loss =
-        p->Sub(p->Add(mx, p->Unary("log", p->Convert(sum, "f32"))), xt);
-    const Value ignored = p->Compare("LT", t, p->Constant(0, "i32", {N}));
-    p->Store(losses, p->Select(ignored, p->Constant(0.0, "f32", {N}), loss));
+    const Value xt =
+        p->Reduce(p->Select(TargetHit(*p, t, nv), x, p->Constant(0.0, "f32", nv)), {1});
+    const Value loss = p->Sub(p->Add(mx, p->Unary("log", p->Convert(sum, "f32"))), xt);
+    p->Store(losses, p->Select(Ignored(*p, t), p->Constant(0.0, "f32", {N}), loss));
     launch_(s, std::move(p));
   }
   void SoftmaxCrossEntropyBackward(Stream s, View dlogits, View probs, View targets, float dloss,
@@ -370,10 +376,8 @@ class PjrtOps final : public Ops {
     const Value t = p->Load(targets, {N});
     const Value dl = Bcast(*p, p->Scalar(dloss), d);
     Value acc = p->Add(d, p->Mul(dl, p->Load(probs, nv)));
-    const Value hit = p->Compare("EQ", p->Iota(nv, 1, "i32"), Rows(*p, t, nv));
-    acc = p->Select(hit, p->Sub(acc, dl), acc);
-    const Value ignored = Rows(*p, p->Compare("LT", t, p->Constant(0, "i32", {N})), nv);
-    p->Store(dlogits, p->Select(ignored, d, acc));
+    acc = p->Select(TargetHit(*p, t, nv), p->Sub(acc, dl), acc);
+    p->Store(dlogits, p->Select(Rows(*p, Ignored(*p, t), nv), d, acc));
     launch_(s, std::move(p));
   }
 

@@ -56,16 +56,7 @@ std::string Literal(double v, const std::string& type) {
 }  // namespace
 
 std::string ElementTypeOf(DType d) {
-  switch (d) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kF64: return "f64";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "ui8";
-  }
-  return "?";
+  return d == DType::kU8 ? "ui8" : std::string(DTypeName(d));  // MLIR spells it ui8
 }
 
 int64_t Value::numel() const { return Product(dims); }

@@ -31,23 +31,7 @@ struct Proto {
 std::string Bytes(int64_t n) { return absl::StrCat("tensor<", n, "xui8>"); }
 
 std::string ElementType(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-    case DType::kF64:
-      return "f64";
-    case DType::kI32:
-      return "i32";
-    case DType::kI64:
-      return "i64";
-    case DType::kU8:
-      return "ui8";
-  }
-  return "?";
+  return d == DType::kU8 ? "ui8" : std::string(DTypeName(d));  // MLIR spells it ui8
 }
 
 std::string Module(const std::string& name, int replicas, const std::string& signature,
