@@ -722,9 +722,17 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
             ? absl::StrCat("H=", s.config.gpt().num_heads)
             : absl::StrCat("H=", s.config.llama().num_heads, " Hkv=", s.config.llama().num_kv_heads,
                            " F=", s.config.llama().mlp_hidden);
+    std::string device =
+        absl::StrCat(std::string(backend->name()), " backend, ", threads, " threads per rank");
+#ifdef FSDP_TRAIN_WITH_PJRT
+    if (s.pjrt) {  // the plugin runs the programs on its own threads
+      device = absl::StrCat("pjrt backend, a ", s.pjrt_client->platform_name(),
+                            " device per rank");
+    }
+#endif
     std::printf("train_gpt: %s %s L=%d %s C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
                 "%d units | batch %d x %d per step | %d steps, lr %.2e %s, warmup %d | "
-                "%s backend, %d threads per rank%s\n",
+                "%s%s\n",
                 s.config.is_gpt() ? "GPT" : "Llama", s.config.name().c_str(),
                 s.config.num_layers(), heads.c_str(), s.config.channels(),
                 s.config.vocab_size(), s.config.num_parameters() / 1e6,
@@ -732,7 +740,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
                 std::string(world.backend()).c_str(), model->runtime().num_units(),
                 B * N * s.micro_batches, T, s.steps, s.max_lr,
                 s.schedule == Schedule::kCosine ? "cosine" : "constant", s.warmup,
-                std::string(backend->name()).c_str(), threads, extras.c_str());
+                device.c_str(), extras.c_str());
     if (start_step >= s.steps) {
       std::printf("nothing to train: the checkpoint is at step %d, --steps is %d\n", start_step,
                   s.steps);
