@@ -7,8 +7,11 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+
+#include "gtest/gtest.h"
 
 namespace fsdp::testing {
 
@@ -28,6 +31,14 @@ inline Ran RunCli(const std::string& args) {
   const int status = pclose(p);
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// fsdp_bench refuses `args` as bad usage: exit code 2 and one line starting "fsdp_bench: ".
+inline void ExpectUsageError(const std::string& args) {
+  const Ran r = RunCli(args);
+  EXPECT_EQ(r.rc, 2) << args << "\n" << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << "\n" << r.output;
+  EXPECT_EQ(r.output.rfind("fsdp_bench: ", 0), 0u) << r.output;
 }
 
 }  // namespace fsdp::testing

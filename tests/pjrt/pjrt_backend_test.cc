@@ -50,6 +50,12 @@ absl::StatusOr<std::shared_ptr<pjrt::Client>> CpuClient(int devices) {
   return pjrt::Client::Create(o);
 }
 
+// The backend of the only device of a fresh one-device client (the backend keeps the client).
+absl::StatusOr<std::unique_ptr<PjrtBackend>> OneDeviceBackend() {
+  FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> c, CpuClient(1));
+  return PjrtBackend::Create(std::move(c), 0);
+}
+
 TEST(PjrtPlugin, MissingPathIsAClearError) {
   pjrt::PjrtClientOptions o;
   o.plugin_path = "/nonexistent/dir/libnot_there.so";
@@ -171,9 +177,7 @@ std::vector<char> AsBytes(const std::vector<T>& v) {
 
 TEST(PjrtBuffers, RoundTripOfSeveralDtypes) {
   SKIP_WITHOUT_PLUGIN();
-  absl::StatusOr<std::shared_ptr<pjrt::Client>> c = CpuClient(1);
-  ASSERT_TRUE(c.ok()) << c.status();
-  absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0);
+  absl::StatusOr<std::unique_ptr<PjrtBackend>> be = OneDeviceBackend();
   ASSERT_TRUE(be.ok()) << be.status();
   Backend& b = **be;
   EXPECT_FALSE(b.is_host());
@@ -223,9 +227,7 @@ TEST(PjrtBuffers, RoundTripOfSeveralDtypes) {
 
 TEST(PjrtBuffers, CopyMemsetStatsAndStreams) {
   SKIP_WITHOUT_PLUGIN();
-  absl::StatusOr<std::shared_ptr<pjrt::Client>> c = CpuClient(1);
-  ASSERT_TRUE(c.ok()) << c.status();
-  absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0);
+  absl::StatusOr<std::unique_ptr<PjrtBackend>> be = OneDeviceBackend();
   ASSERT_TRUE(be.ok()) << be.status();
   Backend& b = **be;
   const MemoryStats before = b.memory_stats();
