@@ -9,7 +9,8 @@ elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
 else()
   set(FSDP_ARCH_FLAGS "")
 endif()
-add_compile_options(${FSDP_ARCH_FLAGS})
+# C++ only: nvcc takes its own architecture flags (CMAKE_CUDA_ARCHITECTURES).
+add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${FSDP_ARCH_FLAGS}>")
 
 if(FSDP_SANITIZE STREQUAL "address")
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)

@@ -48,6 +48,9 @@
 #ifdef FSDP_TRAIN_WITH_PJRT
 #include "backends/pjrt/pjrt_backend.h"
 #endif
+#ifdef FSDP_TRAIN_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
@@ -122,7 +125,8 @@ ABSL_FLAG(std::string, backend, "cpu",
           "cpu; sim: the strict simulated accelerator (device memory the host cannot read, "
           "every op asynchronous on a stream; ranks as threads only), to check an integration "
           "against the device contract; or pjrt: a PJRT plugin's devices, one per rank (ranks "
-          "as threads only; --pjrt_plugin)");
+          "as threads only; --pjrt_plugin); or cuda: NVIDIA GPUs, rank r on GPU r mod the GPUs "
+          "this process sees (ranks as threads may share one GPU)");
 ABSL_FLAG(std::string, pjrt_plugin, "",
           "with --backend pjrt: the PJRT plugin to load (a .so exporting GetPjrtApi: the XLA CPU "
           "plugin, libtpu, the Neuron plugin); empty: $FSDP_PJRT_PLUGIN");
@@ -148,6 +152,7 @@ struct Settings {
   int ranks_on_host = 1;
   bool sim = false;  // --backend=sim
   bool pjrt = false;  // --backend=pjrt
+  bool cuda = false;  // --backend=cuda
 #ifdef FSDP_TRAIN_WITH_PJRT
   std::shared_ptr<fsdp::pjrt::Client> pjrt_client;  // shared by the rank threads
 #endif
@@ -399,11 +404,22 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   s.model.seed = s.seed;
 
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "cpu" && backend != "sim" && backend != "pjrt") {
-    return BadFlag("backend", backend, "allowed: cpu, sim or pjrt");
+  if (backend != "cpu" && backend != "sim" && backend != "pjrt" && backend != "cuda") {
+    return BadFlag("backend", backend, "allowed: cpu, sim, pjrt or cuda");
   }
   s.sim = backend == "sim";
   s.pjrt = backend == "pjrt";
+  s.cuda = backend == "cuda";
+  if (s.cuda) {
+#ifdef FSDP_TRAIN_WITH_CUDA
+    const std::string why = fsdp::CudaUnavailableReason();
+    if (!why.empty()) return BadFlag("backend", backend, why);
+#else
+    return BadFlag("backend", backend,
+                   "this build has no CUDA backend (it needs the CUDA toolkit and NCCL, "
+                   "FSDP_WITH_CUDA=ON, and no sanitizer)");
+#endif
+  }
   if ((s.sim || s.pjrt) && !ranks_share_process) {
     return BadFlag("backend", backend,
                    absl::StrCat("the ", backend, " backend connects ranks as threads of one "
@@ -607,6 +623,13 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
 #ifdef FSDP_TRAIN_WITH_PJRT
     FSDP_ASSIGN_OR_RETURN(backend, fsdp::PjrtBackend::Create(s.pjrt_client, world.rank()));
 #endif
+  } else if (s.cuda) {
+#ifdef FSDP_TRAIN_WITH_CUDA
+    FSDP_ASSIGN_OR_RETURN(backend,
+                          fsdp::CudaBackend::Create(
+                              {.device = world.rank() % std::max(1, fsdp::CudaDeviceCount()),
+                               .memory_limit_bytes = s.device_memory_bytes}));
+#endif
   } else {
     FSDP_ASSIGN_OR_RETURN(auto cpu,
                           fsdp::CpuBackend::Create({.num_threads = s.threads,
@@ -724,6 +747,12 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
                            " F=", s.config.llama().mlp_hidden);
     std::string device =
         absl::StrCat(std::string(backend->name()), " backend, ", threads, " threads per rank");
+#ifdef FSDP_TRAIN_WITH_CUDA
+    if (s.cuda) {
+      device = absl::StrCat("cuda backend, ", fsdp::CudaDeviceCount(), " GPU(s), rank r on GPU r mod ",
+                            fsdp::CudaDeviceCount());
+    }
+#endif
 #ifdef FSDP_TRAIN_WITH_PJRT
     if (s.pjrt) {  // the plugin runs the programs on its own threads
       device = absl::StrCat("pjrt backend, a ", s.pjrt_client->platform_name(),
@@ -801,6 +830,10 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
     std::printf("trained %d steps in %s: loss %.4f -> %.4f, val loss %.4f\nmemory per rank: %s\n",
                 s.steps - start_step, Seconds(elapsed()).c_str(), first_loss, last_loss,
                 val_loss, fsdp::FormatMemoryReport(model->memory()).c_str());
+    if (!backend->is_host()) {
+      std::printf("device memory of rank 0: peak %.1f MiB allocated through the backend\n",
+                  static_cast<double>(backend->memory_stats().peak_bytes) / (1 << 20));
+    }
   }
   const int n = s.sample_tokens;
   if (n > 0 && s.config.vocab_size() == 256) {

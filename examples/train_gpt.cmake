@@ -7,3 +7,8 @@ if(TARGET fsdp_pjrt)
   target_link_libraries(train_gpt PRIVATE fsdp_pjrt)
   target_compile_definitions(train_gpt PRIVATE FSDP_TRAIN_WITH_PJRT)
 endif()
+# --backend cuda when the CUDA backend is built (backends/cuda).
+if(TARGET fsdp_cuda)
+  target_link_libraries(train_gpt PRIVATE fsdp_cuda)
+  target_compile_definitions(train_gpt PRIVATE FSDP_TRAIN_WITH_CUDA)
+endif()

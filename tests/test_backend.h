@@ -1,5 +1,6 @@
 // The backend the parameterised suites run on: $FSDP_TEST_BACKEND ("cpu", the default, "sim",
-// the strict simulated accelerator, or "pjrt", the PJRT backend on the XLA CPU plugin). CTest
+// the strict simulated accelerator, "pjrt", the PJRT backend on the XLA CPU plugin, or "cuda",
+// every rank on CUDA device 0). CTest
 // registers the suites once per backend (tests/CMakeLists.txt), so a backend that passes them
 // keeps the device contract.
 #pragma once
@@ -15,6 +16,9 @@
 #include "fsdp/sim_backend.h"
 #ifdef FSDP_TEST_PJRT
 #include "backends/pjrt/pjrt_backend.h"
+#endif
+#ifdef FSDP_TEST_CUDA
+#include "backends/cuda/cuda_backend.h"
 #endif
 
 namespace fsdp::testing {
@@ -50,6 +54,17 @@ inline std::string PjrtUnavailable() {
            "' (scripts/fetch_pjrt_plugin.sh <build>/pjrt fetches it, or set FSDP_PJRT_PLUGIN)";
   }
   return "";
+#endif
+}
+
+// Why the cuda backend cannot run here ("" when it can), for the skip messages.
+inline std::string CudaUnavailable() {
+#ifndef FSDP_TEST_CUDA
+  return "skipped: the CUDA backend is not built (no CUDA toolkit with NCCL, FSDP_WITH_CUDA off, "
+         "or a sanitizer build)";
+#else
+  const std::string why = CudaUnavailableReason();
+  return why.empty() ? "" : "skipped: " + why;
 #endif
 }
 
@@ -92,6 +107,15 @@ inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
     return absl::FailedPreconditionError(PjrtUnavailable());
 #endif
   }
+  if (name == "cuda") {
+#ifdef FSDP_TEST_CUDA
+    FSDP_ASSIGN_OR_RETURN(auto b, CudaBackend::Create({.device = device < 0 ? 0 : device,
+                                                       .memory_limit_bytes = memory_limit}));
+    return std::unique_ptr<Backend>(std::move(b));
+#else
+    return absl::FailedPreconditionError(CudaUnavailable());
+#endif
+  }
   if (name == "sim") {
     SimBackendOptions options;
     options.num_threads = threads;
@@ -103,7 +127,7 @@ inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
     return std::unique_ptr<Backend>(std::move(b));
   }
   if (name != "cpu") {
-    return absl::InvalidArgumentError("FSDP_TEST_BACKEND must be cpu, sim or pjrt, got '" + name +
+    return absl::InvalidArgumentError("FSDP_TEST_BACKEND must be cpu, sim, pjrt or cuda, got '" + name +
                                       "'");
   }
   FSDP_ASSIGN_OR_RETURN(auto b, CpuBackend::Create({.num_threads = threads,

@@ -28,8 +28,8 @@ namespace {
 
 std::unique_ptr<Backend> MakeBackend(const std::string& name) {
   if (name == "sim") return std::move(SimBackend::Create({.num_threads = 1})).value();
-  if (name == "pjrt") {
-    absl::StatusOr<std::unique_ptr<Backend>> b = testing::MakeTestBackend(1, 0, "pjrt");
+  if (name == "pjrt" || name == "cuda") {
+    absl::StatusOr<std::unique_ptr<Backend>> b = testing::MakeTestBackend(1, 0, name);
     return b.ok() ? *std::move(b) : nullptr;
   }
   auto cpu = std::move(CpuBackend::Create({.num_threads = 1})).value();
@@ -85,8 +85,9 @@ std::vector<uint16_t> ToLowp(const std::vector<float>& x, DType d) {
 class OpConformanceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "pjrt") {
-      const std::string why = testing::PjrtUnavailable();
+    if (GetParam() == "pjrt" || GetParam() == "cuda") {
+      const std::string why =
+          GetParam() == "pjrt" ? testing::PjrtUnavailable() : testing::CudaUnavailable();
       if (!why.empty()) GTEST_SKIP() << why;
     }
     backend_ = MakeBackend(GetParam());
@@ -448,7 +449,8 @@ TEST_P(OpConformanceTest, OptimizersOnAShardSlice) {
   Expect(dev_->Read(vbuf), buf, DType::kF32, "sgd momentum");
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OpConformanceTest, ::testing::Values("cpu", "sim", "pjrt"),
+INSTANTIATE_TEST_SUITE_P(Backends, OpConformanceTest,
+                         ::testing::Values("cpu", "sim", "pjrt", "cuda"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

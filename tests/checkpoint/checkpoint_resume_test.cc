@@ -196,8 +196,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ReshardTest, ::testing::ValuesIn(ReshardCases(
 void ExpectResumesAcross(const std::string& from, const std::string& to) {
   for (const std::string& b : {from, to}) {
     if (b == "pjrt" && !PjrtUnavailable().empty()) GTEST_SKIP() << PjrtUnavailable();
+    if (b == "cuda" && !CudaUnavailable().empty()) GTEST_SKIP() << CudaUnavailable();
   }
-  const double tol = from == "pjrt" || to == "pjrt" ? 1e-4 : kTol;
+  const double tol = (from == "cpu" || from == "sim") && to == "cpu" ? kTol : 1e-4;
   const std::string dir = FreshDir(from + "_to_" + to);
   for (const char* model : {"nano", "llama-nano"}) {
     SCOPED_TRACE(model);
@@ -230,6 +231,8 @@ void ExpectResumesAcross(const std::string& from, const std::string& to) {
 
 TEST(CrossBackendCheckpointTest, SavedOnPjrtResumesOnCpu) { ExpectResumesAcross("pjrt", "cpu"); }
 TEST(CrossBackendCheckpointTest, SavedOnCpuResumesOnPjrt) { ExpectResumesAcross("cpu", "pjrt"); }
+TEST(CrossBackendCheckpointTest, SavedOnCudaResumesOnCpu) { ExpectResumesAcross("cuda", "cpu"); }
+TEST(CrossBackendCheckpointTest, SavedOnCpuResumesOnCuda) { ExpectResumesAcross("cpu", "cuda"); }
 TEST(CrossBackendCheckpointTest, SavedOnSimResumesOnCpu) { ExpectResumesAcross("sim", "cpu"); }
 
 TEST(CheckpointApiTest, LatestCheckpointPicksTheHighestCompleteStep) {

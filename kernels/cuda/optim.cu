@@ -1,0 +1,199 @@
+// CUDA optimizer updates and the reductions into device scalars (kernels.h), with the
+// semantics of the CPU kernels (optimizers.cc, reductions.cc) and of the host op table
+// (backends/host/host_ops.h: SumSquares, SplitF64, GlobalNormClip, Mean).
+//
+// Design:
+// - adamw_update, sgd_update: one thread per element in grid-stride loops. The per-call
+//   scalars (bias corrections, decay, step size) are computed on the host by the launcher
+//   with the CPU kernel's expressions, and the element update follows the CPU's f32
+//   operations one by one through the __f*_rn intrinsics (never contracted into FMAs), so
+//   the results are bit-identical to the CPU.
+// - sum_squares: each thread sums x^2 in double over its grid-stride elements, the block adds
+//   its threads' sums in a fixed order, and one atomicAdd per block adds the block's sum to
+//   out[0]: accumulated in double, but in a different order from the CPU's (and, through the
+//   atomics, from run to run).
+// - mean: one block walks all of x and sums in double in a fixed order: deterministic.
+// - split_f64, global_norm_clip: one thread, the host op's code in double.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/elementwise_utils.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace fsdp::kernels::cuda {
+namespace {
+
+using ew::FirstIndex;
+using ew::GridFor;
+using ew::GridStride;
+using ew::kThreads;
+
+// ---- AdamW ---------------------------------------------------------------------------------
+
+// The element loop of cpu::adamw_update, operation for operation.
+__global__ void AdamWKernel(float* param, const float* grad, float* m, float* v, int64_t n,
+                            float beta1, float beta2, float eps, float decay, float step_size,
+                            float inv_bc2_sqrt, float one_minus_b1, float one_minus_b2) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    const float g = grad[i];
+    // mi = beta1 * m[i] + one_minus_b1 * g
+    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_b1, g));
+    // vi = beta2 * v[i] + one_minus_b2 * g * g   ((one_minus_b2 * g) * g)
+    const float vi =
+        __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_b2, g), g));
+    m[i] = mi;
+    v[i] = vi;
+    // denom = sqrt(vi) * inv_bc2_sqrt + eps
+    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), inv_bc2_sqrt), eps);
+    // param[i] = param[i] * decay - step_size * mi / denom   ((step_size * mi) / denom)
+    param[i] = __fsub_rn(__fmul_rn(param[i], decay), __fdiv_rn(__fmul_rn(step_size, mi), denom));
+  }
+}
+
+// ---- SGD -----------------------------------------------------------------------------------
+
+// momentum == 0: param[i] -= lr * (grad[i] + weight_decay * param[i]); no momentum buffer.
+__global__ void SgdPlainKernel(float* param, const float* grad, int64_t n, float lr,
+                               float weight_decay) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    const float p = param[i];
+    param[i] = __fsub_rn(p, __fmul_rn(lr, __fadd_rn(grad[i], __fmul_rn(weight_decay, p))));
+  }
+}
+
+// The momentum loop of cpu::sgd_update; the buffer is not read on the first step.
+__global__ void SgdMomentumKernel(float* param, const float* grad, float* momentum_buf,
+                                  int64_t n, float lr, float momentum, float keep,
+                                  float weight_decay, bool nesterov, bool first_step) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    const float p = param[i];
+    // g = grad[i] + weight_decay * param[i]
+    const float g = __fadd_rn(grad[i], __fmul_rn(weight_decay, p));
+    // buf = first_step ? g : momentum * momentum_buf[i] + keep * g
+    const float buf =
+        first_step ? g : __fadd_rn(__fmul_rn(momentum, momentum_buf[i]), __fmul_rn(keep, g));
+    momentum_buf[i] = buf;
+    // param[i] -= lr * (nesterov ? g + momentum * buf : buf)
+    const float d = nesterov ? __fadd_rn(g, __fmul_rn(momentum, buf)) : buf;
+    param[i] = __fsub_rn(p, __fmul_rn(lr, d));
+  }
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+// The most blocks of sum_squares: each adds its sum to out[0] with one atomic.
+constexpr int64_t kSumSquaresMaxBlocks = 1024;
+// The single block of mean.
+constexpr int kMeanThreads = 1024;
+
+// Block size kThreads.
+__global__ void SumSquaresKernel(double* out, const float* x, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    const double xd = x[i];
+    acc += xd * xd;  // the product of two floats is exact in double
+  }
+  acc = ew::BlockSum(acc);
+  if (threadIdx.x == 0) atomicAdd(out, acc);
+}
+
+// One block of kMeanThreads threads.
+__global__ void MeanKernel(float* out, const float* x, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += static_cast<double>(x[i]);
+  acc = ew::BlockSum(acc);
+  // n == 0 gives 0 / 0 = NaN, as the host op does.
+  if (threadIdx.x == 0) out[0] = static_cast<float>(__ddiv_rn(acc, static_cast<double>(n)));
+}
+
+// One thread, as HostOps::SplitF64.
+__global__ void SplitF64Kernel(float* out, const double* in) {
+  const double v = in[0];
+  const float hi = static_cast<float>(v);
+  out[0] = hi;
+  out[1] = static_cast<float>(__dsub_rn(v, static_cast<double>(hi)));
+}
+
+// ClipCoefficient of src/fsdp/optim.cc.
+__device__ float ClipCoefficient(double total_norm, float max_norm) {
+  if (max_norm <= 0 || !(total_norm > max_norm)) return 1.0f;
+  return static_cast<float>(__ddiv_rn(static_cast<double>(max_norm), __dadd_rn(total_norm, 1e-6)));
+}
+
+// One thread, as HostOps::GlobalNormClip.
+__global__ void GlobalNormClipKernel(double* total_sq, float* factor, const void* partials,
+                                     bool wide, int64_t n, double k, float max_norm) {
+  double sum = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    if (wide) {
+      sum = __dadd_rn(sum, static_cast<const double*>(partials)[r]);
+    } else {
+      const float* p = static_cast<const float*>(partials);
+      // sum += double(p[2r]) + p[2r+1], the pair added first
+      sum = __dadd_rn(sum, __dadd_rn(static_cast<double>(p[2 * r]), static_cast<double>(p[2 * r + 1])));
+    }
+  }
+  total_sq[0] = sum;
+  const float coef = ClipCoefficient(__ddiv_rn(__dsqrt_rn(sum), k), max_norm);
+  factor[0] = static_cast<float>(__ddiv_rn(static_cast<double>(coef), k));
+}
+
+}  // namespace
+
+void adamw_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int64_t step) {
+  if (n <= 0) return;
+  // The per-call scalars exactly as cpu::adamw_update computes them (in double, then f32).
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+  const float step_size = static_cast<float>(lr / bc1);
+  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float one_minus_b1 = 1.0f - beta1;
+  const float one_minus_b2 = 1.0f - beta2;
+  AdamWKernel<<<GridFor(n), kThreads, 0, s>>>(param, grad, m, v, n, beta1, beta2, eps, decay,
+                                              step_size, inv_bc2_sqrt, one_minus_b1,
+                                              one_minus_b2);
+}
+
+void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum_buf, int64_t n,
+                float lr, float momentum, float dampening, float weight_decay, bool nesterov,
+                bool first_step) {
+  if (n <= 0) return;
+  if (momentum == 0.0f) {
+    SgdPlainKernel<<<GridFor(n), kThreads, 0, s>>>(param, grad, n, lr, weight_decay);
+    return;
+  }
+  const float keep = 1.0f - dampening;
+  SgdMomentumKernel<<<GridFor(n), kThreads, 0, s>>>(param, grad, momentum_buf, n, lr, momentum,
+                                                    keep, weight_decay, nesterov, first_step);
+}
+
+void sum_squares(cudaStream_t s, double* out, const float* x, int64_t n) {
+  if (n <= 0) return;  // adds 0: out[0] is unchanged
+  const unsigned int grid = static_cast<unsigned int>(
+      std::min<int64_t>((n + kThreads - 1) / kThreads, kSumSquaresMaxBlocks));
+  SumSquaresKernel<<<grid, kThreads, 0, s>>>(out, x, n);
+}
+
+void split_f64(cudaStream_t s, float* out, const double* in) {
+  SplitF64Kernel<<<1, 1, 0, s>>>(out, in);
+}
+
+void global_norm_clip(cudaStream_t s, double* total_sq, float* factor, const void* partials,
+                      bool wide, int64_t n, double k, float max_norm) {
+  // Launched for n == 0 too: the host op then writes total 0 and factor 1 / k.
+  GlobalNormClipKernel<<<1, 1, 0, s>>>(total_sq, factor, partials, wide, n < 0 ? 0 : n, k,
+                                       max_norm);
+}
+
+void mean(cudaStream_t s, float* out, const float* x, int64_t n) {
+  // Launched for n == 0 too (one block): the host op then writes NaN.
+  MeanKernel<<<1, kMeanThreads, 0, s>>>(out, x, n < 0 ? 0 : n);
+}
+
+}  // namespace fsdp::kernels::cuda
