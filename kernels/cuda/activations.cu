@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce_utils.cuh"
 
 namespace fsdp::kernels::cuda {
@@ -138,32 +139,33 @@ void Rope(cudaStream_t s, float* x, int64_t B, int64_t T, int64_t W, int64_t NH,
   const int64_t rows = B * T, half = D / 2;
   if (rows <= 0 || NH <= 0 || half <= 0) return;
   const dim3 grid(Blocks(half, kThreads, kMaxBlocksX), Blocks(rows, 1, kMaxBlocksY));
-  RopeKernel<<<grid, kThreads, 0, s>>>(x, rows, T, W, NH, D, theta, sign);
+  FSDP_LAUNCH(RopeKernel, grid, kThreads, 0, s)(x, rows, T, W, NH, D, theta, sign);
 }
 
 }  // namespace
 
 void gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t n) {
   if (n <= 0) return;
-  GeluForwardKernel<<<Blocks(n, kThreads, kMaxBlocksX), kThreads, 0, s>>>(out, inp, n);
+  FSDP_LAUNCH(GeluForwardKernel, Blocks(n, kThreads, kMaxBlocksX), kThreads, 0, s)(out, inp, n);
 }
 
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, int64_t n) {
   if (n <= 0 || dinp == nullptr) return;
-  GeluBackwardKernel<<<Blocks(n, kThreads, kMaxBlocksX), kThreads, 0, s>>>(dinp, inp, dout, n);
+  FSDP_LAUNCH(GeluBackwardKernel, Blocks(n, kThreads, kMaxBlocksX), kThreads, 0, s)
+  (dinp, inp, dout, n);
 }
 
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int64_t N, int64_t F) {
   if (N <= 0 || F <= 0) return;
   const dim3 grid(Blocks(F, kThreads, kMaxBlocksX), Blocks(N, 1, kMaxBlocksY));
-  SwigluForwardKernel<<<grid, kThreads, 0, s>>>(out, gu, N, F);
+  FSDP_LAUNCH(SwigluForwardKernel, grid, kThreads, 0, s)(out, gu, N, F);
 }
 
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int64_t N,
                      int64_t F) {
   if (N <= 0 || F <= 0 || dgu == nullptr) return;
   const dim3 grid(Blocks(F, kThreads, kMaxBlocksX), Blocks(N, 1, kMaxBlocksY));
-  SwigluBackwardKernel<<<grid, kThreads, 0, s>>>(dgu, dout, gu, N, F);
+  FSDP_LAUNCH(SwigluBackwardKernel, grid, kThreads, 0, s)(dgu, dout, gu, N, F);
 }
 
 void rope_forward(cudaStream_t s, float* x, int64_t B, int64_t T, int64_t W, int64_t NH,

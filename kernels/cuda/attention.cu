@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace fsdp::kernels::cuda {
 namespace {
@@ -130,7 +131,7 @@ template <int DMax>
 __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
     AttentionForwardKernel(float* out, float* att, const float* qkv, int64_t T, int64_t NH,
                            int64_t NKV, int D, float scale, int64_t BH, int64_t tiles) {
-  extern __shared__ float smem[];
+  FSDP_DYNAMIC_SHARED(float, smem);
   float* sq = smem;                    // [kTile][D + 1]: q rows of the tile
   float* skv = sq + kTile * (D + 1);   // [kTile][D + 1]: k, then v, rows of a key tile
   float* sp = skv + kTile * (D + 1);   // [kTile][kPad]: att of the tile pair
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
     AttentionBackwardQueryKernel(float* dqkv, float* workspace, const float* dout,
                                  const float* qkv, const float* att, int64_t T, int64_t NH,
                                  int64_t NKV, int D, float scale, int64_t BH, int64_t tiles) {
-  extern __shared__ float smem[];
+  FSDP_DYNAMIC_SHARED(float, smem);
   float* sy = smem;                    // [kTile][D + 1]: dout rows of the tile
   float* skv = sy + kTile * (D + 1);   // [kTile][D + 1]: v, then k, rows of a key tile
   float* sds = skv + kTile * (D + 1);  // [kTile][kPad]: ds of the tile pair
@@ -300,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
     AttentionBackwardKeyKernel(float* dqkv, const float* workspace, const float* dout,
                                const float* qkv, const float* att, int64_t T, int64_t NH,
                                int64_t NKV, int D, float scale, int64_t BG, int64_t tiles) {
-  extern __shared__ float smem[];
+  FSDP_DYNAMIC_SHARED(float, smem);
   float* sv = smem;                   // [kTile][D + 1]: v rows of the key tile
   float* sx = sv + kTile * (D + 1);   // [kTile][D + 1]: dout, then q, rows of a query tile
   float* sp = sx + kTile * (D + 1);   // [kTile][kPad]: att[q0 + tt, k0 + jj] at [tt][jj]
@@ -371,7 +372,7 @@ __global__ void UnsupportedShapeKernel() {}
 
 // A launch of zero blocks: it fails with cudaErrorInvalidConfiguration, which the caller's
 // cudaGetLastError() then reports.
-void FailLaunch(cudaStream_t s) { UnsupportedShapeKernel<<<0, 1, 0, s>>>(); }
+void FailLaunch(cudaStream_t s) { FSDP_LAUNCH(UnsupportedShapeKernel, 0, 1, 0, s)(); }
 
 // The accumulator bound for head size D: 32, 64, 128 or 256; 0 when D is not supported.
 int DMaxFor(int64_t D) {
@@ -394,8 +395,8 @@ void Launch(Kernel* kernel, int64_t blocks, int64_t bytes, cudaStream_t s, Args.
     (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(bytes));
   }
-  kernel<<<static_cast<unsigned int>(blocks), kThreads, static_cast<size_t>(bytes), s>>>(
-      args...);
+  FSDP_LAUNCH(kernel, static_cast<unsigned int>(blocks), kThreads, static_cast<size_t>(bytes), s)
+  (args...);
 }
 
 template <int DMax>

@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/elementwise_utils.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace fsdp::kernels::cuda {
 namespace {
@@ -127,9 +128,15 @@ template <int D>
 void LaunchReduce(cudaStream_t s, void* out, const ReduceInputs& ins, int n_in, int64_t n,
                   int op) {
   switch (op) {
-    case 0: ReduceKernel<D, 0><<<GridFor(n), kThreads, 0, s>>>(out, ins, n_in, n); return;
-    case 1: ReduceKernel<D, 1><<<GridFor(n), kThreads, 0, s>>>(out, ins, n_in, n); return;
-    case 2: ReduceKernel<D, 2><<<GridFor(n), kThreads, 0, s>>>(out, ins, n_in, n); return;
+    case 0:
+      FSDP_LAUNCH((ReduceKernel<D, 0>), GridFor(n), kThreads, 0, s)(out, ins, n_in, n);
+      return;
+    case 1:
+      FSDP_LAUNCH((ReduceKernel<D, 1>), GridFor(n), kThreads, 0, s)(out, ins, n_in, n);
+      return;
+    case 2:
+      FSDP_LAUNCH((ReduceKernel<D, 2>), GridFor(n), kThreads, 0, s)(out, ins, n_in, n);
+      return;
     default: return;
   }
 }
@@ -169,47 +176,47 @@ __global__ void BiasBackwardKernel(float* dbias, const float* dout, int64_t M, i
 
 void add(cudaStream_t s, float* out, const float* a, const float* b, int64_t n) {
   if (n <= 0) return;
-  AddKernel<<<GridFor(n), kThreads, 0, s>>>(out, a, b, n);
+  FSDP_LAUNCH(AddKernel, GridFor(n), kThreads, 0, s)(out, a, b, n);
 }
 
 void add_backward(cudaStream_t s, float* da, float* db, const float* dout, int64_t n) {
   if (n <= 0 || (da == nullptr && db == nullptr)) return;
-  AddBackwardKernel<<<GridFor(n), kThreads, 0, s>>>(da, db, dout, n);
+  FSDP_LAUNCH(AddBackwardKernel, GridFor(n), kThreads, 0, s)(da, db, dout, n);
 }
 
 void accumulate(cudaStream_t s, float* dst, const float* src, int64_t n) {
   if (n <= 0) return;
-  AccumulateKernel<<<GridFor(n), kThreads, 0, s>>>(dst, src, n);
+  FSDP_LAUNCH(AccumulateKernel, GridFor(n), kThreads, 0, s)(dst, src, n);
 }
 
 void cast_f32_to_bf16(cudaStream_t s, uint16_t* out, const float* in, int64_t n) {
   if (n <= 0) return;
-  CastF32ToBf16Kernel<<<GridFor(n), kThreads, 0, s>>>(out, in, n);
+  FSDP_LAUNCH(CastF32ToBf16Kernel, GridFor(n), kThreads, 0, s)(out, in, n);
 }
 
 void cast_bf16_to_f32(cudaStream_t s, float* out, const uint16_t* in, int64_t n) {
   if (n <= 0) return;
-  CastBf16ToF32Kernel<<<GridFor(n), kThreads, 0, s>>>(out, in, n);
+  FSDP_LAUNCH(CastBf16ToF32Kernel, GridFor(n), kThreads, 0, s)(out, in, n);
 }
 
 void cast_f32_to_f16(cudaStream_t s, uint16_t* out, const float* in, int64_t n) {
   if (n <= 0) return;
-  CastF32ToF16Kernel<<<GridFor(n), kThreads, 0, s>>>(out, in, n);
+  FSDP_LAUNCH(CastF32ToF16Kernel, GridFor(n), kThreads, 0, s)(out, in, n);
 }
 
 void cast_f16_to_f32(cudaStream_t s, float* out, const uint16_t* in, int64_t n) {
   if (n <= 0) return;
-  CastF16ToF32Kernel<<<GridFor(n), kThreads, 0, s>>>(out, in, n);
+  FSDP_LAUNCH(CastF16ToF32Kernel, GridFor(n), kThreads, 0, s)(out, in, n);
 }
 
 void scale(cudaStream_t s, float* x, float factor, int64_t n) {
   if (n <= 0) return;
-  ScaleKernel<<<GridFor(n), kThreads, 0, s>>>(x, factor, n);
+  FSDP_LAUNCH(ScaleKernel, GridFor(n), kThreads, 0, s)(x, factor, n);
 }
 
 void scale_by(cudaStream_t s, float* x, const float* factor, int64_t n) {
   if (n <= 0) return;
-  ScaleByKernel<<<GridFor(n), kThreads, 0, s>>>(x, factor, n);
+  FSDP_LAUNCH(ScaleByKernel, GridFor(n), kThreads, 0, s)(x, factor, n);
 }
 
 void reduce(cudaStream_t s, void* out, const void* const* ins, int n_in, int64_t n, int dtype,
@@ -230,7 +237,7 @@ void bias_backward(cudaStream_t s, float* dbias, const float* dout, int64_t M, i
   if (M <= 0 || N <= 0 || dbias == nullptr) return;
   const int64_t col_blocks = (N + kBiasCols - 1) / kBiasCols;
   const unsigned int grid = static_cast<unsigned int>(std::min<int64_t>(col_blocks, ew::kMaxBlocks));
-  BiasBackwardKernel<<<grid, dim3(kBiasCols, kBiasLanes), 0, s>>>(dbias, dout, M, N);
+  FSDP_LAUNCH(BiasBackwardKernel, grid, dim3(kBiasCols, kBiasLanes), 0, s)(dbias, dout, M, N);
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -3,10 +3,14 @@
 // include/fsdp/dtype.h written for the device with the same integer operations (bit-identical,
 // NaN and Inf kept), and a fixed-order block sum in double.
 //
-// Arithmetic that must round as the CPU kernels do goes through the __f*_rn intrinsics: nvcc
-// contracts a * b + c into one FMA by default, the CPU build (ISO C++, -ffp-contract=off) does
-// not, and the intrinsics are never contracted. No FTZ or fast-math flag may be used for these
-// files: the CPU keeps subnormals.
+// Arithmetic that must round operation by operation goes through the __f*_rn intrinsics: nvcc
+// contracts a * b + c into one FMA by default, and the intrinsics are never contracted. Note
+// that the CPU build does contract: GCC's default for C++ is -ffp-contract=fast, even with
+// -std=c++20, and -march=x86-64-v3 has FMA (cpu::adamw_update compiles to vfmadd / vfmsub),
+// so a kernel with a product and a sum per element matches the CPU to an ulp or so, and
+// bitwise only a CPU build with -ffp-contract=off; one operation per element (add, scale,
+// casts, reduce) is bitwise either way. No FTZ or fast-math flag may be used for these files:
+// the CPU keeps subnormals.
 #pragma once
 
 #include <cuda_runtime_api.h>

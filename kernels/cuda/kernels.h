@@ -45,7 +45,9 @@ void rope_backward(cudaStream_t s, float* dx, int64_t B, int64_t T, int64_t W, i
 
 // ---- causal attention: qkv[B,T,(NH+2*NKV)*D], att[B,NH,T,T] (probabilities, 0 above the
 // diagonal), out[B,T,NH*D]; query head h uses kv head h / (NH / NKV). Multi-head attention
-// is NKV == NH. -------------------------------------------------------------------------------
+// is NKV == NH. Head sizes up to D = 256; a shape the kernels do not take (D > 256, NH not a
+// multiple of NKV) launches nothing and leaves cudaErrorInvalidConfiguration for the caller's
+// cudaGetLastError(). ---------------------------------------------------------------------------
 void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t D);
 // `workspace`: B*NH*T floats of device scratch the caller owns (e.g. the row sums

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce_utils.cuh"
 
 namespace fsdp::kernels::cuda {
@@ -118,29 +119,31 @@ void softmax_crossentropy_forward(cudaStream_t s, float* losses, float* probs,
                                   const float* logits, const int32_t* targets, int64_t N,
                                   int64_t V) {
   if (N <= 0 || V <= 0) return;
-  CrossEntropyForwardKernel<<<Blocks(N, 1, kMaxBlocksX), RowThreads(V, kSoftmaxThreads), 0,
-                              s>>>(losses, probs, logits, targets, N, V);
+  FSDP_LAUNCH(CrossEntropyForwardKernel, Blocks(N, 1, kMaxBlocksX), RowThreads(V, kSoftmaxThreads),
+              0, s)
+  (losses, probs, logits, targets, N, V);
 }
 
 void softmax_crossentropy_backward(cudaStream_t s, float* dlogits, const float* probs,
                                    const int32_t* targets, float dloss, int64_t N, int64_t V) {
   if (N <= 0 || V <= 0 || dlogits == nullptr) return;
-  CrossEntropyBackwardKernel<<<Blocks(N, 1, kMaxBlocksX), RowThreads(V, kSoftmaxThreads), 0,
-                               s>>>(dlogits, probs, targets, dloss, N, V);
+  FSDP_LAUNCH(CrossEntropyBackwardKernel, Blocks(N, 1, kMaxBlocksX), RowThreads(V, kSoftmaxThreads),
+              0, s)
+  (dlogits, probs, targets, dloss, N, V);
 }
 
 void embedding_forward(cudaStream_t s, float* out, const int32_t* idx, const float* table,
                        int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return;
   const dim3 grid(Blocks(C, kThreads, kMaxBlocksX), Blocks(N, 1, kMaxBlocksY));
-  EmbeddingForwardKernel<<<grid, kThreads, 0, s>>>(out, idx, table, N, C);
+  FSDP_LAUNCH(EmbeddingForwardKernel, grid, kThreads, 0, s)(out, idx, table, N, C);
 }
 
 void embedding_backward(cudaStream_t s, float* dtable, const float* dout, const int32_t* idx,
                         int64_t N, int64_t C) {
   if (N <= 0 || C <= 0 || dtable == nullptr) return;
   const dim3 grid(Blocks(C, kThreads, kMaxBlocksX), Blocks(N, 1, kMaxBlocksY));
-  EmbeddingBackwardKernel<<<grid, kThreads, 0, s>>>(dtable, dout, idx, N, C);
+  FSDP_LAUNCH(EmbeddingBackwardKernel, grid, kThreads, 0, s)(dtable, dout, idx, N, C);
 }
 
 }  // namespace fsdp::kernels::cuda

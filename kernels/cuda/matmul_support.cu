@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace fsdp::kernels::cuda {
 namespace {
@@ -32,7 +33,8 @@ void bias_broadcast(cudaStream_t s, float* out, const void* bias, int dtype, int
   if (total == 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8);
-  BiasBroadcastKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(out, bias, dtype, M, N);
+  FSDP_LAUNCH(BiasBroadcastKernel, static_cast<unsigned>(blocks), kThreads, 0, s)
+  (out, bias, dtype, M, N);
 }
 
 }  // namespace fsdp::kernels::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce_utils.cuh"
 
 namespace fsdp::kernels::cuda {
@@ -193,8 +194,8 @@ unsigned int ColumnBlocks(int64_t C) { return Blocks(C, kColTile, kMaxBlocksX); 
 void layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
   if (N <= 0 || C <= 0) return;
-  LayerNormForwardKernel<<<RowBlocks(N), RowThreads(C, kRowThreads), 0, s>>>(
-      out, mean, rstd, inp, weight, bias, N, C, eps);
+  FSDP_LAUNCH(LayerNormForwardKernel, RowBlocks(N), RowThreads(C, kRowThreads), 0, s)
+  (out, mean, rstd, inp, weight, bias, N, C, eps);
 }
 
 void layernorm_backward(cudaStream_t s, float* dinp, float* dweight, float* dbias,
@@ -202,20 +203,20 @@ void layernorm_backward(cudaStream_t s, float* dinp, float* dweight, float* dbia
                         const float* mean, const float* rstd, int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return;
   if (dinp != nullptr) {
-    LayerNormBackwardInputKernel<<<RowBlocks(N), RowThreads(C, kRowThreads), 0, s>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
+    FSDP_LAUNCH(LayerNormBackwardInputKernel, RowBlocks(N), RowThreads(C, kRowThreads), 0, s)
+    (dinp, dout, inp, weight, mean, rstd, N, C);
   }
   if (dweight != nullptr || dbias != nullptr) {
-    LayerNormBackwardParamKernel<<<ColumnBlocks(C), dim3(kColTile, kRowLanes), 0, s>>>(
-        dweight, dbias, dout, inp, mean, rstd, N, C);
+    FSDP_LAUNCH(LayerNormBackwardParamKernel, ColumnBlocks(C), dim3(kColTile, kRowLanes), 0, s)
+    (dweight, dbias, dout, inp, mean, rstd, N, C);
   }
 }
 
 void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* inp,
                      const float* weight, int64_t N, int64_t C, float eps) {
   if (N <= 0 || C <= 0) return;
-  RmsNormForwardKernel<<<RowBlocks(N), RowThreads(C, kRowThreads), 0, s>>>(out, rstd, inp,
-                                                                            weight, N, C, eps);
+  FSDP_LAUNCH(RmsNormForwardKernel, RowBlocks(N), RowThreads(C, kRowThreads), 0, s)
+  (out, rstd, inp, weight, N, C, eps);
 }
 
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dweight, const float* dout,
@@ -223,12 +224,12 @@ void rmsnorm_backward(cudaStream_t s, float* dinp, float* dweight, const float* 
                       int64_t C) {
   if (N <= 0 || C <= 0) return;
   if (dinp != nullptr) {
-    RmsNormBackwardInputKernel<<<RowBlocks(N), RowThreads(C, kRowThreads), 0, s>>>(
-        dinp, dout, inp, weight, rstd, N, C);
+    FSDP_LAUNCH(RmsNormBackwardInputKernel, RowBlocks(N), RowThreads(C, kRowThreads), 0, s)
+    (dinp, dout, inp, weight, rstd, N, C);
   }
   if (dweight != nullptr) {
-    RmsNormBackwardWeightKernel<<<ColumnBlocks(C), dim3(kColTile, kRowLanes), 0, s>>>(
-        dweight, dout, inp, rstd, N, C);
+    FSDP_LAUNCH(RmsNormBackwardWeightKernel, ColumnBlocks(C), dim3(kColTile, kRowLanes), 0, s)
+    (dweight, dout, inp, rstd, N, C);
   }
 }
 

@@ -6,8 +6,10 @@
 // - adamw_update, sgd_update: one thread per element in grid-stride loops. The per-call
 //   scalars (bias corrections, decay, step size) are computed on the host by the launcher
 //   with the CPU kernel's expressions, and the element update follows the CPU's f32
-//   operations one by one through the __f*_rn intrinsics (never contracted into FMAs), so
-//   the results are bit-identical to the CPU.
+//   operations one by one through the __f*_rn intrinsics (never contracted into FMAs): the
+//   results are bit-identical to the CPU loop evaluated without contraction (a CPU build with
+//   -ffp-contract=off). The default CPU build (GCC, -march=x86-64-v3) fuses some of these
+//   products and sums into FMAs, so against it they agree to an ulp or so, not bitwise.
 // - sum_squares: each thread sums x^2 in double over its grid-stride elements, the block adds
 //   its threads' sums in a fixed order, and one atomicAdd per block adds the block's sum to
 //   out[0]: accumulated in double, but in a different order from the CPU's (and, through the
@@ -22,6 +24,7 @@
 
 #include "kernels/cuda/elementwise_utils.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace fsdp::kernels::cuda {
 namespace {
@@ -155,9 +158,9 @@ void adamw_update(cudaStream_t s, float* param, const float* grad, float* m, flo
   const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   const float one_minus_b1 = 1.0f - beta1;
   const float one_minus_b2 = 1.0f - beta2;
-  AdamWKernel<<<GridFor(n), kThreads, 0, s>>>(param, grad, m, v, n, beta1, beta2, eps, decay,
-                                              step_size, inv_bc2_sqrt, one_minus_b1,
-                                              one_minus_b2);
+  FSDP_LAUNCH(AdamWKernel, GridFor(n), kThreads, 0, s)
+  (param, grad, m, v, n, beta1, beta2, eps, decay, step_size, inv_bc2_sqrt, one_minus_b1,
+   one_minus_b2);
 }
 
 void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum_buf, int64_t n,
@@ -165,35 +168,35 @@ void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum
                 bool first_step) {
   if (n <= 0) return;
   if (momentum == 0.0f) {
-    SgdPlainKernel<<<GridFor(n), kThreads, 0, s>>>(param, grad, n, lr, weight_decay);
+    FSDP_LAUNCH(SgdPlainKernel, GridFor(n), kThreads, 0, s)(param, grad, n, lr, weight_decay);
     return;
   }
   const float keep = 1.0f - dampening;
-  SgdMomentumKernel<<<GridFor(n), kThreads, 0, s>>>(param, grad, momentum_buf, n, lr, momentum,
-                                                    keep, weight_decay, nesterov, first_step);
+  FSDP_LAUNCH(SgdMomentumKernel, GridFor(n), kThreads, 0, s)
+  (param, grad, momentum_buf, n, lr, momentum, keep, weight_decay, nesterov, first_step);
 }
 
 void sum_squares(cudaStream_t s, double* out, const float* x, int64_t n) {
   if (n <= 0) return;  // adds 0: out[0] is unchanged
   const unsigned int grid = static_cast<unsigned int>(
       std::min<int64_t>((n + kThreads - 1) / kThreads, kSumSquaresMaxBlocks));
-  SumSquaresKernel<<<grid, kThreads, 0, s>>>(out, x, n);
+  FSDP_LAUNCH(SumSquaresKernel, grid, kThreads, 0, s)(out, x, n);
 }
 
 void split_f64(cudaStream_t s, float* out, const double* in) {
-  SplitF64Kernel<<<1, 1, 0, s>>>(out, in);
+  FSDP_LAUNCH(SplitF64Kernel, 1, 1, 0, s)(out, in);
 }
 
 void global_norm_clip(cudaStream_t s, double* total_sq, float* factor, const void* partials,
                       bool wide, int64_t n, double k, float max_norm) {
   // Launched for n == 0 too: the host op then writes total 0 and factor 1 / k.
-  GlobalNormClipKernel<<<1, 1, 0, s>>>(total_sq, factor, partials, wide, n < 0 ? 0 : n, k,
-                                       max_norm);
+  FSDP_LAUNCH(GlobalNormClipKernel, 1, 1, 0, s)
+  (total_sq, factor, partials, wide, n < 0 ? 0 : n, k, max_norm);
 }
 
 void mean(cudaStream_t s, float* out, const float* x, int64_t n) {
   // Launched for n == 0 too (one block): the host op then writes NaN.
-  MeanKernel<<<1, kMeanThreads, 0, s>>>(out, x, n < 0 ? 0 : n);
+  FSDP_LAUNCH(MeanKernel, 1, kMeanThreads, 0, s)(out, x, n < 0 ? 0 : n);
 }
 
 }  // namespace fsdp::kernels::cuda
