@@ -251,6 +251,21 @@ void BM_GeluBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_GeluBackward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// The bf16 compute path rounds every Linear layer's f32 input (and, in backward, its output
+// gradient) to bf16: here the MLP's widest activation.
+void BM_CastF32ToBf16(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const int64_t n = kTokens * 4 * kC;
+  const auto inp = Random(n, 3.0f);
+  std::vector<uint16_t> out(n);
+  for (auto _ : state) {
+    k::cast_f32_to_bf16(out.data(), inp.data(), n);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetBytes(state, 1.0 * n * (sizeof(float) + sizeof(uint16_t)));
+}
+BENCHMARK(BM_CastF32ToBf16)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 void BM_SoftmaxCrossEntropy(benchmark::State& state) {
   ThreadScope scope(static_cast<int>(state.range(0)));
   const auto logits = Random(kTokens * kV, 4.0f);

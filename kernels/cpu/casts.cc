@@ -1,7 +1,8 @@
 // Casts between f32 and the 16-bit types, bit-identical to the scalar converters of
 // include/fsdp/dtype.h (round to nearest even; NaN stays NaN, made quiet; Inf kept).
-// bf16 is integer arithmetic that GCC vectorises; f16 uses the F16C instructions, whose
-// rounding and NaN handling the scalar converters reproduce exactly.
+// bf16 is integer arithmetic that GCC vectorises (with an AVX-512 variant, kernels/cpu/isa.h);
+// f16 uses the F16C instructions, whose rounding and NaN handling the scalar converters
+// reproduce exactly.
 #include <bit>
 #include <cstdint>
 
@@ -11,28 +12,45 @@
 
 #include "fsdp/dtype.h"
 #include "fsdp/kernels_cpu.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 16;  // below this, waking threads costs more than it saves
 
-}  // namespace
+[[gnu::always_inline]] inline void F32ToBf16Body(uint16_t* out, const float* in, int64_t lo,
+                                                 int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) out[i] = internal::Bf16Bits(in[i]);
+}
 
-void cast_f32_to_bf16(uint16_t* out, const float* in, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    // FloatToBf16 written without branches so it vectorises.
-    const uint32_t u = std::bit_cast<uint32_t>(in[i]);
-    const bool nan = static_cast<int32_t>(u & 0x7fffffffu) > 0x7f800000;
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    out[i] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+[[gnu::always_inline]] inline void Bf16ToF32Body(float* out, const uint16_t* in, int64_t lo,
+                                                 int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
   }
 }
 
+FSDP_ISA_VARIANTS(F32ToBf16Range, F32ToBf16Body,
+                  (uint16_t* out, const float* in, int64_t lo, int64_t hi), (out, in, lo, hi))
+FSDP_ISA_VARIANTS(Bf16ToF32Range, Bf16ToF32Body,
+                  (float* out, const uint16_t* in, int64_t lo, int64_t hi), (out, in, lo, hi))
+
+}  // namespace
+
+void cast_f32_to_bf16(uint16_t* out, const float* in, int64_t n) {
+  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+    FSDP_ISA_CALL(F32ToBf16Range, (out, in, lo, hi));
+  });
+}
+
 void cast_bf16_to_f32(float* out, const uint16_t* in, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+    FSDP_ISA_CALL(Bf16ToF32Range, (out, in, lo, hi));
+  });
 }
 
 void cast_f32_to_f16(uint16_t* out, const float* in, int64_t n) {

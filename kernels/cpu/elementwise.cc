@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "fsdp/kernels_cpu.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
@@ -14,24 +15,24 @@ constexpr int64_t kParallelMin = 1 << 14;
 // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)). The sigmoid form has no cancellation where
 // tanh(u) ~ -1, so GELU keeps its relative accuracy far into the negative tail. The clamp
 // keeps exp finite, so e * s below never becomes Inf * 0.
-inline float GeluExp(float x) {
+[[gnu::always_inline]] inline float GeluExp(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
   return internal::ExpF(std::min(-2.0f * u, 80.0f));
 }
 
-}  // namespace
-
-void gelu_forward(float* out, const float* inp, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+[[gnu::always_inline]] inline void GeluForwardBody(float* out, const float* inp, int64_t lo,
+                                                   int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
     const float x = inp[i];
     out[i] = x / (1.0f + GeluExp(x));
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+[[gnu::always_inline]] inline void GeluBackwardBody(float* dinp, const float* inp,
+                                                    const float* dout, int64_t lo, int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
     const float x = inp[i];
     const float e = GeluExp(x);
     const float s = 1.0f / (1.0f + e);  // 0.5 (1 + tanh u); 1 - s = e s
@@ -39,6 +40,26 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
     // d/dx [x s(u)] = s + x * 2 s (1 - s) * du/dx
     dinp[i] += dout[i] * (s + 2.0f * x * s * (e * s) * du);
   }
+}
+
+FSDP_ISA_VARIANTS(GeluForwardRange, GeluForwardBody,
+                  (float* out, const float* inp, int64_t lo, int64_t hi), (out, inp, lo, hi))
+FSDP_ISA_VARIANTS(GeluBackwardRange, GeluBackwardBody,
+                  (float* dinp, const float* inp, const float* dout, int64_t lo, int64_t hi),
+                  (dinp, inp, dout, lo, hi))
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+    FSDP_ISA_CALL(GeluForwardRange, (out, inp, lo, hi));
+  });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+    FSDP_ISA_CALL(GeluBackwardRange, (dinp, inp, dout, lo, hi));
+  });
 }
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {

@@ -9,6 +9,7 @@
 #include "fsdp/kernels_cpu.h"
 #include "kernels/cpu/column_sum.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
 namespace {
@@ -119,13 +120,25 @@ void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float
     matmul_backward(dinp, dweight, dbias, dout, inp, static_cast<const float*>(weight), M, K, N);
     return;
   }
-  if (dbias != nullptr) {  // from the f32 dout, as the f32 kernel does
+  LowpScratch& s = ThreadScratch();
+  const bool gemms = dinp != nullptr || dweight != nullptr;
+  const uint16_t* dout_lp = nullptr;
+  if (dbias != nullptr && dtype == DType::kBF16 && gemms) {
+    // One pass over dout for both the bias gradient (from the f32 dout, in the f32 kernel's
+    // order) and its rounding to bf16 for the GEMMs.
+    uint16_t* rounded = s.dout.Get(M * N);
+    internal::AccumulateColumnSums(dbias, M, N, [=](int64_t r, int64_t c) {
+      const float x = dout[r * N + c];
+      rounded[r * N + c] = internal::Bf16Bits(x);
+      return x;
+    });
+    dout_lp = rounded;
+  } else if (dbias != nullptr) {
     internal::AccumulateColumnSums(dbias, M, N,
                                    [=](int64_t r, int64_t c) { return dout[r * N + c]; });
   }
-  if (dinp == nullptr && dweight == nullptr) return;
-  LowpScratch& s = ThreadScratch();
-  const uint16_t* dout_lp = Rounded(s.dout, dout, M * N, dtype);
+  if (!gemms) return;
+  if (dout_lp == nullptr) dout_lp = Rounded(s.dout, dout, M * N, dtype);
   const uint16_t* inp_lp = dweight != nullptr ? Rounded(s.inp, inp, M * K, dtype) : nullptr;
   bool native = !ForcedFallback();
   // dinp[M,K] += dout[M,N] . weight[N,K]

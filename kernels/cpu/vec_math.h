@@ -17,7 +17,7 @@ namespace fsdp::kernels::cpu::internal {
 // exp(x) in f32, within ~2 ulp (Cephes expf): x = n ln2 + r, |r| <= ln2/2, polynomial in r,
 // then scaled by 2^n in two steps so that subnormal results and those near FLT_MAX are right.
 // Overflow gives +Inf, underflow 0, NaN stays NaN.
-inline float ExpF(float x) {
+[[gnu::always_inline]] inline float ExpF(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // ln 2 split so n * kLn2Hi is exact
   constexpr float kLn2Lo = -2.12194440e-4f;
@@ -39,6 +39,15 @@ inline float ExpF(float x) {
   const float s2 = std::bit_cast<float>((ni - half + 127) << 23);
   const float y = p * s1 * s2;
   return x != x ? x : y;  // NaN in, NaN out (the clamps above would lose it)
+}
+
+// FloatToBf16 (fsdp/dtype.h) without branches, so that loops over it vectorise: round to
+// nearest even, NaN kept and made quiet, Inf kept.
+[[gnu::always_inline]] inline uint16_t Bf16Bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const bool nan = static_cast<int32_t>(u & 0x7fffffffu) > 0x7f800000;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
 }
 
 // Eight floats in a GCC/Clang vector (one ymm register on x86-64-v3, two NEON registers on

@@ -1,0 +1,34 @@
+#include "kernels/cpu/isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace fsdp::kernels::cpu::internal {
+namespace {
+
+Isa Detect() {
+#if FSDP_HAVE_AVX512_VARIANT
+  const char* env = std::getenv("FSDP_CPU_ISA");
+  if (env != nullptr && std::strcmp(env, "baseline") == 0) return Isa::kBaseline;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    return Isa::kAvx512;
+  }
+#endif
+  return Isa::kBaseline;
+}
+
+std::atomic<bool> force_baseline{false};
+
+}  // namespace
+
+Isa ElementwiseIsa() {
+  static const Isa detected = Detect();
+  return force_baseline.load(std::memory_order_relaxed) ? Isa::kBaseline : detected;
+}
+
+void ForceBaselineIsa(bool force) { force_baseline.store(force); }
+
+}  // namespace fsdp::kernels::cpu::internal
