@@ -1,9 +1,10 @@
 // Private: element-wise loops compiled twice on x86-64, for the build's baseline (x86-64-v3,
 // AVX2) and for AVX-512 (the x86-64-v4 extensions, 16 floats a vector), with the variant chosen
 // at run time from the CPU. The default build targets x86-64-v3 so that one binary runs on any
-// recent x86 server; these loops are compute-bound (GELU's exp and division, the casts' integer
-// rounding, AdamW's square root and division), so on an AVX-512 CPU they run up to twice as
-// fast in the AVX-512 variant.
+// recent x86 server. GELU's loops are compute-bound (an exp and a division an element) and run
+// twice as fast in the AVX-512 variant; the bf16 casts about twice as fast while their arrays
+// stay in the caches. Loops bound by memory bandwidth gain nothing and are not dispatched: an
+// AVX-512 AdamW over a 10.8 M-element shard ran at 0.85x the speed of the baseline one.
 //
 // Only element-wise loops are dispatched: element i of the output depends on element i of the
 // inputs alone, through the same operations in the same order in both variants (GCC forms the

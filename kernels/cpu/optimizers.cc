@@ -4,37 +4,11 @@
 #include <cmath>
 
 #include "fsdp/kernels_cpu.h"
-#include "kernels/cpu/isa.h"
 
 namespace fsdp::kernels::cpu {
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 15;
-
-struct AdamWScalars {
-  float beta1, beta2, one_minus_b1, one_minus_b2, eps, decay, step_size, inv_bc2_sqrt;
-};
-
-// The square root and the division make this loop compute-bound, so it has an
-// AVX-512 variant (kernels/cpu/isa.h).
-[[gnu::always_inline]] inline void AdamWBody(float* param, const float* grad, float* m, float* v,
-                                             AdamWScalars k, int64_t lo, int64_t hi) {
-#pragma omp simd
-  for (int64_t i = lo; i < hi; ++i) {
-    const float g = grad[i];
-    const float mi = k.beta1 * m[i] + k.one_minus_b1 * g;
-    const float vi = k.beta2 * v[i] + k.one_minus_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) * k.inv_bc2_sqrt + k.eps;
-    param[i] = param[i] * k.decay - k.step_size * mi / denom;
-  }
-}
-
-FSDP_ISA_VARIANTS(AdamWRange, AdamWBody,
-                  (float* param, const float* grad, float* m, float* v, AdamWScalars k, int64_t lo,
-                   int64_t hi),
-                  (param, grad, m, v, k, lo, hi))
 
 }  // namespace
 
@@ -45,11 +19,18 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
   const float step_size = static_cast<float>(lr / bc1);
   const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  const AdamWScalars k{beta1, beta2, 1.0f - beta1, 1.0f - beta2,
-                       eps,   decay, step_size,    inv_bc2_sqrt};
-  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
-    FSDP_ISA_CALL(AdamWRange, (param, grad, m, v, k, lo, hi));
-  });
+  const float one_minus_b1 = 1.0f - beta1;
+  const float one_minus_b2 = 1.0f - beta2;
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    const float mi = beta1 * m[i] + one_minus_b1 * g;
+    const float vi = beta2 * v[i] + one_minus_b2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) * inv_bc2_sqrt + eps;
+    param[i] = param[i] * decay - step_size * mi / denom;
+  }
 }
 
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,

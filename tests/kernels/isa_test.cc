@@ -1,4 +1,4 @@
-// The element-wise kernels compiled for AVX-512 (GELU, the bf16 casts, AdamW) against their
+// The element-wise kernels compiled for AVX-512 (GELU and the bf16 casts) against their
 // baseline (x86-64-v3) variant, bit for bit, over random values in wide ranges and the special ones
 // (signed zeros, subnormals, the largest floats, infinities, NaNs), at lengths that leave vector
 // tails.
@@ -117,29 +117,6 @@ TEST_P(IsaVariantTest, CastsBf16) {
     cast_bf16_to_f32((baseline ? wide_base : wide_avx).data(), base.data(), n);
   });
   ExpectBitwise(wide_avx, wide_base, "cast_bf16_to_f32");
-}
-
-TEST_P(IsaVariantTest, AdamW) {
-  const int64_t n = GetParam();
-  std::mt19937 rng(static_cast<unsigned>(n + 5));
-  const Vec grad = Inputs(n, static_cast<unsigned>(n + 4), 3.0f);
-  const Vec p0 = Random(static_cast<size_t>(n), rng), m0 = Random(static_cast<size_t>(n), rng);
-  Vec v0 = Random(static_cast<size_t>(n), rng, 0.0f, 2.0f);
-  Vec pb = p0, mb = m0, vb = v0, pa = p0, ma = m0, va = v0;
-  BothVariants([&](bool baseline) {
-    for (int64_t step = 1; step <= 3; ++step) {
-      if (baseline) {
-        adamw_update(pb.data(), grad.data(), mb.data(), vb.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f,
-                     0.1f, step);
-      } else {
-        adamw_update(pa.data(), grad.data(), ma.data(), va.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f,
-                     0.1f, step);
-      }
-    }
-  });
-  ExpectBitwise(pa, pb, "adamw_update param");
-  ExpectBitwise(ma, mb, "adamw_update m");
-  ExpectBitwise(va, vb, "adamw_update v");
 }
 
 // Lengths below and above the parallel thresholds, with tails of every size.
