@@ -1,3 +1,4 @@
+// Which variant of the element-wise loops this CPU runs (kernels/cpu/isa.h).
 #include "kernels/cpu/isa.h"
 
 #include <atomic>
