@@ -2,6 +2,7 @@
 #include "kernels/cpu/isa.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,6 +13,12 @@ Isa Detect() {
 #if FSDP_HAVE_AVX512_VARIANT
   const char* env = std::getenv("FSDP_CPU_ISA");
   if (env != nullptr && std::strcmp(env, "baseline") == 0) return Isa::kBaseline;
+  if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
+    std::fprintf(stderr,
+                 "libfsdp: FSDP_CPU_ISA=%s is ignored: use 'baseline' (the x86-64-v3 loops) or "
+                 "'auto' (the CPU's best, the default)\n",
+                 env);
+  }
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {

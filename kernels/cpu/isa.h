@@ -27,7 +27,8 @@ enum class Isa { kBaseline, kAvx512 };
 
 // The variant the element-wise kernels run: kAvx512 where the CPU has AVX-512 F, BW, DQ and VL
 // (and the build is for x86-64 without AVX-512 already), else kBaseline. FSDP_CPU_ISA=baseline
-// in the environment, read once, keeps the baseline.
+// in the environment, read once, keeps the baseline; `auto` or unset picks from the CPU; any
+// other value is reported on stderr and ignored.
 Isa ElementwiseIsa();
 
 // Tests: run the baseline variant from now on (true), or the CPU's again (false).
