@@ -20,8 +20,10 @@ Isa Detect() {
                  env);
   }
   __builtin_cpu_init();
+  // Every feature the AVX-512 variant is compiled for (FSDP_AVX512_TARGET).
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl")) {
     return Isa::kAvx512;
   }
 #endif

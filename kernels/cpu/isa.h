@@ -25,7 +25,7 @@ namespace fsdp::kernels::cpu::internal {
 
 enum class Isa { kBaseline, kAvx512 };
 
-// The variant the element-wise kernels run: kAvx512 where the CPU has AVX-512 F, BW, DQ and VL
+// The variant the element-wise kernels run: kAvx512 where the CPU has AVX-512 F, BW, CD, DQ, VL
 // (and the build is for x86-64 without AVX-512 already), else kBaseline. FSDP_CPU_ISA=baseline
 // in the environment, read once, keeps the baseline; `auto` or unset picks from the CPU; any
 // other value is reported on stderr and ignored.
