@@ -40,13 +40,17 @@ Usage: fsdp_bench [options]     (each list is comma-separated; the grid is every
 Grid:
   --models LIST        bundled models (default nano): nano, mini, gpt2, ..., llama-nano,
                        llama-mini, ...
+  --layers LIST        blocks of each model: 0 = the config's (default 0). Any other depth
+                       runs the model's blocks and sizes with that many blocks, named e.g.
+                       mini-L24 (how a schedule scales with depth; train_gpt's --layers)
   --strategies LIST    FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_GRAD_OP
                        (default FULL_SHARD)
   --worlds LIST        ranks, as threads of this process (default 1,2). Under mpirun the world
                        is the MPI job's and this flag is ignored.
   --dtypes LIST        parameter (compute) dtype: f32, bf16, f16 (default f32)
   --checkpoint LIST    activation checkpointing: 0 (off) or k (every k-th block) (default 0)
-  --prefetch LIST      forward/backward prefetch: 0 or 1 (default 1)
+  --prefetch LIST      forward/backward prefetch: 0 (off) or N, at most N units gathered ahead
+                       of their use (default 1)
 Each run:
   --reduce_dtype D     gradient reduction dtype: same (the parameter dtype), f32, bf16, f16
                        (default same)
@@ -157,6 +161,9 @@ Exit status: 0 when every run succeeded, 1 when a run failed, 2 for bad flags.
 
 struct Args {
   std::vector<std::string> models = {"nano"};
+  std::vector<int> layers = {0};
+  // Each entry of `models` after --layers expanded it, by its name ("mini", "mini-L24").
+  std::map<std::string, fsdp::nn::ModelConfig> configs;
   std::vector<fsdp::ShardingStrategy> strategies = {fsdp::ShardingStrategy::kFullShard};
   std::vector<int> worlds = {1, 2};
   std::vector<fsdp::DType> dtypes = {fsdp::DType::kF32};
@@ -324,6 +331,9 @@ Args ParseArgs(int argc, char** argv) {
                                 absl::StrJoin(fsdp::nn::ModelConfig::Names(), ", "), ")"));
         }
       }
+    } else if (k == "--layers") {
+      a.layers.clear();
+      for (const std::string& s : List(k, v)) a.layers.push_back(ParseInt(k, s, 0));
     } else if (k == "--strategies") {
       a.strategies.clear();
       for (const std::string& s : List(k, v)) {
@@ -346,8 +356,11 @@ Args ParseArgs(int argc, char** argv) {
     } else if (k == "--prefetch") {
       a.prefetch.clear();
       for (const std::string& s : List(k, v)) {
-        if (s != "0" && s != "1") BadUsage(absl::StrCat("--prefetch: '", s, "' is not 0 or 1"));
-        a.prefetch.push_back(s == "1");
+        int n = 0;
+        if (!absl::SimpleAtoi(s, &n) || n < 0 || n > 8) {
+          BadUsage(absl::StrCat("--prefetch: '", s, "' is not 0 (off) or 1 to 8 units ahead"));
+        }
+        a.prefetch.push_back(n);
       }
     } else if (k == "--reduce_dtype") {
       if (v != "same") ParseDType(k, v);
@@ -452,9 +465,37 @@ Args ParseArgs(int argc, char** argv) {
     BadUsage(absl::StrCat("--threads=", a.threads, ": allowed: 0 (automatic) to the ",
                           fsdp::HardwareThreads(), " hardware threads"));
   }
+  // Every model at every depth of --layers, named by its depth when it is not the config's.
+  std::vector<std::string> expanded;
+  for (const std::string& m : a.models) {
+    const fsdp::nn::ModelConfig base = *fsdp::nn::ModelConfig::FromName(m);
+    for (int layers : a.layers) {
+      fsdp::nn::ModelConfig mc = base;
+      std::string name = m;
+      if (layers > 0 && layers != base.num_layers()) {
+        name = absl::StrCat(m, "-L", layers);
+        if (base.is_gpt()) {
+          fsdp::nn::GptConfig g = base.gpt();
+          g.num_layers = layers;
+          g.name = name;
+          mc = g;
+        } else {
+          fsdp::nn::LlamaConfig l = base.llama();
+          l.num_layers = layers;
+          l.name = name;
+          mc = l;
+        }
+      }
+      if (absl::Status v = mc.Validate(); !v.ok()) {
+        BadUsage(absl::StrCat("--layers=", layers, " with --models ", m, ": ", v.message()));
+      }
+      if (a.configs.emplace(name, mc).second) expanded.push_back(name);
+    }
+  }
+  a.models = expanded;
   // Sequence lengths against every model's block size.
   for (const std::string& m : a.models) {
-    const int block = fsdp::nn::ModelConfig::FromName(m)->block_size();
+    const int block = a.configs.at(m).block_size();
     if (a.seq > block) {
       BadUsage(absl::StrCat("--seq=", a.seq, ": allowed: 1 to the block size of --models ", m,
                             ", ", block, " (0: the block size)"));
@@ -498,7 +539,9 @@ std::string RunName(const fsdp::BenchConfig& c, int world) {
                                world, world == 1 ? " rank " : " ranks ",
                                std::string(fsdp::DTypeName(c.param_dtype)));
   if (c.checkpoint_every > 0) absl::StrAppend(&s, " ckpt ", c.checkpoint_every);
-  absl::StrAppend(&s, c.prefetch ? " prefetch" : " no-prefetch");
+  absl::StrAppend(&s, c.prefetch == 0   ? " no-prefetch"
+                     : c.prefetch == 1 ? " prefetch"
+                                       : absl::StrCat(" prefetch ", c.prefetch));
   return s;
 }
 
@@ -518,7 +561,7 @@ void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
                                 : std::string("-");
     std::printf("%-10s %-20s %3d %5d %-5s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8s %5.1f %6s\n",
                 r.model.c_str(), r.strategy.c_str(), r.world_size, r.hybrid_shard_size,
-                fsdp::DTypeName(r.param_dtype).data(), r.checkpoint_every, r.prefetch ? 1 : 0,
+                fsdp::DTypeName(r.param_dtype).data(), r.checkpoint_every, r.prefetch,
                 r.tokens_per_s, step.c_str(), 100 * r.mfu, split.c_str(),
                 100 * r.exposed_comm_fraction, Mib(r.bus_bytes_per_rank).c_str(),
                 Mib(static_cast<double>(r.memory.peak_bytes)).c_str(), r.host_syncs_per_step,
@@ -553,6 +596,7 @@ fsdp::BenchConfig BaseConfig(const Args& a, const std::string& model, fsdp::DTyp
                              int checkpoint, int threads) {
   fsdp::BenchConfig c;
   c.model = model;
+  c.config = a.configs.at(model);
   c.param_dtype = dtype;
   c.reduce_dtype = a.reduce_dtype == "same" ? dtype : ParseDType("", a.reduce_dtype);
   c.checkpoint_every = checkpoint;
@@ -620,8 +664,9 @@ int RunProjection(const Args& a) {
                                                                             : "host",
                 absl::StrJoin(effs, " / ").c_str(), a.inter_latency_us);
   }
-  std::printf("  overlap: the runtime's schedule replayed (prefetch one unit ahead, at most two "
-              "reductions in flight, one serial queue per communicator); %s\n",
+  std::printf("  overlap: the runtime's schedule replayed (prefetch N units ahead, the last forward "
+              "unit prefetching the first backward one, at most max(2, N + 1) reductions in "
+              "flight, one serial queue per communicator); %s\n",
               a.overlap_slowdown > 0
                   ? absl::StrFormat("compute runs at %g of its speed while a collective runs "
                                     "beside it", 1 - a.overlap_slowdown).c_str()
@@ -648,7 +693,7 @@ int RunProjection(const Args& a) {
   };
   std::vector<Row> rows;
   for (const std::string& m : a.models) {
-    const fsdp::nn::ModelConfig mc = *fsdp::nn::ModelConfig::FromName(m);
+    const fsdp::nn::ModelConfig& mc = a.configs.at(m);
     for (fsdp::DType d : a.dtypes) {
       for (int ck : a.checkpoint) {
         std::optional<fsdp::StepProfile> measured;
@@ -707,7 +752,7 @@ int RunProjection(const Args& a) {
               run.strategy = st;
               run.world_size = w;
               run.hybrid_shard_size = shard;
-              run.prefetch = pf != 0;
+              run.prefetch = pf;
               run.overlap_slowdown = a.overlap_slowdown;
               fsdp::LinkSpec l = link;
               l.inter_efficiency = ie;
@@ -721,6 +766,7 @@ int RunProjection(const Args& a) {
                       profile.model_flops_per_rank, 0.0, std::string()};
               fsdp::PlanRequest req;
               req.model = m;
+              req.config = mc;
               req.world_size = w;
               req.ranks_per_host = a.ranks_per_host > 0 && a.ranks_per_host <= w ? a.ranks_per_host : 0;
               req.strategy = st;
@@ -784,7 +830,7 @@ int RunProjection(const Args& a) {
       b.world_size = r.world;
       b.param_dtype = r.dtype;
       b.checkpoint_every = r.ckpt;
-      b.prefetch = r.prefetch != 0;
+      b.prefetch = r.prefetch;
       b.tokens_per_s = r.p.tokens_per_s;
       b.scaling_efficiency = r.eff;
       pts.push_back(b);
@@ -840,7 +886,7 @@ int RunValidation(const Args& a) {
   std::vector<Row> rows;
   std::vector<std::string> calibrations;
   for (const std::string& model : a.models) {
-    const fsdp::nn::ModelConfig mc = *fsdp::nn::ModelConfig::FromName(model);
+    const fsdp::nn::ModelConfig& mc = a.configs.at(model);
     for (int w : a.worlds) {
       absl::StatusOr<fsdp::StepProfile> profile =
           absl::FailedPreconditionError("no calibration run yet");
@@ -848,7 +894,7 @@ int RunValidation(const Args& a) {
       fsdp::BenchConfig cal = BaseConfig(a, model, d, ck, threads);
       cal.world_size = w;
       cal.strategy = fsdp::ShardingStrategy::kFullShard;
-      cal.prefetch = true;
+      cal.prefetch = 1;
       progress(absl::StrCat("calibrating ", model, " on ", w, " ranks, link off"));
       absl::StatusOr<fsdp::BenchResult> cr = fsdp::RunBench(cal);
       ++done;
@@ -877,7 +923,7 @@ int RunValidation(const Args& a) {
             fsdp::BenchConfig c = BaseConfig(a, model, d, ck, threads);
             c.world_size = w;
             c.strategy = st;
-            c.prefetch = pf != 0;
+            c.prefetch = pf;
             c.link.link_bytes_per_second = intra * 1e9;
             c.link.link_latency = absl::Microseconds(a.link_latency_us);
             c.link.ranks_per_host = a.ranks_per_host > w ? w : a.ranks_per_host;
@@ -963,7 +1009,7 @@ int RunValidation(const Args& a) {
     std::printf("%-6s %-13s %2d %5d %2d %10s | %8.1f %8.1f %8.1f %9.1f %+6.1f%% | %8.1f %9.1f "
                 "%+6.1f%% | %8.1f %9.1f %9.1f\n",
                 r.m.model.c_str(), r.m.strategy.c_str(), r.m.world_size, r.m.hybrid_shard_size,
-                r.m.prefetch ? 1 : 0, linktext.c_str(), r.m.step_mean_s * 1e3,
+                r.m.prefetch, linktext.c_str(), r.m.step_mean_s * 1e3,
                 r.cal_compute * 1e3, r.cal_sync * 1e3, r.p.step_s * 1e3, 100 * r.err, r.own.compute_s * 1e3, r.own.step_s * 1e3,
                 100 * r.own_err, r.m.exposed_comm_s * 1e3, r.p.exposed_comm_s * 1e3,
                 r.own.exposed_comm_s * 1e3);
@@ -1034,12 +1080,13 @@ int main(int argc, char** argv) {
             for (int pf : a.prefetch) {
               fsdp::BenchConfig c;
               c.model = m;
+              c.config = a.configs.at(m);
               c.strategy = s;
               c.world_size = w;
               c.param_dtype = d;
               c.reduce_dtype = a.reduce_dtype == "same" ? d : ParseDType("", a.reduce_dtype);
               c.checkpoint_every = ck;
-              c.prefetch = pf != 0;
+              c.prefetch = pf;
               c.batch_size = a.batch;
               c.seq_len = a.seq;
               c.threads_per_rank = threads;

@@ -47,7 +47,9 @@ struct BenchConfig {
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
   int checkpoint_every = 0;  // activation checkpointing: every k-th block (0 = off)
-  bool prefetch = true;      // forward and backward prefetch
+  // Forward and backward prefetch: at most this many units gathered ahead of their use per
+  // direction (ShardingOptions::max_prefetch_units); 0 = no prefetch.
+  int prefetch = 1;
   // OpenMP threads of each rank's kernels; 0 = the cores divided among the ranks of this
   // host (CpuBackendOptions::ranks_sharing_cores).
   int threads_per_rank = 0;
@@ -82,7 +84,7 @@ struct BenchResult {
   int batch_size = 0, seq_len = 0;
   DType param_dtype = DType::kF32, reduce_dtype = DType::kF32;
   int checkpoint_every = 0;
-  bool prefetch = true;
+  int prefetch = 1;  // units gathered ahead (0 = none)
   int warmup_steps = 0, steps = 0;
   double link_gbps = 0, link_latency_us = 0;  // GB/s = 1e9 bytes/s
   int ranks_per_host = 0;

@@ -117,7 +117,7 @@ struct ProjectionRun {
   // HYBRID strategies: ranks per shard group; 0 = link.ranks_per_host when it divides the world,
   // else the world.
   int hybrid_shard_size = 0;
-  bool prefetch = true;  // forward and backward prefetch (one unit ahead)
+  int prefetch = 1;  // forward and backward prefetch: units gathered ahead (0 = none)
   // The fraction by which compute slows down while a collective runs beside it (on a GPU,
   // NCCL's kernels take streaming multiprocessors and memory bandwidth); 0 = not at all.
   double overlap_slowdown = 0;

@@ -91,6 +91,9 @@ absl::Status Check(const BenchConfig& c, const nn::ModelConfig& mc, int world) {
   if (c.warmup_steps < 0) return bad("warmup_steps=", c.warmup_steps, ": allowed: 0 or more");
   if (c.threads_per_rank < 0) return bad("threads_per_rank=", c.threads_per_rank);
   if (c.checkpoint_every < 0) return bad("checkpoint_every=", c.checkpoint_every);
+  if (c.prefetch < 0) {
+    return bad("prefetch=", c.prefetch, ": allowed: 0 (none) or the units gathered ahead");
+  }
   if (IsHybrid(c.strategy)) {
     const int s = ResolveShardSize(c, world);
     if (s < 1 || world % s != 0) {
@@ -278,7 +281,8 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   nn::ShardedModelOptions o;
   o.sharding.strategy = c.strategy;
   o.sharding.hybrid_shard_size = IsHybrid(c.strategy) ? shard : 0;
-  o.sharding.forward_prefetch = o.sharding.backward_prefetch = c.prefetch;
+  o.sharding.forward_prefetch = o.sharding.backward_prefetch = c.prefetch > 0;
+  o.sharding.max_prefetch_units = std::max(1, c.prefetch);
   o.sharding.max_grad_norm = c.max_grad_norm;
   o.sharding.mixed_precision.param_dtype = c.param_dtype;
   o.sharding.mixed_precision.reduce_dtype = c.reduce_dtype;

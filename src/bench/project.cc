@@ -291,17 +291,32 @@ class Replay {
       --prefetched_;
     }
     FSDP_RETURN_IF_ERROR(IssueGather(u));
-    if (run_.prefetch && S_ > 1) {
+    if (run_.prefetch > 0 && S_ > 1) {
       auto pos = std::find(order.begin(), order.end(), u);
-      for (auto it = pos == order.end() ? pos : pos + 1; it != order.end() && prefetched_ < 1;
-           ++it) {
+      bool issued = false;
+      for (auto it = pos == order.end() ? pos : pos + 1;
+           it != order.end() && prefetched_ < run_.prefetch; ++it) {
         Unit& next = units_[*it];
         const State want = in_backward_ ? State::kForwardDone : State::kIdle;
         if (next.gathered || next.state != want) continue;
         FSDP_RETURN_IF_ERROR(IssueGather(*it));
         next.prefetched = true;
         ++prefetched_;
+        issued = true;
         break;
+      }
+      // The forward's last use prefetches the first unit backward gathers (gather.cc).
+      if (!issued && !in_backward_ && pos != order.end() && pos + 1 == order.end() &&
+          prefetched_ < run_.prefetch) {
+        for (int b : backward_order_) {
+          Unit& next = units_[b];
+          if (b == u || next.gathered) continue;
+          if (next.state != State::kForwardDone) break;
+          FSDP_RETURN_IF_ERROR(IssueGather(b));
+          next.prefetched = true;
+          ++prefetched_;
+          break;
+        }
       }
     }
     Wait(unit.gather);
@@ -358,10 +373,10 @@ class Replay {
     units_[u].state = State::kBackwardDone;
     return absl::OkStatus();
   }
-  // ProgressReductions of src/fsdp/reduce.cc on a host backend, at most one reduction in
-  // flight beyond the newest.
+  // ProgressReductions of src/fsdp/reduce.cc on a host backend, at most max(1, prefetch)
+  // reductions in flight beyond the newest.
   absl::Status Progress(bool drain) {
-    const size_t in_flight = drain ? 0 : 1;
+    const size_t in_flight = drain ? 0 : static_cast<size_t>(std::max(1, run_.prefetch));
     const bool collective_next = S_ > 1 && R_ > 1;
     while (!shard_reductions_.empty()) {
       auto [u, c] = shard_reductions_.front();
@@ -503,6 +518,10 @@ absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& lin
   }
   const int W = run.world_size;
   if (W < 1) return Bad(absl::StrCat("world_size=", W, ": allowed: 1 or more ranks"));
+  if (run.prefetch < 0) {
+    return Bad(absl::StrCat("prefetch=", run.prefetch,
+                            ": allowed: 0 (none) or the units gathered ahead of their use"));
+  }
   if (link.ranks_per_host > 0 && W > link.ranks_per_host && W % link.ranks_per_host != 0) {
     return Bad(absl::StrCat("ranks_per_host=", link.ranks_per_host, " does not divide the ",
                             W, " ranks: every host holds the same number of ranks"));

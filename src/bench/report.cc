@@ -58,7 +58,7 @@ std::vector<Field> Fields(const BenchResult& r) {
   str("param_dtype", std::string(DTypeName(r.param_dtype)));
   str("reduce_dtype", std::string(DTypeName(r.reduce_dtype)));
   i64("checkpoint_every", r.checkpoint_every);
-  i64("prefetch", r.prefetch ? 1 : 0);
+  i64("prefetch", r.prefetch);
   i64("warmup_steps", r.warmup_steps);
   i64("steps", r.steps);
   num("link_gbps", r.link_gbps);
@@ -137,7 +137,9 @@ std::string SeriesLabel(const BenchResult& r, const std::vector<BenchResult>& al
       {varies([](const BenchResult& o) { return absl::StrCat(o.checkpoint_every); }),
        absl::StrCat("ckpt ", r.checkpoint_every)},
       {varies([](const BenchResult& o) { return absl::StrCat(o.prefetch); }),
-       r.prefetch ? "prefetch" : "no prefetch"},
+       r.prefetch == 0   ? std::string("no prefetch")
+       : r.prefetch == 1 ? std::string("prefetch")
+                         : absl::StrCat("prefetch ", r.prefetch)},
       {varies([](const BenchResult& o) {
          return absl::StrCat(o.link_gbps, "/", o.inter_gbps, "/", o.link_latency_us, "/",
                              o.inter_latency_us);

@@ -293,7 +293,7 @@ TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
 
 TEST(FsdpBenchCli, BadFlagsExit2WithOneLine) {
   for (const char* args : {"--worlds 0", "--strategies FOO", "--dtypes f64", "--bogus 1",
-                           "--prefetch 2", "--models gpt3", "--seq 100", "--steps", "extra",
+                           "--prefetch x", "--models gpt3", "--seq 100", "--steps", "extra",
                            "--link_gbps -1",
                            "--strategies HYBRID_SHARD --worlds 4 --hybrid_shard 3",
                            "--inter_gbps 1", "--worlds 2,3 --ranks_per_host 2"}) {
