@@ -95,6 +95,9 @@ Figures (docs/scaling.md):
   comm MiB      per rank per step, counted from the collectives the rank ran: the sum of
                 their sizes (nccl-tests' S) in the files, and bus bytes S(n-1)/n for
                 all_gather and reduce_scatter, 2S(n-1)/n for all_reduce (the table's figure).
+  comm ms       per rank per step, the collectives' own time added up (each less the time it
+                waited for its peers): with a simulated link, what the step's bytes take on
+                it. A link "as slow as the compute" makes it compute + opt + other.
   peak MiB      the runtime's MemoryReport peak per rank (the largest rank); the files hold
                 every category.
   syncs         host synchronisations per step (StepStats::host_syncs).
@@ -546,10 +549,10 @@ std::string RunName(const fsdp::BenchConfig& c, int world) {
 }
 
 void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
-  std::printf("%-10s %-20s %3s %5s %-5s %4s %3s %10s %17s %6s %28s %6s %9s %8s %5s %6s\n",
+  std::printf("%-10s %-20s %3s %5s %-5s %4s %3s %10s %17s %6s %28s %6s %9s %8s %8s %5s %6s\n",
               "model", "strategy", "N", "shard", "dtype", "ckpt", "pf", "tokens/s",
               "step ms (p10-p90)", "MFU%", "compute/exposed/opt/other ms", "exp%",
-              "comm MiB", "peak MiB", "syncs", "eff");
+              "comm MiB", "comm ms", "peak MiB", "syncs", "eff");
   for (const fsdp::BenchResult& r : rs) {
     const std::string step = absl::StrFormat("%.1f (%.1f-%.1f)", r.step_median_s * 1e3,
                                              r.step_p10_s * 1e3, r.step_p90_s * 1e3);
@@ -559,11 +562,12 @@ void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
     const std::string eff = std::isfinite(r.scaling_efficiency)
                                 ? absl::StrFormat("%.3f", r.scaling_efficiency)
                                 : std::string("-");
-    std::printf("%-10s %-20s %3d %5d %-5s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8s %5.1f %6s\n",
+    std::printf(
+        "%-10s %-20s %3d %5d %-5s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8.1f %8s %5.1f %6s\n",
                 r.model.c_str(), r.strategy.c_str(), r.world_size, r.hybrid_shard_size,
                 fsdp::DTypeName(r.param_dtype).data(), r.checkpoint_every, r.prefetch,
                 r.tokens_per_s, step.c_str(), 100 * r.mfu, split.c_str(),
-                100 * r.exposed_comm_fraction, Mib(r.bus_bytes_per_rank).c_str(),
+                100 * r.exposed_comm_fraction, Mib(r.bus_bytes_per_rank).c_str(), r.comm_s * 1e3,
                 Mib(static_cast<double>(r.memory.peak_bytes)).c_str(), r.host_syncs_per_step,
                 eff.c_str());
   }

@@ -120,6 +120,10 @@ struct BenchResult {
   double bus_bytes_per_rank = 0;   // what the rank sends on a ring: S (n-1)/n for all_gather
                                    // and reduce_scatter, 2 S (n-1)/n for all_reduce
   int64_t collectives_per_step = 0;
+  // The collectives' own time per rank and step, added up: each "comm" span less the time it
+  // waited for its peers (peer_wait_ns). With a simulated link, the time the step's bytes take
+  // on it; compare with compute_s + optimizer_s + other_s to see how slow the link is.
+  double comm_s = 0;
 
   // Memory per rank (the largest over ranks of each field) after the measured steps, peaks
   // since the start of the measured steps: ShardingRuntime::memory().

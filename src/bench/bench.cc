@@ -115,7 +115,8 @@ double Percentile(std::vector<double> v, double p) {  // linear interpolation, p
 // What one rank measured, packed as doubles so that one all_gather moves it.
 struct RankFigures {
   // Per measured step.
-  std::vector<double> step, compute, exposed, optimizer, comm_bytes, bus_bytes, collectives;
+  std::vector<double> step, compute, exposed, optimizer, comm_bytes, bus_bytes, collectives,
+      comm_time;
   // Scalars.
   MemoryReport memory;
   double host_syncs = 0;  // total over measured steps
@@ -125,7 +126,7 @@ struct RankFigures {
   // places around the blocks (BenchResult::before_blocks_s ... after_optimizer_s).
   std::vector<double> profile;
 
-  static constexpr int kPerStep = 7;
+  static constexpr int kPerStep = 8;
   static constexpr int kScalars = 9 + 3;
   static constexpr int kPlaces = 6;
   static int ProfileSize(int blocks) { return 3 * blocks + kPlaces; }
@@ -136,7 +137,7 @@ struct RankFigures {
   std::vector<double> Pack() const {
     std::vector<double> out;
     for (const auto* v : {&step, &compute, &exposed, &optimizer, &comm_bytes, &bus_bytes,
-                          &collectives}) {
+                          &collectives, &comm_time}) {
       out.insert(out.end(), v->begin(), v->end());
     }
     const MemoryReport& m = memory;
@@ -154,7 +155,7 @@ struct RankFigures {
   static RankFigures Unpack(const double* p, int steps, int blocks) {
     RankFigures f;
     for (auto* v : {&f.step, &f.compute, &f.exposed, &f.optimizer, &f.comm_bytes, &f.bus_bytes,
-                    &f.collectives}) {
+                    &f.collectives, &f.comm_time}) {
       v->assign(p, p + steps);
       p += steps;
     }
@@ -225,7 +226,7 @@ void AddProfile(const std::vector<Span>& mine, std::vector<Span> blocks, int ran
 void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, RankFigures& f) {
   const double ns = 1e-9;
   std::vector<Span> blocks;
-  double optimizer = 0, comm = 0, bus = 0, count = 0;
+  double optimizer = 0, comm = 0, bus = 0, count = 0, comm_time = 0;
   for (const Span& s : mine) {
     if (s.begin_ns < b || s.begin_ns >= e) continue;
     if (s.stream == kComputeStream) {
@@ -243,6 +244,11 @@ void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, Ra
       const double n = ranks != nullptr && ranks->is_num ? static_cast<double>(ranks->num) : 1;
       comm += size;
       count += 1;
+      // The collective's own time: its span less the time it waited for its peers to arrive.
+      const TraceArg* peer_wait = s.FindArg("peer_wait_ns");
+      const double waited =
+          peer_wait != nullptr && peer_wait->is_num ? static_cast<double>(peer_wait->num) : 0;
+      comm_time += std::max(0.0, static_cast<double>(s.duration_ns()) - waited);
       if (n > 1) {
         if (s.name == "all_gather" || s.name == "reduce_scatter") bus += size * (n - 1) / n;
         else if (s.name == "all_reduce") bus += 2 * size * (n - 1) / n;
@@ -257,6 +263,7 @@ void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, Ra
   f.comm_bytes.push_back(comm);
   f.bus_bytes.push_back(bus);
   f.collectives.push_back(count);
+  f.comm_time.push_back(comm_time * ns);
 }
 
 struct Prepared {
@@ -369,7 +376,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.threads_per_rank = static_cast<int>(threads);
   out.step_times_s.resize(c.steps);
   double sum_step = 0, sum_compute = 0, sum_exposed = 0, sum_opt = 0, sum_comm = 0, sum_bus = 0,
-         sum_coll = 0, sum_syncs = 0;
+         sum_coll = 0, sum_syncs = 0, sum_comm_time = 0;
   for (int s = 0; s < c.steps; ++s) {
     double slowest = 0;
     for (const RankFigures& r : ranks) {
@@ -381,6 +388,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
       sum_comm += r.comm_bytes[s];
       sum_bus += r.bus_bytes[s];
       sum_coll += r.collectives[s];
+      sum_comm_time += r.comm_time[s];
     }
     out.step_times_s[s] = slowest;
   }
@@ -411,6 +419,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.comm_bytes_per_rank = sum_comm / samples;
   out.bus_bytes_per_rank = sum_bus / samples;
   out.collectives_per_step = std::llround(sum_coll / samples);
+  out.comm_s = sum_comm_time / samples;
   for (const RankFigures& r : ranks) {
     const MemoryReport& m = r.memory;
     MemoryReport& o2 = out.memory;

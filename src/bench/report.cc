@@ -88,6 +88,7 @@ std::vector<Field> Fields(const BenchResult& r) {
   num("exposed_comm_fraction", r.exposed_comm_fraction);
   num("comm_bytes_per_rank", r.comm_bytes_per_rank);
   num("bus_bytes_per_rank", r.bus_bytes_per_rank);
+  num("comm_s", r.comm_s);
   i64("collectives_per_step", r.collectives_per_step);
   const MemoryReport& m = r.memory;
   i64("mem_param_shard_bytes", m.param_shard_bytes);
