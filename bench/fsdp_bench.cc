@@ -668,9 +668,8 @@ int RunProjection(const Args& a) {
                                                                             : "host",
                 absl::StrJoin(effs, " / ").c_str(), a.inter_latency_us);
   }
-  std::printf("  overlap: the runtime's schedule replayed (prefetch N units ahead, the last forward "
-              "unit prefetching the first backward one, at most max(2, N + 1) reductions in "
-              "flight, one serial queue per communicator); %s\n",
+  std::printf("  overlap: the runtime's schedule replayed (prefetch up to N units ahead, at most "
+              "max(2, N + 1) reductions in flight, one serial queue per communicator); %s\n",
               a.overlap_slowdown > 0
                   ? absl::StrFormat("compute runs at %g of its speed while a collective runs "
                                     "beside it", 1 - a.overlap_slowdown).c_str()

@@ -231,11 +231,6 @@ class ShardingRuntime {
 
   // no_sync: while false, backward passes accumulate full gradients locally.
   void set_sync_gradients(bool sync);
-  // Whether the forward passes that follow are followed by a backward pass (default true).
-  // With backward prefetch, the last unit of a training forward also starts the all-gather of
-  // the first unit backward gathers, so that the link works through the head and the loss; a
-  // forward-only pass (evaluation, sampling) would waste that gather, so say false before it.
-  void ExpectBackward(bool expect);
   bool sync_gradients() const;
 
   // ---- inspection -----------------------------------------------------------------------------

@@ -293,7 +293,6 @@ class Replay {
     FSDP_RETURN_IF_ERROR(IssueGather(u));
     if (run_.prefetch > 0 && S_ > 1) {
       auto pos = std::find(order.begin(), order.end(), u);
-      bool issued = false;
       for (auto it = pos == order.end() ? pos : pos + 1;
            it != order.end() && prefetched_ < run_.prefetch; ++it) {
         Unit& next = units_[*it];
@@ -302,21 +301,7 @@ class Replay {
         FSDP_RETURN_IF_ERROR(IssueGather(*it));
         next.prefetched = true;
         ++prefetched_;
-        issued = true;
         break;
-      }
-      // The forward's last use prefetches the first unit backward gathers (gather.cc).
-      if (!issued && !in_backward_ && pos != order.end() && pos + 1 == order.end() &&
-          prefetched_ < run_.prefetch) {
-        for (int b : backward_order_) {
-          Unit& next = units_[b];
-          if (b == u || next.gathered) continue;
-          if (next.state != State::kForwardDone) break;
-          FSDP_RETURN_IF_ERROR(IssueGather(b));
-          next.prefetched = true;
-          ++prefetched_;
-          break;
-        }
       }
     }
     Wait(unit.gather);

@@ -56,33 +56,16 @@ absl::Status ShardingRuntime::Impl::Acquire(int u, std::vector<int>& order, bool
     --prefetched_units;
   }
   FSDP_RETURN_IF_ERROR(IssueGather(unit));
-  if (recording || S() == 1) return WaitGather(unit, was_prefetched);
-  const auto pos = std::find(order.begin(), order.end(), u);
-  bool issued = false;
-  for (auto it = pos == order.end() ? pos : pos + 1;
-       prefetch && it != order.end() && prefetched_units < options.max_prefetch_units; ++it) {
-    Unit& next = units[*it];
-    if (next.gathered.allocated() || next.state != NextState()) continue;
-    FSDP_RETURN_IF_ERROR(IssueGather(next));
-    next.prefetched = true;
-    ++prefetched_units;
-    issued = true;
-    break;  // one unit ahead per use; the next use prefetches the next one
-  }
-  // Across the turn from forward to backward (a backward prefetch): the last units of the
-  // forward, the head and the loss would otherwise leave the link idle, and the first gather of
-  // backward exposed. So the forward's last use prefetches the first unit backward gathers.
-  if (!issued && !in_backward && pos != order.end() && pos + 1 == order.end() && expect_backward &&
-      backward_recorded && options.backward_prefetch &&
-      prefetched_units < options.max_prefetch_units) {
-    for (int b : backward_order) {
-      Unit& next = units[b];
-      if (b == u || next.gathered.allocated()) continue;
-      if (next.state != UnitState::kForwardDone) break;
+  if (prefetch && !recording && S() > 1) {
+    auto pos = std::find(order.begin(), order.end(), u);
+    for (auto it = pos == order.end() ? pos : pos + 1;
+         it != order.end() && prefetched_units < options.max_prefetch_units; ++it) {
+      Unit& next = units[*it];
+      if (next.gathered.allocated() || next.state != NextState()) continue;
       FSDP_RETURN_IF_ERROR(IssueGather(next));
       next.prefetched = true;
       ++prefetched_units;
-      break;
+      break;  // one unit ahead per use; the next use prefetches the next one
     }
   }
   return WaitGather(unit, was_prefetched);

@@ -47,8 +47,6 @@ struct ShardingRuntime::Impl {
   std::vector<int> forward_order, backward_order;
   bool forward_recorded = false, backward_recorded = false;
   bool in_backward = false;
-  // Whether a backward pass follows the current forward (ShardingRuntime::ExpectBackward).
-  bool expect_backward = true;
   int prefetched_units = 0;
   // Units whose gradient reduction is in flight, in the order issued: first in the shard
   // group, then (HYBRID) across replicas. Both advance strictly in order, so every rank issues

@@ -617,7 +617,6 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
 // ---- inspection ---------------------------------------------------------------------------------
 
 void ShardingRuntime::set_sync_gradients(bool sync) { impl_->sync_gradients = sync; }
-void ShardingRuntime::ExpectBackward(bool expect) { impl_->expect_backward = expect; }
 bool ShardingRuntime::sync_gradients() const { return impl_->sync_gradients; }
 int ShardingRuntime::num_units() const { return static_cast<int>(impl_->units.size()); }
 const std::vector<TensorSlot>& ShardingRuntime::unit_tensors(int u) const {

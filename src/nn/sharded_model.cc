@@ -272,10 +272,7 @@ absl::StatusOr<float> ShardedModel::ForwardBackward(const int32_t* inputs, const
 
 absl::StatusOr<float> ShardedModel::Forward(const int32_t* inputs, const int32_t* targets) {
   FSDP_RETURN_IF_ERROR(CopyTokens(inputs, targets));
-  runtime_->ExpectBackward(false);  // no gather ahead for a backward that will not come
-  absl::StatusOr<float> loss = RunForward(targets != nullptr);
-  runtime_->ExpectBackward(true);
-  FSDP_RETURN_IF_ERROR(loss.status());
+  FSDP_ASSIGN_OR_RETURN(float loss, RunForward(targets != nullptr));
   FSDP_RETURN_IF_ERROR(runtime_->FinishForwardOnly());
   return loss;
 }

@@ -196,26 +196,12 @@ class Replay {
       --prefetched_units_;
     }
     IssueGather(unit);
-    if (recording || S_ == 1) return WaitGather(unit);
-    const auto pos = std::find(order.begin(), order.end(), u);
-    bool issued = false;
-    for (auto it = pos == order.end() ? pos : pos + 1;
-         prefetch && it != order.end() && prefetched_units_ < o_.max_prefetch_units; ++it) {
-      SimUnit& next = units_[*it];
-      if (next.gathered.allocated() || next.state != NextState()) continue;
-      IssueGather(next);
-      next.prefetched = true;
-      ++prefetched_units_;
-      issued = true;
-      break;
-    }
-    // The forward's last use prefetches the first unit backward gathers (gather.cc).
-    if (!issued && !in_backward_ && pos != order.end() && pos + 1 == order.end() &&
-        backward_recorded_ && o_.backward_prefetch && prefetched_units_ < o_.max_prefetch_units) {
-      for (int b : backward_order_) {
-        SimUnit& next = units_[b];
-        if (b == u || next.gathered.allocated()) continue;
-        if (next.state != State::kForwardDone) break;
+    if (prefetch && !recording && S_ > 1) {
+      auto pos = std::find(order.begin(), order.end(), u);
+      for (auto it = pos == order.end() ? pos : pos + 1;
+           it != order.end() && prefetched_units_ < o_.max_prefetch_units; ++it) {
+        SimUnit& next = units_[*it];
+        if (next.gathered.allocated() || next.state != NextState()) continue;
         IssueGather(next);
         next.prefetched = true;
         ++prefetched_units_;

@@ -112,30 +112,6 @@ TEST(ProjectStep, PrefetchOverlapsTheNextGather) {
   EXPECT_NEAR(sgo->step_s, 14.51, 1e-12);  // the backward gather was hidden anyway
 }
 
-// Across the turn from forward to backward, with a short last backward (0.5 s): the last
-// forward unit (block 1, acquired at 4) prefetches block 0, the first unit backward gathers,
-// [4,5], while block 1 computes 4-6. Backward: block 1 6-6.5, its reduce-scatter [6.5,7.5];
-// block 0 computes 6.5-9.5 without waiting, its reduce-scatter [9.5,10.5]; the root's
-// [10.5,11.5]: 1 s waited for the older, 1 s drained; the norm 0.01 s; the optimizer 0.5 s.
-// Issued at the head instead (at 6), block 0's gather would keep block 0 waiting 0.5 s.
-TEST(ProjectStep, LastForwardUnitPrefetchesTheFirstBackwardGather) {
-  StepProfile p = TwoBlocks();
-  p.block_backward_s = {3, 0.5};
-  absl::StatusOr<Projection> r =
-      ProjectStep(p, OneSecondPerUnit(), MakeRun(ShardingStrategy::kFullShard, 2, true));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_NEAR(r->exposed_comm_s, 4.01, 1e-12);
-  EXPECT_NEAR(r->step_s, 12.01, 1e-12);
-  int gathers_of_block0 = 0;
-  for (const ProjectedCollective& c : r->collectives) {
-    if (c.kind != "all_gather" || c.unit != 1) continue;
-    if (++gathers_of_block0 == 2) {
-      EXPECT_DOUBLE_EQ(c.start_s, 4.0) << "backward's gather";
-    }
-  }
-  EXPECT_EQ(gathers_of_block0, 2);
-}
-
 // HYBRID_SHARD on 2 hosts of 2 ranks: free inside a host, 448 bytes/s between hosts. Each
 // unit's replica all_reduce moves its 200-element shard in two phases of a 112-element slice
 // (100 rounded up to 64 bytes) to the one peer: 2 x 448 / 448 = 2 s. A host backend moves a

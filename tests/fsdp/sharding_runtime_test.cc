@@ -328,68 +328,6 @@ TEST(ShardingFrozenTest, FrozenTensorsKeepTheirValuesInsideATrainedUnit) {
 
 // The low-level hooks, as a framework would drive them: a model of two units y = W2 W1 x on
 // 3 ranks, gradients computed by the test itself, checked against the averaged gradients.
-// Across the turn from forward to backward: once the order is recorded, the last forward unit
-// also starts the gather of the first unit backward gathers (FULL_SHARD keeps the first and the
-// last unit, so that is the one before the last), unless backward prefetch is off or the pass
-// was announced as forward-only (ExpectBackward(false)), which would waste that gather.
-TEST(ShardingPrefetchTest, LastForwardUnitPrefetchesTheFirstBackwardGather) {
-  struct Case {
-    bool backward_prefetch, expect_backward;
-    int64_t gathered_at_last;  // bytes gathered while the last unit's forward runs (step 2)
-  };
-  // Units of 10, 20, 40 and 80 f32 elements: the root (u0) and the last (u3) stay gathered.
-  const int64_t u0 = 10 * 4, u2 = 40 * 4, u3 = 80 * 4;
-  for (const Case& c : {Case{true, true, u0 + u3 + u2}, Case{false, true, u0 + u3},
-                        Case{true, false, u0 + u3}}) {
-    std::vector<int64_t> seen(2, -1), after_forward_only(2, -1);
-    absl::Status s = LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) -> absl::Status {
-      FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
-      ShardingOptions so;
-      so.backward_prefetch = c.backward_prefetch;
-      FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(backend.get(), comm, so));
-      std::vector<int> u;
-      for (int n : {10, 20, 40, 80}) {
-        FSDP_ASSIGN_OR_RETURN(int id, rt->RegisterUnit(absl::StrCat("u", n),
-                                                       {{absl::StrCat("w", n), {n}}}));
-        u.push_back(id);
-      }
-      FSDP_RETURN_IF_ERROR(rt->Finalize([](int, const ParamInfo&, int64_t b, int64_t e,
-                                           float* out) { std::fill(out, out + (e - b), 0.5f); }));
-      for (int step = 0; step < 2; ++step) {
-        rt->ExpectBackward(c.expect_backward);
-        for (int i = 0; i < 4; ++i) {
-          FSDP_RETURN_IF_ERROR(rt->PreForward(u[i]).status());
-          if (step == 1 && i == 3) seen[comm.rank()] = rt->memory().gathered_param_bytes;
-          FSDP_RETURN_IF_ERROR(rt->PostForward(u[i]));
-        }
-        rt->ExpectBackward(true);
-        for (int i = 3; i >= 0; --i) {
-          FSDP_RETURN_IF_ERROR(rt->PreBackward(u[i]).status());
-          FSDP_RETURN_IF_ERROR(rt->PostBackward(u[i]));
-        }
-        FSDP_RETURN_IF_ERROR(rt->FinishBackward());
-        FSDP_RETURN_IF_ERROR(rt->Step(0.1f).status());
-      }
-      // A forward-only pass announced as such leaves nothing gathered behind.
-      rt->ExpectBackward(false);
-      for (int i = 0; i < 4; ++i) {
-        FSDP_RETURN_IF_ERROR(rt->PreForward(u[i]).status());
-        FSDP_RETURN_IF_ERROR(rt->PostForward(u[i]));
-      }
-      FSDP_RETURN_IF_ERROR(rt->FinishForwardOnly());
-      after_forward_only[comm.rank()] = rt->memory().gathered_param_bytes;
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE(s.ok()) << s;
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_EQ(seen[r], c.gathered_at_last)
-          << "rank " << r << ", backward_prefetch " << c.backward_prefetch
-          << ", ExpectBackward(" << c.expect_backward << ")";
-      EXPECT_EQ(after_forward_only[r], 0) << "rank " << r;
-    }
-  }
-}
-
 TEST(ShardingHooksTest, FrameworkDrivenUnitsReduceAveragedGradients) {
   constexpr int kRanks = 3;
   std::vector<std::vector<float>> got_w1(kRanks);
