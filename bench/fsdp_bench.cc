@@ -70,6 +70,13 @@ Simulated link (the local communicator; 0 = off):
                        divide each world size; a world smaller than R is one host
   --inter_gbps G       bandwidth between hosts, GB/s
   --inter_latency_us U latency per transfer between hosts, microseconds
+  --comm_to_compute F  instead of --link_gbps / --inter_gbps: before each run, the same run
+                       without a link (2 warm-up + 3 steps) measures its compute (compute +
+                       opt + other) and bytes, and both levels get the bandwidth at which the
+                       step's bytes take F times that compute (F = 1: a link as slow as the
+                       compute); a second short run with that link measures the copies and
+                       latency on top, and the bandwidth is corrected for them. The bandwidth
+                       chosen is printed and in the files (link_gbps)
 Outputs:
   --jsonl PATH         one JSON object per run
   --csv PATH           a header and one row per run (the JSON fields)
@@ -175,6 +182,7 @@ struct Args {
   std::string reduce_dtype = "same";
   int hybrid_shard = 0, batch = 4, seq = 64, threads = 0, warmup = 2, steps = 5;
   double link_gbps = 0, link_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
+  double comm_to_compute = 0;  // > 0: each run's link set from its compute (--comm_to_compute)
   int ranks_per_host = 0;
   std::string jsonl, csv, svg_dir;
   double peak_gflops = 0;
@@ -390,6 +398,12 @@ Args ParseArgs(int argc, char** argv) {
       a.inter_gbps = ParseDouble(k, v);
     } else if (k == "--inter_latency_us") {
       a.inter_latency_us = ParseDouble(k, v);
+    } else if (k == "--comm_to_compute") {
+      a.comm_to_compute = ParseDouble(k, v);
+      if (a.comm_to_compute <= 0) {
+        BadUsage(absl::StrCat("--comm_to_compute=", v, ": allowed: a ratio > 0 (1: as slow as "
+                              "the compute)"));
+      }
     } else if (k == "--jsonl") {
       a.jsonl = v;
     } else if (k == "--csv") {
@@ -419,6 +433,15 @@ Args ParseArgs(int argc, char** argv) {
     BadUsage("--validate_links: needs --validate_projection");
   }
   if (!a.validate && !unset("--calibrate")) BadUsage("--calibrate: needs --validate_projection");
+  if (a.comm_to_compute > 0) {
+    if (a.project || a.validate) {
+      BadUsage("--comm_to_compute: measured runs only (not --project or --validate_projection)");
+    }
+    if (!unset("--link_gbps") || !unset("--inter_gbps")) {
+      BadUsage("--comm_to_compute: sets the link's bandwidth itself; drop --link_gbps and "
+               "--inter_gbps");
+    }
+  }
   if (a.project) {
     const bool p5 = a.cluster == "p5", p4de = a.cluster == "p4de";
     if (p5 || p4de) {
@@ -571,6 +594,45 @@ void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
                 Mib(static_cast<double>(r.memory.peak_bytes)).c_str(), r.host_syncs_per_step,
                 eff.c_str());
   }
+}
+
+// --comm_to_compute F: `c` without a link measures the compute of a step (everything but the
+// waits for collectives) and the bus bytes per rank; the simulated link then gets, on both
+// levels, the bandwidth at which those bytes take F times that compute. The local
+// communicator charges a collective its bus bytes / bandwidth plus latencies and the copies,
+// which a second short run with that link measures (its comm_s): the bandwidth is then
+// corrected so that bytes / bandwidth + those copies come to F times the compute.
+absl::Status MatchLinkToCompute(double ratio, fsdp::BenchConfig& c) {
+  fsdp::BenchConfig probe = c;
+  probe.link.link_bytes_per_second = 0;
+  probe.link.inter_host_bytes_per_second = 0;
+  probe.warmup_steps = 2;
+  probe.steps = 3;
+  FSDP_ASSIGN_OR_RETURN(fsdp::BenchResult off, fsdp::RunBench(probe));
+  const double compute_s = off.step_mean_s - off.exposed_comm_s;
+  const double bytes = off.bus_bytes_per_rank;
+  if (bytes <= 0 || compute_s <= 0) {
+    std::fprintf(stderr, "fsdp_bench: no link: %s on %d rank(s) communicates nothing\n",
+                 off.strategy.c_str(), off.world_size);
+    return absl::OkStatus();
+  }
+  auto set = [&](fsdp::BenchConfig& x, double bytes_per_s) {
+    x.link.link_bytes_per_second = bytes_per_s;
+    x.link.inter_host_bytes_per_second = x.link.ranks_per_host > 0 ? bytes_per_s : 0;
+  };
+  double bytes_per_s = bytes / (ratio * compute_s);
+  set(probe, bytes_per_s);
+  FSDP_ASSIGN_OR_RETURN(fsdp::BenchResult on, fsdp::RunBench(probe));
+  const double overhead_s = on.comm_s - bytes / bytes_per_s;  // latencies and copies
+  const double target_s = ratio * (on.step_mean_s - on.exposed_comm_s);
+  if (target_s - overhead_s > 0.1 * target_s) bytes_per_s = bytes / (target_s - overhead_s);
+  set(c, bytes_per_s);
+  std::fprintf(stderr,
+               "fsdp_bench: link %.4g GB/s: %.2f MiB per rank and %.1f ms of copies and latency "
+               "in %g x %.1f ms of compute\n",
+               bytes_per_s / 1e9, bytes / (1 << 20), overhead_s * 1e3, ratio,
+               target_s / ratio * 1e3);
+  return absl::OkStatus();
 }
 
 bool WriteFile(const std::string& path, const std::string& text) {
@@ -1048,6 +1110,10 @@ int main(int argc, char** argv) {
     mpi = *std::move(world);
   }
   const bool rank0 = mpi == nullptr || mpi->rank() == 0;
+  if (mpi != nullptr && a.comm_to_compute > 0) {
+    BadUsage("--comm_to_compute: the simulated link is the local communicator's (ranks as "
+             "threads), not mpirun's");
+  }
   std::vector<int> worlds = a.worlds;
   if (mpi != nullptr) worlds = {mpi->size()};
   // Outputs are checked before anything runs.
@@ -1154,8 +1220,12 @@ int main(int argc, char** argv) {
                    grid.size(), RunName(c, mpi != nullptr ? mpi->size() : c.world_size).c_str(),
                    elapsed(), eta.c_str());
     }
+    absl::Status matched = absl::OkStatus();
+    if (a.comm_to_compute > 0) matched = MatchLinkToCompute(a.comm_to_compute, c);
     absl::StatusOr<fsdp::BenchResult> r =
-        mpi != nullptr ? fsdp::RunBench(c, *mpi) : fsdp::RunBench(c);
+        !matched.ok()    ? absl::StatusOr<fsdp::BenchResult>(matched)
+        : mpi != nullptr ? fsdp::RunBench(c, *mpi)
+                         : fsdp::RunBench(c);
     if (!r.ok()) {
       if (rank0) {
         std::fprintf(stderr, "fsdp_bench: %s failed: %s\n",

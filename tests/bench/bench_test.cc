@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -232,6 +233,14 @@ TEST(RunBench, SlowLinkIsExposedAndPrefetchHidesSome) {
            with.exposed_comm_s < 0.9 * without.exposed_comm_s;
   }
   EXPECT_EQ(without.link_gbps, 0.25);
+  // comm_s, the collectives' own time: the link's time for the step's bytes (and a little copy
+  // and scheduling on top), next to nearly nothing without the link.
+  const double link_s = without.bus_bytes_per_rank / 0.25e9;
+  for (const BenchResult* r : {&without, &with}) {
+    EXPECT_GE(r->comm_s, 0.95 * link_s) << "prefetch " << r->prefetch;
+    EXPECT_LE(r->comm_s, 2.0 * link_s) << "prefetch " << r->prefetch;
+  }
+  EXPECT_LT(off.comm_s, 0.5 * link_s);
   EXPECT_TRUE(held) << "in " << kAttempts << " tries, the slow link never showed as exposed "
                     << "communication that prefetching reduced (figures above)";
   // The bytes do not depend on the link or on prefetching.
@@ -291,9 +300,51 @@ TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
   std::filesystem::remove_all(dir);
 }
 
+// --layers runs a model at other depths (named by them), --prefetch N gathers up to N units
+// ahead, and --comm_to_compute sets each run's link from its compute without a link.
+TEST(FsdpBenchCli, LayersPrefetchDepthAndALinkMatchedToTheCompute) {
+  const std::filesystem::path jsonl = std::filesystem::temp_directory_path() /
+                                      ("fsdp_bench_layers_" + std::to_string(getpid()) + ".jsonl");
+  const Ran ok = RunCli("--layers 0,3 --worlds 2 --prefetch 2 --comm_to_compute 1 --steps 3 "
+                        "--warmup 1 --peak_gflops 50 --jsonl " + jsonl.string());
+  ASSERT_EQ(ok.rc, 0) << ok.output;
+  EXPECT_NE(ok.output.find("running nano-L3 FULL_SHARD 2 ranks f32 prefetch 2"),
+            std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("fsdp_bench: link "), std::string::npos) << ok.output;
+  const std::vector<std::string> lines =
+      absl::StrSplit(ReadAll(jsonl), '\n', absl::SkipEmpty());
+  std::filesystem::remove(jsonl);
+  ASSERT_EQ(lines.size(), 2u);
+  std::map<std::string, double> params;
+  for (const std::string& line : lines) {
+    absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+    ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
+    const std::string model = v->Find("model")->str();
+    params[model] = v->Find("num_parameters")->number();
+    EXPECT_EQ(v->Find("prefetch")->number(), 2) << model;
+    // The link was set (nano's default config has none) and its time is of the order of the
+    // compute measured without it (a loose band: a step of a few ms on a shared machine).
+    EXPECT_GT(v->Find("link_gbps")->number(), 0) << model;
+    const double compute = v->Find("compute_s")->number() + v->Find("optimizer_s")->number() +
+                           v->Find("other_s")->number();
+    EXPECT_GT(v->Find("comm_s")->number(), 0.25 * compute) << model;
+    EXPECT_LT(v->Find("comm_s")->number(), 4 * compute) << model;
+  }
+  ASSERT_EQ(params.count("nano"), 1u);
+  ASSERT_EQ(params.count("nano-L3"), 1u);
+  nn::GptConfig deeper = *nn::GptConfig::FromName("nano");
+  deeper.num_layers = 3;
+  EXPECT_EQ(params["nano-L3"], static_cast<double>(nn::ModelConfig(deeper).num_parameters()));
+  EXPECT_EQ(params["nano"],
+            static_cast<double>(nn::ModelConfig::FromName("nano")->num_parameters()));
+}
+
 TEST(FsdpBenchCli, BadFlagsExit2WithOneLine) {
   for (const char* args : {"--worlds 0", "--strategies FOO", "--dtypes f64", "--bogus 1",
-                           "--prefetch x", "--models gpt3", "--seq 100", "--steps", "extra",
+                           "--prefetch x", "--prefetch 9", "--layers -1", "--layers x",
+                           "--comm_to_compute 0", "--comm_to_compute 1 --link_gbps 1",
+                           "--comm_to_compute 1 --project",
+                           "--models gpt3", "--seq 100", "--steps", "extra",
                            "--link_gbps -1",
                            "--strategies HYBRID_SHARD --worlds 4 --hybrid_shard 3",
                            "--inter_gbps 1", "--worlds 2,3 --ranks_per_host 2"}) {
