@@ -2,6 +2,8 @@
 // the wall clock and the timeline (fsdp/bench.h, docs/scaling.md).
 #include "fsdp/bench.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,10 +15,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/kernels_cpu.h"
 #include "fsdp/local_world.h"
 #include "fsdp/nn/sharded_model.h"
+#include "fsdp/plan.h"
 #include "fsdp/trace.h"
 
 namespace fsdp {
@@ -455,11 +459,46 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   return out;
 }
 
-absl::StatusOr<Prepared> Prepare(const BenchConfig& c, int world) {
+// A run that cannot fit in this host's memory fails before anything is allocated (instead of
+// paging the host to a crawl): the memory planner's peak per rank (fsdp/plan.h) times the
+// ranks on this host, against the host's physical memory.
+absl::Status CheckHostMemory(const BenchConfig& c, const nn::ModelConfig& mc, int world,
+                             int seq_len, int ranks_here) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return absl::OkStatus();  // unknown: nothing to check against
+  const double host = static_cast<double>(pages) * static_cast<double>(page);
+  PlanRequest r;
+  r.model = mc.name();
+  r.config = mc;
+  r.world_size = world;
+  r.strategy = c.strategy;
+  r.hybrid_shard_size = ResolveShardSize(c, world);
+  r.param_dtype = c.param_dtype;
+  r.reduce_dtype = c.reduce_dtype;
+  r.checkpoint_every = c.checkpoint_every;
+  r.batch_size = c.batch_size;
+  r.seq_len = seq_len;
+  r.forward_prefetch = r.backward_prefetch = c.prefetch > 0;
+  r.max_prefetch_units = std::max(1, c.prefetch);
+  const absl::StatusOr<MemoryPlan> plan = PlanMemory(r);
+  if (!plan.ok()) return absl::OkStatus();  // the run itself says what is wrong
+  const double need = static_cast<double>(plan->peak_bytes) * ranks_here;
+  if (need <= host) return absl::OkStatus();
+  const double gib = 1024.0 * 1024 * 1024;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s %s on %d rank(s): the memory planner puts a rank's peak at %.1f GiB (%.2f B "
+      "parameters); the %d rank(s) on this host need %.1f GiB and it has %.1f GiB. Use fewer "
+      "layers, a smaller batch or more ranks",
+      mc.name(), std::string(StrategyName(c.strategy)), world, plan->peak_bytes / gib,
+      static_cast<double>(mc.num_parameters()) / 1e9, ranks_here, need / gib, host / gib));
+}
+
+absl::StatusOr<Prepared> Prepare(const BenchConfig& c, int world, int ranks_here) {
   Prepared p;
   FSDP_ASSIGN_OR_RETURN(p.model, ResolveModel(c));
   FSDP_RETURN_IF_ERROR(Check(c, p.model, world));
   p.seq_len = c.seq_len > 0 ? c.seq_len : p.model.block_size();
+  FSDP_RETURN_IF_ERROR(CheckHostMemory(c, p.model, world, p.seq_len, ranks_here));
   return p;
 }
 
@@ -483,7 +522,7 @@ GemmPeak PeakGflopsPerCore(DType compute_dtype, int repeats) {
 }
 
 absl::StatusOr<BenchResult> RunBench(const BenchConfig& config) {
-  FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, config.world_size));
+  FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, config.world_size, config.world_size));
   if (config.peak_gflops_per_core > 0) {
     prep.peak = {config.peak_gflops_per_core, config.peak_kind};
   } else {
@@ -501,7 +540,11 @@ absl::StatusOr<BenchResult> RunBench(const BenchConfig& config) {
 }
 
 absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world) {
-  FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, world.size()));
+  int sharing = 1;  // ranks on this host
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local != nullptr) {
+    sharing = std::max(1, std::atoi(local));
+  }
+  FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, world.size(), sharing));
   // The peak: rank 0 measures it alone, while the others wait, and tells them.
   double peak[2] = {config.peak_gflops_per_core, 0};
   std::string kind = config.peak_kind;
@@ -519,10 +562,6 @@ absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& wo
                         : absl::StrCat(std::string(DTypeName(config.param_dtype)), " GEMM");
   }
   prep.peak = {peak[0], kind};
-  int sharing = 1;
-  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local != nullptr) {
-    sharing = std::max(1, std::atoi(local));
-  }
   return RunRank(config, prep, world, sharing, 0);
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -195,6 +196,18 @@ TEST(RunBench, RejectsBadConfigs) {
   c = Nano(2);
   c.steps = 0;
   EXPECT_EQ(RunBench(c).status().code(), absl::StatusCode::kInvalidArgument);
+  // A model far larger than this host's memory fails at once, before allocating, naming the
+  // planner's figures (gpt2-xl's blocks 20,000 times: 1.5 T parameters).
+  nn::GptConfig huge = *nn::GptConfig::FromName("gpt2-xl");
+  huge.num_layers = 20000;
+  c = Nano(2);
+  c.config = huge;
+  c.seq_len = 64;
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = RunBench(c).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("memory planner"), std::string::npos) << s;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60);
 }
 
 // A slow simulated link (communication about as long as compute): the compute thread waits
