@@ -112,6 +112,13 @@ struct BenchResult {
   double other_s = 0;          // the rest: embedding, head and loss, token copies, host work
   double step_mean_s = 0;
   double exposed_comm_fraction = 0;  // exposed_comm_s / step_mean_s
+  // exposed_comm_s by where in the step the compute thread waited (they add up to it): before
+  // the first block's forward (the first gathers), from there to the end of the last forward
+  // block, then to the first backward block (head and loss), to the end of the last backward
+  // block, from there to the optimizer step (the reductions still in flight: FinishBackward),
+  // and in and after the optimizer step (the global norm's collective).
+  double exposed_start_s = 0, exposed_forward_s = 0, exposed_head_s = 0, exposed_backward_s = 0,
+         exposed_tail_s = 0, exposed_optimizer_s = 0;
 
   // Communication per rank per step, counted from the collectives this rank ran (the "comm"
   // lane's spans: world, shard and replicate groups, control data included).

@@ -127,12 +127,13 @@ struct RankFigures {
   double threads = 0;
   double loss = 0;
   // Summed over measured steps: per block forward, backward, recompute (3 L), then the six
-  // places around the blocks (BenchResult::before_blocks_s ... after_optimizer_s).
+  // places around the blocks (BenchResult::before_blocks_s ... after_optimizer_s) and the
+  // exposed communication in the six phases of a step (exposed_start_s ... exposed_optimizer_s).
   std::vector<double> profile;
 
   static constexpr int kPerStep = 8;
   static constexpr int kScalars = 9 + 3;
-  static constexpr int kPlaces = 6;
+  static constexpr int kPlaces = 12;
   static int ProfileSize(int blocks) { return 3 * blocks + kPlaces; }
   static int Size(int steps, int blocks) {
     return kPerStep * steps + kScalars + ProfileSize(blocks);
@@ -224,6 +225,28 @@ void AddProfile(const std::vector<Span>& mine, std::vector<Span> blocks, int ran
   }
   places[4] += busy(cursor, opt_b);
   places[5] += busy(opt_e, e);
+  // The waits by phase: [b, e) cut at the first block, the end of the last forward block, the
+  // first backward (or recompute) block, the end of the last block and the optimizer's start.
+  int64_t cuts[5] = {b, b, b, b, b};
+  if (!blocks.empty()) {
+    cuts[0] = blocks.front().begin_ns;
+    cuts[1] = cuts[2] = cuts[0];
+    for (const Span& s : blocks) {
+      if (s.name != "forward") {
+        cuts[2] = s.begin_ns;
+        break;
+      }
+      cuts[1] = cuts[2] = s.end_ns;
+    }
+    cuts[3] = std::max(cuts[2], blocks.back().end_ns);
+  }
+  cuts[4] = std::max(cuts[3], std::min(opt_b, e));
+  int64_t from = b;
+  for (int k = 0; k < 6; ++k) {
+    const int64_t to = k < 5 ? std::max(from, cuts[k]) : e;
+    places[6 + k] += static_cast<double>(ExposedNs(mine, rank, kWaitStream, from, to)) * ns;
+    from = to;
+  }
 }
 
 // The timeline of one measured step [b, e) of `rank`, from its spans (`mine`).
@@ -453,6 +476,12 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.backward_gaps_s = places[3];
   out.after_blocks_s = places[4];
   out.after_optimizer_s = places[5];
+  out.exposed_start_s = places[6];
+  out.exposed_forward_s = places[7];
+  out.exposed_head_s = places[8];
+  out.exposed_backward_s = places[9];
+  out.exposed_tail_s = places[10];
+  out.exposed_optimizer_s = places[11];
   out.final_loss = static_cast<float>(ranks[0].loss);
   out.scaling_efficiency = std::numeric_limits<double>::quiet_NaN();
   out.baseline_tokens_per_s = std::numeric_limits<double>::quiet_NaN();

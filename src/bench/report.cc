@@ -86,6 +86,12 @@ std::vector<Field> Fields(const BenchResult& r) {
   num("optimizer_s", r.optimizer_s);
   num("other_s", r.other_s);
   num("exposed_comm_fraction", r.exposed_comm_fraction);
+  num("exposed_start_s", r.exposed_start_s);
+  num("exposed_forward_s", r.exposed_forward_s);
+  num("exposed_head_s", r.exposed_head_s);
+  num("exposed_backward_s", r.exposed_backward_s);
+  num("exposed_tail_s", r.exposed_tail_s);
+  num("exposed_optimizer_s", r.exposed_optimizer_s);
   num("comm_bytes_per_rank", r.comm_bytes_per_rank);
   num("bus_bytes_per_rank", r.bus_bytes_per_rank);
   num("comm_s", r.comm_s);
