@@ -79,8 +79,8 @@ Simulated link (the local communicator; 0 = off):
                        latency on top, and the bandwidth is corrected for them. A run whose
                        comm ms then misses F x (compute + opt + other) by more than
                        --match_tolerance (the compute of a shared machine drifts) runs again
-                       with the bandwidth scaled by the miss, up to 3 runs, and the one
-                       closest to F is kept. The bandwidth is printed and in the files
+                       with the bandwidth corrected from that run's figures, up to 3 runs, and
+                       the one closest to F is kept. The bandwidth is printed and in the files
                        (link_gbps)
   --match_tolerance T  with --comm_to_compute: the relative miss a run may have (default 0.05)
 Outputs:
@@ -1278,7 +1278,7 @@ int main(int argc, char** argv) {
                          : fsdp::RunBench(c);
     // The compute of a shared machine drifts between the probes and the run: a run whose link
     // missed F x its compute by more than --match_tolerance runs again with the bandwidth
-    // scaled by the miss, up to twice, and the run closest to F is kept.
+    // corrected from that run's figures, up to twice, and the run closest to F is kept.
     const double want = a.comm_to_compute;
     auto miss = [&](const fsdp::BenchResult& x) { return std::abs(CommToCompute(x) / want - 1); };
     std::optional<fsdp::BenchResult> last;  // the latest run, which the next one corrects
@@ -1286,7 +1286,12 @@ int main(int argc, char** argv) {
     for (int attempt = 2; want > 0 && r.ok() && attempt <= kMatchAttempts; ++attempt) {
       const double got = CommToCompute(*last);
       if (got <= 0 || miss(*r) <= a.match_tolerance) break;
-      c.link.link_bytes_per_second = last->link_gbps * 1e9 * got / want;
+      // The link's time is bytes / bandwidth plus copies and latency that do not scale with
+      // it: the bandwidth is set so that the bytes take what the copies leave of the target.
+      const double bw = last->link_gbps * 1e9, bytes = last->bus_bytes_per_rank;
+      const double busy = last->comm_s / got, fixed = last->comm_s - bytes / bw;
+      const double left = want * busy - fixed;
+      c.link.link_bytes_per_second = left > 0.1 * want * busy ? bytes / left : bw * got / want;
       if (c.link.inter_host_bytes_per_second > 0) {
         c.link.inter_host_bytes_per_second = c.link.link_bytes_per_second;
       }

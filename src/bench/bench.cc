@@ -470,18 +470,12 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.block_backward_s.assign(profile.begin() + L, profile.begin() + 2 * L);
   out.block_recompute_s.assign(profile.begin() + 2 * L, profile.begin() + 3 * L);
   const double* places = profile.data() + 3 * L;
-  out.before_blocks_s = places[0];
-  out.forward_gaps_s = places[1];
-  out.head_s = places[2];
-  out.backward_gaps_s = places[3];
-  out.after_blocks_s = places[4];
-  out.after_optimizer_s = places[5];
-  out.exposed_start_s = places[6];
-  out.exposed_forward_s = places[7];
-  out.exposed_head_s = places[8];
-  out.exposed_backward_s = places[9];
-  out.exposed_tail_s = places[10];
-  out.exposed_optimizer_s = places[11];
+  double* const fields[RankFigures::kPlaces] = {
+      &out.before_blocks_s,    &out.forward_gaps_s,    &out.head_s,
+      &out.backward_gaps_s,    &out.after_blocks_s,    &out.after_optimizer_s,
+      &out.exposed_start_s,    &out.exposed_forward_s, &out.exposed_head_s,
+      &out.exposed_backward_s, &out.exposed_tail_s,    &out.exposed_optimizer_s};
+  for (int k = 0; k < RankFigures::kPlaces; ++k) *fields[k] = places[k];
   out.final_loss = static_cast<float>(ranks[0].loss);
   out.scaling_efficiency = std::numeric_limits<double>::quiet_NaN();
   out.baseline_tokens_per_s = std::numeric_limits<double>::quiet_NaN();
