@@ -1285,7 +1285,8 @@ int main(int argc, char** argv) {
     if (r.ok()) last = *r;
     for (int attempt = 2; want > 0 && r.ok() && attempt <= kMatchAttempts; ++attempt) {
       const double got = CommToCompute(*last);
-      if (got <= 0 || miss(*r) <= a.match_tolerance) break;
+      // (No link: the strategy communicates nothing, MatchLinkToCompute set none.)
+      if (got <= 0 || last->link_gbps <= 0 || miss(*r) <= a.match_tolerance) break;
       // The link's time is bytes / bandwidth plus copies and latency that do not scale with
       // it: the bandwidth is set so that the bytes take what the copies leave of the target.
       const double bw = last->link_gbps * 1e9, bytes = last->bus_bytes_per_rank;
