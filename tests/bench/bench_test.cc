@@ -295,9 +295,13 @@ std::string ReadAll(const std::filesystem::path& p) {
   return s.str();
 }
 
+// A path in the temporary directory, unique to this process: `name` followed by the pid.
+std::filesystem::path TempPath(const std::string& name) {
+  return std::filesystem::temp_directory_path() / (name + std::to_string(getpid()));
+}
+
 TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("fsdp_bench_test_" + std::to_string(getpid()));
+  const std::filesystem::path dir = TempPath("fsdp_bench_test_");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const Ran ok = RunCli("--worlds 1,2 --prefetch 0,1 --steps 2 --warmup 1 --peak_gflops 50 "
@@ -337,8 +341,7 @@ TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
 // --layers runs a model at other depths (named by them), --prefetch N gathers up to N units
 // ahead, and --comm_to_compute sets each run's link from its compute without a link.
 TEST(FsdpBenchCli, LayersPrefetchDepthAndALinkMatchedToTheCompute) {
-  const std::filesystem::path jsonl = std::filesystem::temp_directory_path() /
-                                      ("fsdp_bench_layers_" + std::to_string(getpid()) + ".jsonl");
+  const std::filesystem::path jsonl = TempPath("fsdp_bench_layers_").replace_extension(".jsonl");
   const Ran ok = RunCli("--layers 0,3 --worlds 2 --prefetch 2 --comm_to_compute 1 --steps 3 "
                         "--warmup 1 --peak_gflops 50 --jsonl " + jsonl.string());
   ASSERT_EQ(ok.rc, 0) << ok.output;
@@ -377,8 +380,7 @@ TEST(FsdpBenchCli, LayersPrefetchDepthAndALinkMatchedToTheCompute) {
 // bandwidth corrected (tolerance 0: every run misses a little), three runs at most, and the
 // files hold the one closest to the ratio asked for.
 TEST(FsdpBenchCli, ALinkThatMissesTheComputeRunsAgainAndTheClosestIsKept) {
-  const std::filesystem::path jsonl = std::filesystem::temp_directory_path() /
-                                      ("fsdp_bench_match_" + std::to_string(getpid()) + ".jsonl");
+  const std::filesystem::path jsonl = TempPath("fsdp_bench_match_").replace_extension(".jsonl");
   const Ran ok = RunCli("--worlds 2 --comm_to_compute 1 --match_tolerance 0 --steps 3 "
                         "--warmup 1 --peak_gflops 50 --jsonl " + jsonl.string());
   ASSERT_EQ(ok.rc, 0) << ok.output;
