@@ -301,7 +301,6 @@ class Replay {
         FSDP_RETURN_IF_ERROR(IssueGather(*it));
         next.prefetched = true;
         ++prefetched_;
-        break;
       }
     }
     Wait(unit.gather);

@@ -44,8 +44,11 @@ absl::Status ShardingRuntime::Impl::IssueGather(Unit& unit) {
   return absl::OkStatus();
 }
 
-// Prefetch decisions depend only on the recorded order and the units' states, so every rank
-// issues the same collectives.
+// Prefetch keeps up to max_prefetch_units gathers issued ahead of the unit in use: each use
+// tops the queue up, so a block that computes late (or a transfer that finishes early) does not
+// leave the link idle while more than one unit could already be on its way. Prefetch decisions
+// depend only on the recorded order and the units' states, so every rank issues the same
+// collectives.
 absl::Status ShardingRuntime::Impl::Acquire(int u, std::vector<int>& order, bool recording,
                                             bool prefetch) {
   Unit& unit = units[u];
@@ -65,7 +68,6 @@ absl::Status ShardingRuntime::Impl::Acquire(int u, std::vector<int>& order, bool
       FSDP_RETURN_IF_ERROR(IssueGather(next));
       next.prefetched = true;
       ++prefetched_units;
-      break;  // one unit ahead per use; the next use prefetches the next one
     }
   }
   return WaitGather(unit, was_prefetched);

@@ -205,7 +205,6 @@ class Replay {
         IssueGather(next);
         next.prefetched = true;
         ++prefetched_units_;
-        break;
       }
     }
     WaitGather(unit);

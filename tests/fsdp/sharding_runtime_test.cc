@@ -248,6 +248,40 @@ TEST(ShardingPrefetchTest, SameResultsBitwiseAndBoundedPeak) {
   }
 }
 
+// max_prefetch_units = k keeps k gathers issued ahead of the unit in use, not one: FULL_SHARD's
+// gathered peak is the root, the block in use and k blocks ahead (mini: 6 blocks, so k + 1 <= 6
+// of them fit). Topping up one unit per use would hold a single unit ahead in forward whatever
+// k is, and the link would idle whenever a block computes late.
+TEST(ShardingPrefetchTest, KeepsMaxPrefetchUnitsAhead) {
+  auto config = *nn::GptConfig::FromName("mini");
+  TrainSpec spec;
+  spec.config = "mini";
+  spec.batch_size = 1;
+  spec.seq_len = 16;
+  spec.steps = 2;  // the first step records the order; the second prefetches
+  const int world = 2;
+  const int64_t root = PaddedCount(nn::GptUnitNumel(config, 0), world) * 4;
+  const int64_t block = PaddedCount(nn::GptUnitNumel(config, 1), world) * 4;
+  const int64_t behind = TestBackendName() == "cpu" ? 0 : block;
+  for (int k : {1, 2, 3}) {
+    ShardingOptions so;
+    so.strategy = ShardingStrategy::kFullShard;
+    so.max_prefetch_units = k;
+    std::vector<TrainResult> res(world);
+    ASSERT_TRUE(LocalWorld::Run(world, ShortTimeout(), [&](Communicator& comm) {
+      FSDP_ASSIGN_OR_RETURN(res[comm.rank()], TrainSharded(comm, spec, so, 1));
+      return absl::OkStatus();
+    }).ok());
+    const int64_t expected = root + (1 + k) * block;
+    for (const TrainResult& r : res) {
+      EXPECT_GE(r.memory.gathered_param_peak_bytes, expected)
+          << "max_prefetch_units=" << k << ": fewer than " << k << " blocks were gathered ahead";
+      EXPECT_LE(r.memory.gathered_param_peak_bytes, expected + behind)
+          << "max_prefetch_units=" << k << ": more than " << k << " blocks were gathered ahead";
+    }
+  }
+}
+
 TEST(ShardingWrapTest, PoliciesGroupBlocksAndStillMatchTheReference) {
   auto config = nn::GptConfig::FromName("nano");
   const int64_t block = nn::GptUnitNumel(*config, 1);
