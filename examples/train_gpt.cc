@@ -72,7 +72,10 @@ ABSL_FLAG(std::string, strategy, "FULL_SHARD",
 ABSL_FLAG(int, hybrid_shard, 0,
           "ranks per shard group, for the HYBRID strategies only (a divisor of the rank count); "
           "0 = the ranks of one host (under mpirun: each host a shard group)");
-ABSL_FLAG(bool, prefetch, true, "prefetch the next unit's all-gather while a unit computes");
+ABSL_FLAG(bool, prefetch, true, "prefetch the next units' all-gathers while a unit computes");
+ABSL_FLAG(int, prefetch_units, 1,
+          "with --prefetch: units gathered ahead of the one computing (FSDP's limit_all_gathers; "
+          "each raises the peak of gathered parameters by one unit)");
 ABSL_FLAG(int, batch, 16,
           "sequences per step, over all ranks (a multiple of ranks x micro_batches)");
 ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
@@ -294,6 +297,12 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   s.model.sharding.hybrid_shard_size = hybrid_shard;
   s.model.sharding.forward_prefetch = s.model.sharding.backward_prefetch =
       absl::GetFlag(FLAGS_prefetch);
+  const int prefetch_units = absl::GetFlag(FLAGS_prefetch_units);
+  if (prefetch_units < 1 || prefetch_units > 64) {
+    return BadFlag("prefetch_units", prefetch_units,
+                   "allowed: 1 to 64 units (--noprefetch turns prefetching off)");
+  }
+  s.model.sharding.max_prefetch_units = prefetch_units;
 
   // Batch and sequence.
   const int batch = absl::GetFlag(FLAGS_batch);
@@ -735,6 +744,11 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       absl::StrAppend(&extras, " | mesh ", model->runtime().replicate_group().size(), " x ",
                       model->runtime().shard_group().size(),
                       s.model.sharding.hybrid_shard_size == 0 ? " (a shard group per host)" : "");
+    }
+    if (!s.model.sharding.forward_prefetch) {
+      absl::StrAppend(&extras, " | no prefetch");
+    } else if (s.model.sharding.max_prefetch_units > 1) {
+      absl::StrAppend(&extras, " | prefetch ", s.model.sharding.max_prefetch_units, " units ahead");
     }
     if (s.model.checkpoint_every > 0) {
       absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,

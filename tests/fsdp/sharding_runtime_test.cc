@@ -251,7 +251,8 @@ TEST(ShardingPrefetchTest, SameResultsBitwiseAndBoundedPeak) {
 // max_prefetch_units = k keeps k gathers issued ahead of the unit in use, not one: FULL_SHARD's
 // gathered peak is the root, the block in use and k blocks ahead (mini: 6 blocks, so k + 1 <= 6
 // of them fit). Topping up one unit per use would hold a single unit ahead in forward whatever
-// k is, and the link would idle whenever a block computes late.
+// k is, and the link would idle whenever a block computes late. The results are bitwise those
+// of k = 1.
 TEST(ShardingPrefetchTest, KeepsMaxPrefetchUnitsAhead) {
   auto config = *nn::GptConfig::FromName("mini");
   TrainSpec spec;
@@ -263,6 +264,7 @@ TEST(ShardingPrefetchTest, KeepsMaxPrefetchUnitsAhead) {
   const int64_t root = PaddedCount(nn::GptUnitNumel(config, 0), world) * 4;
   const int64_t block = PaddedCount(nn::GptUnitNumel(config, 1), world) * 4;
   const int64_t behind = TestBackendName() == "cpu" ? 0 : block;
+  std::vector<TrainResult> first;
   for (int k : {1, 2, 3}) {
     ShardingOptions so;
     so.strategy = ShardingStrategy::kFullShard;
@@ -278,6 +280,11 @@ TEST(ShardingPrefetchTest, KeepsMaxPrefetchUnitsAhead) {
           << "max_prefetch_units=" << k << ": fewer than " << k << " blocks were gathered ahead";
       EXPECT_LE(r.memory.gathered_param_peak_bytes, expected + behind)
           << "max_prefetch_units=" << k << ": more than " << k << " blocks were gathered ahead";
+    }
+    if (first.empty()) first = res;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(res[r].losses, first[r].losses) << "max_prefetch_units=" << k;
+      EXPECT_EQ(res[r].params, first[r].params) << "max_prefetch_units=" << k;
     }
   }
 }
