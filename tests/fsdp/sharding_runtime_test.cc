@@ -125,6 +125,17 @@ TEST(ShardingMemoryTest, GatheredPeakFollowsTheStrategy) {
   }
 }
 
+// Two steps of mini (6 blocks) on one sequence of 16 tokens per rank: the first records the
+// units' order, the second prefetches and frees by it.
+TrainSpec ShortMiniSpec() {
+  TrainSpec spec;
+  spec.config = "mini";
+  spec.batch_size = 1;
+  spec.seq_len = 16;
+  spec.steps = 2;
+  return spec;
+}
+
 // The unsharded gradient of a unit is freed as soon as its reduction completes, so the
 // gradient buffers peak at a few units, not the model: at most the gradient shards (reduced
 // shards waiting for the replica all-reduce, HYBRID) plus (2 + max_prefetch_units) unsharded
@@ -133,11 +144,7 @@ TEST(ShardingMemoryTest, GatheredPeakFollowsTheStrategy) {
 // allocations.
 TEST(ShardingMemoryTest, GradientBuffersPeakAtAFewUnitsNotTheModel) {
   auto config = *nn::GptConfig::FromName("mini");
-  TrainSpec spec;
-  spec.config = "mini";
-  spec.batch_size = 1;
-  spec.seq_len = 16;
-  spec.steps = 2;
+  const TrainSpec spec = ShortMiniSpec();
   struct Case {
     ShardingStrategy s;
     int world, hybrid;
@@ -255,11 +262,7 @@ TEST(ShardingPrefetchTest, SameResultsBitwiseAndBoundedPeak) {
 // of k = 1.
 TEST(ShardingPrefetchTest, KeepsMaxPrefetchUnitsAhead) {
   auto config = *nn::GptConfig::FromName("mini");
-  TrainSpec spec;
-  spec.config = "mini";
-  spec.batch_size = 1;
-  spec.seq_len = 16;
-  spec.steps = 2;  // the first step records the order; the second prefetches
+  const TrainSpec spec = ShortMiniSpec();
   const int world = 2;
   const int64_t root = PaddedCount(nn::GptUnitNumel(config, 0), world) * 4;
   const int64_t block = PaddedCount(nn::GptUnitNumel(config, 1), world) * 4;
