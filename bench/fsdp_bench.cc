@@ -64,6 +64,11 @@ Each run:
                        the grid, the same for every run so that runs compare per rank (default 0)
   --warmup N           warm-up steps, not measured (default 2)
   --steps N            measured steps (default 5)
+  --repeat N           runs the whole grid N times over (1-100, default 1), one configuration
+                       after the other in each pass, so that a shared machine's drift falls on
+                       every configuration alike; each run is kept (its `pass` in the files,
+                       its efficiency against the 1-rank run of the same pass), and a last
+                       table gives each configuration's median and range over the passes
 Simulated link (the local communicator; 0 = off):
   --link_gbps G        bandwidth between two ranks of a host, GB/s (1e9 bytes/s)
   --link_latency_us U  latency per transfer inside a host, microseconds
@@ -193,7 +198,7 @@ struct Args {
   std::vector<int> checkpoint = {0};
   std::vector<int> prefetch = {1};
   std::string reduce_dtype = "same";
-  int hybrid_shard = 0, batch = 4, seq = 64, threads = 0, warmup = 2, steps = 5;
+  int hybrid_shard = 0, batch = 4, seq = 64, threads = 0, warmup = 2, steps = 5, repeat = 1;
   double link_gbps = 0, link_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
   double comm_to_compute = 0;  // > 0: each run's link set from its compute (--comm_to_compute)
   double match_tolerance = 0.05;  // --match_tolerance: how far from it a run may come
@@ -402,6 +407,9 @@ Args ParseArgs(int argc, char** argv) {
       a.warmup = ParseInt(k, v, 0);
     } else if (k == "--steps") {
       a.steps = ParseInt(k, v, 1);
+    } else if (k == "--repeat") {
+      a.repeat = ParseInt(k, v, 1);
+      if (a.repeat > 100) BadUsage(absl::StrCat("--repeat=", v, ": allowed: 1 to 100 passes"));
     } else if (k == "--link_gbps") {
       a.link_gbps = ParseDouble(k, v);
     } else if (k == "--link_latency_us") {
@@ -449,6 +457,9 @@ Args ParseArgs(int argc, char** argv) {
     BadUsage("--validate_links: needs --validate_projection");
   }
   if (!a.validate && !unset("--calibrate")) BadUsage("--calibrate: needs --validate_projection");
+  if (!unset("--repeat") && (a.project || a.validate)) {
+    BadUsage("--repeat: measured runs only (not --project or --validate_projection)");
+  }
   if (!unset("--match_tolerance") && a.comm_to_compute <= 0) {
     BadUsage("--match_tolerance: needs --comm_to_compute");
   }
@@ -590,11 +601,19 @@ std::string RunName(const fsdp::BenchConfig& c, int world) {
   return s;
 }
 
+// The model column: as wide as the longest name of the results ("llama-mini-L32"), at least 10.
+int ModelWidth(const std::vector<fsdp::BenchResult>& rs) {
+  size_t w = 10;
+  for (const fsdp::BenchResult& r : rs) w = std::max(w, r.model.size());
+  return static_cast<int>(w);
+}
+
 void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
-  std::printf("%-10s %-20s %3s %5s %-5s %4s %3s %10s %17s %6s %28s %6s %9s %8s %8s %5s %6s\n",
+  const int mw = ModelWidth(rs);
+  std::printf("%-*s %-20s %3s %5s %-5s %4s %3s %10s %17s %6s %28s %6s %9s %8s %8s %5s %6s\n", mw,
               "model", "strategy", "N", "shard", "dtype", "ckpt", "pf", "tokens/s",
-              "step ms (p10-p90)", "MFU%", "compute/exposed/opt/other ms", "exp%",
-              "comm MiB", "comm ms", "peak MiB", "syncs", "eff");
+              "step ms (p10-p90)", "MFU%", "compute/exposed/opt/other ms", "exp%", "comm MiB",
+              "comm ms", "peak MiB", "syncs", "eff");
   for (const fsdp::BenchResult& r : rs) {
     const std::string step = absl::StrFormat("%.1f (%.1f-%.1f)", r.step_median_s * 1e3,
                                              r.step_p10_s * 1e3, r.step_p90_s * 1e3);
@@ -605,13 +624,12 @@ void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
                                 ? absl::StrFormat("%.3f", r.scaling_efficiency)
                                 : std::string("-");
     std::printf(
-        "%-10s %-20s %3d %5d %-5s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8.1f %8s %5.1f %6s\n",
-                r.model.c_str(), r.strategy.c_str(), r.world_size, r.hybrid_shard_size,
-                fsdp::DTypeName(r.param_dtype).data(), r.checkpoint_every, r.prefetch,
-                r.tokens_per_s, step.c_str(), 100 * r.mfu, split.c_str(),
-                100 * r.exposed_comm_fraction, Mib(r.bus_bytes_per_rank).c_str(), r.comm_s * 1e3,
-                Mib(static_cast<double>(r.memory.peak_bytes)).c_str(), r.host_syncs_per_step,
-                eff.c_str());
+        "%-*s %-20s %3d %5d %-5s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8.1f %8s %5.1f %6s\n",
+        mw, r.model.c_str(), r.strategy.c_str(), r.world_size, r.hybrid_shard_size,
+        fsdp::DTypeName(r.param_dtype).data(), r.checkpoint_every, r.prefetch, r.tokens_per_s,
+        step.c_str(), 100 * r.mfu, split.c_str(), 100 * r.exposed_comm_fraction,
+        Mib(r.bus_bytes_per_rank).c_str(), r.comm_s * 1e3,
+        Mib(static_cast<double>(r.memory.peak_bytes)).c_str(), r.host_syncs_per_step, eff.c_str());
   }
 }
 
@@ -630,14 +648,14 @@ void PrintExposedPhases(const std::vector<fsdp::BenchResult>& rs) {
     if (r.exposed_comm_fraction < 0.01) continue;
     if (!any) {
       std::printf("\nexposed communication by phase, %% of the step (fsdp_bench --help):\n");
-      std::printf("%-10s %-20s %3s %3s %6s %7s %6s %8s %6s %6s %6s %9s\n", "model", "strategy",
-                  "N", "pf", "start", "forward", "head", "backward", "tail", "opt", "exp%",
-                  "comm/cmp");
+      std::printf("%-*s %-20s %3s %3s %6s %7s %6s %8s %6s %6s %6s %9s\n", ModelWidth(rs), "model",
+                  "strategy", "N", "pf", "start", "forward", "head", "backward", "tail", "opt",
+                  "exp%", "comm/cmp");
       any = true;
     }
     const double pct = 100 / r.step_mean_s;
-    std::printf("%-10s %-20s %3d %3d %6.1f %7.1f %6.1f %8.1f %6.1f %6.1f %6.1f %9.2f\n",
-                r.model.c_str(), r.strategy.c_str(), r.world_size, r.prefetch,
+    std::printf("%-*s %-20s %3d %3d %6.1f %7.1f %6.1f %8.1f %6.1f %6.1f %6.1f %9.2f\n",
+                ModelWidth(rs), r.model.c_str(), r.strategy.c_str(), r.world_size, r.prefetch,
                 pct * r.exposed_start_s, pct * r.exposed_forward_s, pct * r.exposed_head_s,
                 pct * r.exposed_backward_s, pct * r.exposed_tail_s, pct * r.exposed_optimizer_s,
                 pct * r.exposed_comm_s, CommToCompute(r));
@@ -683,6 +701,55 @@ absl::Status MatchLinkToCompute(double ratio, fsdp::BenchConfig& c) {
                bytes_per_s / 1e9, bytes / (1 << 20), overhead_s * 1e3, ratio,
                target_s / ratio * 1e3);
   return absl::OkStatus();
+}
+
+// --repeat N: per configuration (in the grid's order), the median and the range over the N
+// passes of the figures that drift with a shared machine.
+void PrintPasses(const std::vector<fsdp::BenchResult>& rs, int passes) {
+  auto key = [](const fsdp::BenchResult& r) {
+    return absl::StrCat(r.model, "|", r.strategy, "|", r.world_size, "|", r.hybrid_shard_size, "|",
+                        std::string(fsdp::DTypeName(r.param_dtype)), "|",
+                        std::string(fsdp::DTypeName(r.reduce_dtype)), "|", r.checkpoint_every, "|",
+                        r.prefetch);
+  };
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const fsdp::BenchResult*>> groups;
+  for (const fsdp::BenchResult& r : rs) {
+    std::vector<const fsdp::BenchResult*>& g = groups[key(r)];
+    if (g.empty()) order.push_back(key(r));
+    g.push_back(&r);
+  }
+  // "median (min-max)" of the finite values, or "-" when there are none.
+  auto spread = [](std::vector<double> v, int decimals) {
+    v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }),
+            v.end());
+    if (v.empty()) return std::string("-");
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    const double median = n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return absl::StrFormat("%.*f (%.*f-%.*f)", decimals, median, decimals, v.front(), decimals,
+                           v.back());
+  };
+  std::printf("\nover the %d passes (--repeat): median (min-max) per configuration:\n", passes);
+  const int mw = ModelWidth(rs);
+  std::printf("%-*s %-20s %3s %3s %5s %16s %24s %18s %18s %20s\n", mw, "model", "strategy", "N",
+              "pf", "runs", "tokens/s", "step ms", "exp%", "comm/cmp", "eff");
+  for (const std::string& k : order) {
+    const std::vector<const fsdp::BenchResult*>& g = groups[k];
+    std::vector<double> tps, step, exp, ratio, eff;
+    for (const fsdp::BenchResult* r : g) {
+      tps.push_back(r->tokens_per_s);
+      step.push_back(r->step_median_s * 1e3);
+      exp.push_back(100 * r->exposed_comm_fraction);
+      ratio.push_back(CommToCompute(*r));
+      eff.push_back(r->scaling_efficiency);
+    }
+    const fsdp::BenchResult& r = *g.front();
+    std::printf("%-*s %-20s %3d %3d %5zu %16s %24s %18s %18s %20s\n", mw, r.model.c_str(),
+                r.strategy.c_str(), r.world_size, r.prefetch, g.size(), spread(tps, 0).c_str(),
+                spread(step, 1).c_str(), spread(exp, 1).c_str(), spread(ratio, 2).c_str(),
+                spread(eff, 3).c_str());
+  }
 }
 
 bool WriteFile(const std::string& path, const std::string& text) {
@@ -1224,10 +1291,16 @@ int main(int argc, char** argv) {
     }
   }
   if (rank0) {
-    std::fprintf(stderr, "fsdp_bench: %zu runs, %d thread(s) per rank, B=%d per rank, %d warm-up + "
-                 "%d measured steps each%s\n", grid.size(), threads, a.batch, a.warmup, a.steps,
-                 mpi != nullptr ? absl::StrCat(", under mpirun (", mpi->size(), " ranks)").c_str()
-                                : "");
+    std::fprintf(
+        stderr,
+        "fsdp_bench: %s, %d thread(s) per rank, B=%d per rank, %d warm-up + "
+        "%d measured steps each%s\n",
+        a.repeat > 1 ? absl::StrCat(grid.size() * a.repeat, " runs (", grid.size(),
+                                    " configurations x ", a.repeat, " passes)")
+                           .c_str()
+                     : absl::StrCat(grid.size(), " runs").c_str(),
+        threads, a.batch, a.warmup, a.steps,
+        mpi != nullptr ? absl::StrCat(", under mpirun (", mpi->size(), " ranks)").c_str() : "");
     if (threads * max_world > fsdp::HardwareThreads()) {
       std::fprintf(stderr, "fsdp_bench: note: %d ranks x %d threads oversubscribe the %d "
                    "hardware threads: the largest worlds share cores\n", max_world, threads,
@@ -1243,8 +1316,10 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   bool failed = false;
-  for (size_t i = 0; i < grid.size(); ++i) {
-    fsdp::BenchConfig c = grid[i];
+  const size_t runs = grid.size() * static_cast<size_t>(a.repeat);
+  for (size_t i = 0; i < runs; ++i) {
+    fsdp::BenchConfig c = grid[i % grid.size()];
+    const int pass = static_cast<int>(i / grid.size()) + 1;
     if (a.peak_gflops > 0) {
       c.peak_gflops_per_core = a.peak_gflops;
       c.peak_kind = "given (--peak_gflops)";
@@ -1263,11 +1338,12 @@ int main(int argc, char** argv) {
     if (rank0) {
       std::string eta = "ETA -";
       if (i > 0) {
-        eta = absl::StrFormat("ETA %.0f s", elapsed() / static_cast<double>(i) *
-                                                static_cast<double>(grid.size() - i));
+        eta = absl::StrFormat("ETA %.0f s",
+                              elapsed() / static_cast<double>(i) * static_cast<double>(runs - i));
       }
-      std::fprintf(stderr, "fsdp_bench: [%zu/%zu done] running %s | %.0f s elapsed, %s\n", i,
-                   grid.size(), RunName(c, mpi != nullptr ? mpi->size() : c.world_size).c_str(),
+      std::fprintf(stderr, "fsdp_bench: [%zu/%zu done] running %s%s | %.0f s elapsed, %s\n", i,
+                   runs, RunName(c, mpi != nullptr ? mpi->size() : c.world_size).c_str(),
+                   a.repeat > 1 ? absl::StrCat(" (pass ", pass, " of ", a.repeat, ")").c_str() : "",
                    elapsed(), eta.c_str());
     }
     absl::Status matched = absl::OkStatus();
@@ -1320,11 +1396,11 @@ int main(int argc, char** argv) {
     if (mpi != nullptr && !peaks.count(c.param_dtype)) {
       peaks[c.param_dtype] = {r->peak_gflops_per_core, r->peak_kind};
     }
+    r->pass = pass;
     results.push_back(*std::move(r));
   }
   if (rank0) {
-    std::fprintf(stderr, "fsdp_bench: [%zu/%zu done] in %.0f s\n", grid.size(), grid.size(),
-                 elapsed());
+    std::fprintf(stderr, "fsdp_bench: [%zu/%zu done] in %.0f s\n", runs, runs, elapsed());
   }
   fsdp::SetScalingEfficiency(results);
   bool written = true;
@@ -1346,6 +1422,7 @@ int main(int argc, char** argv) {
     }
     PrintTable(results);
     PrintExposedPhases(results);
+    if (a.repeat > 1) PrintPasses(results, a.repeat);
     std::fflush(stdout);
     if (!a.jsonl.empty()) {
       std::string text;

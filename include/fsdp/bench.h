@@ -85,6 +85,7 @@ struct BenchResult {
   DType param_dtype = DType::kF32, reduce_dtype = DType::kF32;
   int checkpoint_every = 0;
   int prefetch = 1;  // units gathered ahead (0 = none)
+  int pass = 1;      // which pass over the grid this run belongs to (fsdp_bench --repeat), from 1
   int warmup_steps = 0, steps = 0;
   double link_gbps = 0, link_latency_us = 0;  // GB/s = 1e9 bytes/s
   int ranks_per_host = 0;
@@ -164,8 +165,8 @@ absl::StatusOr<BenchResult> RunBench(const BenchConfig& config);
 absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world);
 
 // Weak-scaling efficiency for every result that has a 1-rank run of the same configuration
-// (model, B, T, dtypes, checkpointing, prefetch, threads per rank; the same strategy first,
-// else any, since one rank communicates nothing whatever the strategy) in `results`.
+// (model, B, T, dtypes, checkpointing, prefetch, threads per rank, pass; the same strategy
+// first, else any, since one rank communicates nothing whatever the strategy) in `results`.
 void SetScalingEfficiency(std::vector<BenchResult>& results);
 
 // The result as one JSON object (one line, no newline), CSV header and row (same columns).

@@ -593,7 +593,7 @@ void SetScalingEfficiency(std::vector<BenchResult>& results) {
     return a.model == b.model && a.batch_size == b.batch_size && a.seq_len == b.seq_len &&
            a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype &&
            a.checkpoint_every == b.checkpoint_every && a.prefetch == b.prefetch &&
-           a.threads_per_rank == b.threads_per_rank;
+           a.threads_per_rank == b.threads_per_rank && a.pass == b.pass;
   };
   for (BenchResult& r : results) {
     const BenchResult* base = nullptr;

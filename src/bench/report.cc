@@ -59,6 +59,7 @@ std::vector<Field> Fields(const BenchResult& r) {
   str("reduce_dtype", std::string(DTypeName(r.reduce_dtype)));
   i64("checkpoint_every", r.checkpoint_every);
   i64("prefetch", r.prefetch);
+  i64("pass", r.pass);
   i64("warmup_steps", r.warmup_steps);
   i64("steps", r.steps);
   num("link_gbps", r.link_gbps);

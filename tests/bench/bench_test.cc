@@ -407,16 +407,81 @@ TEST(FsdpBenchCli, ALinkThatMissesTheComputeRunsAgainAndTheClosestIsKept) {
   EXPECT_NEAR(v->Find("comm_s")->number() / compute, kept, 1e-4);
 }
 
+// --repeat N runs the grid N times over, one pass after the other: every run is in the files
+// with its pass, each run's efficiency is against the 1-rank run of its own pass, and a last
+// table gives the median and range per configuration.
+TEST(FsdpBenchCli, RepeatRunsTheGridInPassesAndSummarisesThem) {
+  const std::filesystem::path jsonl = TempPath("fsdp_bench_repeat_").replace_extension(".jsonl");
+  const Ran ok = RunCli(
+      "--worlds 1,2 --repeat 2 --steps 2 --warmup 1 --peak_gflops 50 "
+      "--jsonl " +
+      jsonl.string());
+  ASSERT_EQ(ok.rc, 0) << ok.output;
+  EXPECT_NE(ok.output.find("fsdp_bench: 4 runs (2 configurations x 2 passes)"), std::string::npos)
+      << ok.output;
+  EXPECT_NE(ok.output.find("[2/4 done] running nano FULL_SHARD 1 rank f32 prefetch (pass 2 of 2)"),
+            std::string::npos)
+      << ok.output;
+  const size_t table = ok.output.find("over the 2 passes (--repeat)");
+  ASSERT_NE(table, std::string::npos) << ok.output;
+  // One line per configuration, each over 2 runs.
+  EXPECT_NE(ok.output.find("nano       FULL_SHARD             1   1     2 ", table),
+            std::string::npos)
+      << ok.output;
+  EXPECT_NE(ok.output.find("nano       FULL_SHARD             2   1     2 ", table),
+            std::string::npos)
+      << ok.output;
+  const std::vector<std::string> lines = absl::StrSplit(ReadAll(jsonl), '\n', absl::SkipEmpty());
+  std::filesystem::remove(jsonl);
+  ASSERT_EQ(lines.size(), 4u);
+  std::map<int, double> one_rank;                 // pass -> tokens/s of its 1-rank run
+  std::vector<std::pair<int, double>> two_ranks;  // (pass, baseline_tokens_per_s)
+  for (const std::string& line : lines) {
+    absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+    ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
+    ASSERT_NE(v->Find("pass"), nullptr) << line;
+    const int pass = static_cast<int>(v->Find("pass")->number());
+    if (v->Find("world_size")->number() == 1) {
+      one_rank[pass] = v->Find("tokens_per_s")->number();
+    } else {
+      two_ranks.push_back({pass, v->Find("baseline_tokens_per_s")->number()});
+    }
+  }
+  ASSERT_EQ(one_rank.size(), 2u);
+  EXPECT_EQ(one_rank.count(1) + one_rank.count(2), 2u);
+  ASSERT_EQ(two_ranks.size(), 2u);
+  EXPECT_NE(two_ranks[0].first, two_ranks[1].first);
+  for (const auto& [pass, baseline] : two_ranks) {
+    EXPECT_EQ(baseline, one_rank[pass]) << "pass " << pass;
+  }
+}
+
 TEST(FsdpBenchCli, BadFlagsExit2WithOneLine) {
-  for (const char* args : {"--worlds 0", "--strategies FOO", "--dtypes f64", "--bogus 1",
-                           "--prefetch x", "--prefetch 9", "--layers -1", "--layers x",
-                           "--comm_to_compute 0", "--comm_to_compute 1 --link_gbps 1",
-                           "--comm_to_compute 1 --project", "--match_tolerance 0.1",
+  for (const char* args : {"--worlds 0",
+                           "--strategies FOO",
+                           "--dtypes f64",
+                           "--bogus 1",
+                           "--prefetch x",
+                           "--prefetch 9",
+                           "--layers -1",
+                           "--layers x",
+                           "--comm_to_compute 0",
+                           "--comm_to_compute 1 --link_gbps 1",
+                           "--comm_to_compute 1 --project",
+                           "--match_tolerance 0.1",
                            "--comm_to_compute 1 --match_tolerance -1",
-                           "--models gpt3", "--seq 100", "--steps", "extra",
+                           "--repeat 0",
+                           "--repeat 101",
+                           "--repeat x",
+                           "--repeat 2 --project",
+                           "--models gpt3",
+                           "--seq 100",
+                           "--steps",
+                           "extra",
                            "--link_gbps -1",
                            "--strategies HYBRID_SHARD --worlds 4 --hybrid_shard 3",
-                           "--inter_gbps 1", "--worlds 2,3 --ranks_per_host 2"}) {
+                           "--inter_gbps 1",
+                           "--worlds 2,3 --ranks_per_host 2"}) {
     ExpectUsageError(args);
   }
   const Ran help = RunCli("--help");
