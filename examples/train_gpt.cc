@@ -302,6 +302,11 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     return BadFlag("prefetch_units", prefetch_units,
                    "allowed: 1 to 64 units (--noprefetch turns prefetching off)");
   }
+  if (!absl::GetFlag(FLAGS_prefetch) && prefetch_units != 1) {
+    return BadFlag("prefetch_units", prefetch_units,
+                   "sets how far --prefetch looks ahead, and --noprefetch turns prefetching "
+                   "off; leave one of the two out");
+  }
   s.model.sharding.max_prefetch_units = prefetch_units;
 
   // Batch and sequence.

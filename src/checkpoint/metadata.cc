@@ -297,7 +297,8 @@ absl::StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text) {
   FSDP_ASSIGN_OR_RETURN(const json::Value* mesh, Field(r, "mesh", "top level"));
   if (!mesh->is_array() || mesh->items().size() != 2 || !mesh->items()[0].is_int() ||
       !mesh->items()[1].is_int() || mesh->items()[0].int_value() < 1 ||
-      mesh->items()[1].int_value() < 1 ||
+      mesh->items()[1].int_value() < 1 || mesh->items()[0].int_value() > world ||
+      mesh->items()[1].int_value() > world ||  // (so that the product cannot overflow)
       mesh->items()[0].int_value() * mesh->items()[1].int_value() != world) {
     return Bad("'mesh' must be [replicate, shard] with replicate * shard = world_size");
   }

@@ -193,6 +193,12 @@ TEST(MetadataTest, RejectsInconsistentMetadata) {
   m = SmallMetadata();
   m.replicate_size = 2;
   expect_bad(m, "'mesh'");
+  // A mesh whose product overflows int64 (found by metadata_fuzz; UBSan flags the multiply).
+  std::string text = SerializeMetadata(SmallMetadata());
+  const size_t mesh = text.find("\"mesh\"");
+  ASSERT_NE(mesh, std::string::npos) << text;
+  text.replace(mesh, text.find(']', mesh) + 1 - mesh, "\"mesh\": [4444444444444444444, 214]");
+  EXPECT_THAT(Msg(ParseMetadata(text).status()), HasSubstr("'mesh'")) << text;
   EXPECT_THAT(Msg(ParseMetadata("{\"format\": \"x\"}").status()), HasSubstr("format is"));
   EXPECT_THAT(Msg(ParseMetadata("[]").status()), HasSubstr("not a JSON object"));
 }
