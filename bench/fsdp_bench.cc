@@ -643,19 +643,20 @@ double CommToCompute(const fsdp::BenchResult& r) {
 // Where the exposed communication was, in % of the mean step, for the runs that had some (at
 // least 1% of the step): a run per line, the phases of BenchResult::exposed_start_s ...
 void PrintExposedPhases(const std::vector<fsdp::BenchResult>& rs) {
+  const int mw = ModelWidth(rs);
   bool any = false;
   for (const fsdp::BenchResult& r : rs) {
     if (r.exposed_comm_fraction < 0.01) continue;
     if (!any) {
       std::printf("\nexposed communication by phase, %% of the step (fsdp_bench --help):\n");
-      std::printf("%-*s %-20s %3s %3s %6s %7s %6s %8s %6s %6s %6s %9s\n", ModelWidth(rs), "model",
-                  "strategy", "N", "pf", "start", "forward", "head", "backward", "tail", "opt",
-                  "exp%", "comm/cmp");
+      std::printf("%-*s %-20s %3s %3s %6s %7s %6s %8s %6s %6s %6s %9s\n", mw, "model", "strategy",
+                  "N", "pf", "start", "forward", "head", "backward", "tail", "opt", "exp%",
+                  "comm/cmp");
       any = true;
     }
     const double pct = 100 / r.step_mean_s;
-    std::printf("%-*s %-20s %3d %3d %6.1f %7.1f %6.1f %8.1f %6.1f %6.1f %6.1f %9.2f\n",
-                ModelWidth(rs), r.model.c_str(), r.strategy.c_str(), r.world_size, r.prefetch,
+    std::printf("%-*s %-20s %3d %3d %6.1f %7.1f %6.1f %8.1f %6.1f %6.1f %6.1f %9.2f\n", mw,
+                r.model.c_str(), r.strategy.c_str(), r.world_size, r.prefetch,
                 pct * r.exposed_start_s, pct * r.exposed_forward_s, pct * r.exposed_head_s,
                 pct * r.exposed_backward_s, pct * r.exposed_tail_s, pct * r.exposed_optimizer_s,
                 pct * r.exposed_comm_s, CommToCompute(r));
