@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "fsdp/bench.h"
+#include "fsdp/files.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/model_config.h"
@@ -753,15 +754,42 @@ void PrintPasses(const std::vector<fsdp::BenchResult>& rs, int passes) {
   }
 }
 
-bool WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) {
-    std::fprintf(stderr, "fsdp_bench: cannot write %s\n", path.c_str());
+// Outputs replace only a file of their own kind (fsdp/files.h), written whole and renamed.
+bool WriteFile(const std::string& path, const std::string& text, const fsdp::OutputKind& kind) {
+  if (absl::Status s = fsdp::WriteOutputFile(path, text, kind); !s.ok()) {
+    std::fprintf(stderr, "fsdp_bench: %s\n", std::string(s.message()).c_str());
     return false;
   }
   return true;
+}
+
+// Every output file is new or of its own kind, the two files are not one, and the plots'
+// directory holds no other kind of file under their names (bad usage otherwise).
+void CheckOutputs(const Args& a) {
+  if (!a.jsonl.empty() && !a.csv.empty() &&
+      (a.jsonl == a.csv || fsdp::SameFile(a.jsonl, a.csv))) {
+    BadUsage(absl::StrCat("--jsonl and --csv name the same file, ", a.jsonl,
+                          ": give each its own"));
+  }
+  std::vector<std::pair<std::string, const fsdp::OutputKind*>> outputs;
+  if (!a.jsonl.empty()) outputs.emplace_back(a.jsonl, &fsdp::kJsonLinesFile);
+  if (!a.csv.empty()) outputs.emplace_back(a.csv, &fsdp::kCsvFile);
+  if (!a.svg_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.svg_dir, ec);
+    if (ec || !std::filesystem::is_directory(a.svg_dir)) {
+      BadUsage(absl::StrCat("--svg_dir=", a.svg_dir, ": cannot create the directory"));
+    }
+    for (const char* name : {"throughput.svg", "efficiency.svg", "step_split.svg",
+                             "projected_efficiency.svg", "projected_throughput.svg"}) {
+      outputs.emplace_back((std::filesystem::path(a.svg_dir) / name).string(), &fsdp::kSvgFile);
+    }
+  }
+  for (const auto& [path, kind] : outputs) {
+    if (absl::Status s = fsdp::CheckOutputPath(path, *kind); !s.ok()) {
+      BadUsage(std::string(s.message()));
+    }
+  }
 }
 
 // ---- projection --------------------------------------------------------------------------------
@@ -1026,8 +1054,10 @@ int RunProjection(const Args& a) {
                   fsdp::ScalingEfficiencySvg(
                       pts, absl::StrCat("Projected efficiency, ", absl::StrJoin(a.models, ", "),
                                         " on ", a.cluster, ", against the smallest world"),
-                      a.published_world, a.published_eff)) &&
-        WriteFile((dir / "projected_throughput.svg").string(), fsdp::ThroughputSvg(pts));
+                      a.published_world, a.published_eff),
+                  fsdp::kSvgFile) &&
+        WriteFile((dir / "projected_throughput.svg").string(), fsdp::ThroughputSvg(pts),
+                  fsdp::kSvgFile);
     if (!ok) return 1;
   }
   return 0;
@@ -1217,12 +1247,23 @@ int RunValidation(const Args& a) {
 
 int main(int argc, char** argv) {
   const Args a = ParseArgs(argc, argv);
-  if (a.project) return RunProjection(a);
+  if (a.project) {
+    CheckOutputs(a);
+    return RunProjection(a);
+  }
   if (a.validate) return RunValidation(a);
   // Under mpirun: one rank per process, the world is the job's.
   std::unique_ptr<fsdp::Communicator> mpi;
   const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   if (under_mpi) {
+    // FSDP_MPI_SHM is read when the world is made: a bad value is bad usage, said once.
+    if (absl::Status shm = fsdp::MpiSharedMemoryFromEnv().status(); !shm.ok()) {
+      const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+      if (r == nullptr || std::string_view(r) == "0") {
+        std::fprintf(stderr, "fsdp_bench: %s\n", std::string(shm.message()).c_str());
+      }
+      return 2;
+    }
     auto world = fsdp::CreateMpiWorld();
     if (!world.ok()) return fsdp::FinishMpi(world.status(), "fsdp_bench");
     mpi = *std::move(world);
@@ -1242,11 +1283,8 @@ int main(int argc, char** argv) {
       BadUsage(absl::StrCat("--svg_dir=", a.svg_dir, ": cannot create the directory"));
     }
   }
-  for (const std::string* path : {&a.jsonl, &a.csv}) {
-    if (!rank0 || path->empty()) continue;
-    std::ofstream f(*path, std::ios::trunc);
-    if (!f) BadUsage(absl::StrCat(*path, ": cannot write this file"));
-  }
+  // Nothing is written (or truncated) before the end; what is in the way is found now.
+  if (rank0) CheckOutputs(a);
   const int max_world = *std::max_element(worlds.begin(), worlds.end());
   const int threads =
       a.threads > 0 ? a.threads : std::max(1, fsdp::HardwareThreads() / max_world);
@@ -1430,20 +1468,23 @@ int main(int argc, char** argv) {
       for (const fsdp::BenchResult& r : results) {
         absl::StrAppend(&text, fsdp::BenchResultJson(r), "\n");
       }
-      written &= WriteFile(a.jsonl, text);
+      written &= WriteFile(a.jsonl, text, fsdp::kJsonLinesFile);
     }
     if (!a.csv.empty()) {
       std::string text = fsdp::BenchCsvHeader() + "\n";
       for (const fsdp::BenchResult& r : results) {
         absl::StrAppend(&text, fsdp::BenchCsvRow(r), "\n");
       }
-      written &= WriteFile(a.csv, text);
+      written &= WriteFile(a.csv, text, fsdp::kCsvFile);
     }
     if (!a.svg_dir.empty()) {
       const std::filesystem::path dir(a.svg_dir);
-      written &= WriteFile((dir / "throughput.svg").string(), fsdp::ThroughputSvg(results));
-      written &= WriteFile((dir / "efficiency.svg").string(), fsdp::EfficiencySvg(results));
-      written &= WriteFile((dir / "step_split.svg").string(), fsdp::StepSplitSvg(results));
+      written &= WriteFile((dir / "throughput.svg").string(), fsdp::ThroughputSvg(results),
+                           fsdp::kSvgFile);
+      written &= WriteFile((dir / "efficiency.svg").string(), fsdp::EfficiencySvg(results),
+                           fsdp::kSvgFile);
+      written &= WriteFile((dir / "step_split.svg").string(), fsdp::StepSplitSvg(results),
+                           fsdp::kSvgFile);
     }
   }
   const int rc = failed || !written ? 1 : 0;

@@ -50,6 +50,17 @@ absl::StatusOr<absl::Duration> CommTimeoutFromEnv() {
   return ParseCommTimeoutSeconds(env);
 }
 
+absl::StatusOr<bool> MpiSharedMemoryFromEnv() {
+  const char* env = std::getenv("FSDP_MPI_SHM");
+  if (env == nullptr || *env == '\0') return true;
+  const std::string_view v(env);
+  if (v == "0" || v == "1") return v == "1";
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "FSDP_MPI_SHM='%s' is not valid: give 0 (Open MPI's collectives inside a host) or 1 "
+      "(shared memory inside a host, the default)",
+      v));
+}
+
 absl::Duration DefaultCommTimeout() {
   const absl::StatusOr<absl::Duration> t = CommTimeoutFromEnv();
   return t.ok() ? *t : absl::Seconds(60);

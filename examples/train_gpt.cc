@@ -39,11 +39,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "fsdp/agreement.h"
 #include "fsdp/backend.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/communicator.h"
 #include "fsdp/cpu_backend.h"
+#include "fsdp/files.h"
+#include "fsdp/plan.h"
 #include "fsdp/sim_backend.h"
 #ifdef FSDP_TRAIN_WITH_PJRT
 #include "backends/pjrt/pjrt_backend.h"
@@ -120,7 +123,13 @@ ABSL_FLAG(int, checkpoint_every, 0,
           "save a checkpoint every this many steps (0 = at the end); needs --checkpoint_dir");
 ABSL_FLAG(std::string, init_safetensors, "",
           "start from the parameters of this .safetensors file (a checkpoint to resume from wins)");
-ABSL_FLAG(std::string, export_safetensors, "", "write the trained model to this .safetensors file");
+ABSL_FLAG(std::string, export_safetensors, "",
+          "write the trained model to this .safetensors file (a new file, or a safetensors "
+          "file it replaces)");
+ABSL_FLAG(bool, allow_model_change, false,
+          "resume from a checkpoint, or start from --init_safetensors, that records another "
+          "model configuration (e.g. another number of heads) with tensors of the same shapes; "
+          "without it such a file is refused");
 ABSL_FLAG(std::string, nonfinite, "error",
           "when the gradients hold inf or NaN: error (stop, exit 1) or skip (skip the step on "
           "every rank and count it)");
@@ -167,8 +176,12 @@ struct Settings {
   std::string data_name;  // for messages: "--data=PATH" or "the embedded corpus"
   std::shared_ptr<const fsdp::nn::TrainValSplit> data;  // read once, shared by the rank threads
   std::string checkpoint_dir, init_safetensors, export_path;
+  bool allow_model_change = false;
   int64_t device_memory_bytes = 0;
-  std::vector<std::string> warnings;  // printed once, before training
+  // Rank 0 holds the checkpoint directory's lock for the whole run (no second job saves there).
+  std::shared_ptr<fsdp::CheckpointDirLock> checkpoint_lock;
+  std::vector<std::string> warnings;  // printed once, before training (stderr)
+  std::vector<std::string> notes;     // ... (stdout): what the start-up cleaned up
 };
 
 // A bad flag value, naming the flag, the value and what is allowed, e.g.
@@ -185,6 +198,12 @@ absl::Status FlagError(std::string_view flag, std::string_view value, const absl
 }
 
 bool Finite(double x) { return std::isfinite(x); }
+// A value that becomes an f32 of the optimizer: finite as a float too (1e308 is not), and
+// not flushed to zero when it is > 0 (1e-50 is).
+bool FiniteAsFloat(double x) {
+  const float f = static_cast<float>(x);
+  return std::isfinite(x) && std::isfinite(f) && (x <= 0 || f > 0);
+}
 
 absl::StatusOr<fsdp::DType> ParseDType(std::string_view flag, const std::string& value) {
   const std::string v = absl::AsciiStrToLower(value);
@@ -213,6 +232,152 @@ int64_t SmallestCorpus(int64_t need, double val_fraction) {
     ++n;
   }
   return n;
+}
+
+// Whether the run saves a checkpoint after step `n` (1-based), starting after step `start`.
+bool SavesAt(const Settings& s, int64_t n, int64_t start) {
+  return n > start && n <= s.steps &&
+         (n == s.steps || (s.checkpoint_every > 0 && n % s.checkpoint_every == 0));
+}
+
+// How many checkpoints a run from step `start` saves.
+int64_t SavesPlanned(const Settings& s, int64_t start) {
+  if (start >= s.steps) return 0;
+  if (s.checkpoint_every <= 0) return 1;
+  const int64_t every = s.checkpoint_every;
+  return s.steps / every - start / every + (s.steps % every != 0 ? 1 : 0);
+}
+
+// Rank 0, at start-up, for the files the run will write; each error is bad usage:
+//  - the checkpoint directory: its lock (no second job saves there), the leftovers of crashed
+//    saves cleaned up, no entry in the way of a save this run will make, space for a
+//    checkpoint;
+//  - the export: a new file or a safetensors file, not a file the run reads, space for it, and
+//    the temporary files of killed exports removed.
+absl::Status PrepareOutputs(Settings& s, int world_size, const std::string& data_path) {
+  const fsdp::nn::ModelConfig& c = s.config;
+  const int64_t tensors = static_cast<int64_t>(c.ParamSpecs().size());
+  const uint64_t ckpt_bytes = fsdp::CheckpointBytes(c.num_parameters(), tensors, 2, world_size);
+  const uint64_t export_bytes =
+      fsdp::SafetensorsExportBytes(c.num_parameters(), tensors, fsdp::DType::kF32);
+  int64_t saves = 0;
+  if (!s.checkpoint_dir.empty()) {
+    const std::string& dir = s.checkpoint_dir;
+    auto lock = fsdp::CheckpointDirLock::Acquire(dir);
+    if (!lock.ok()) return FlagError("checkpoint_dir", dir, lock.status());
+    s.checkpoint_lock = std::make_shared<fsdp::CheckpointDirLock>(*std::move(lock));
+    auto cleaned = fsdp::CleanUpCheckpointDirectory(dir);
+    if (!cleaned.ok()) return FlagError("checkpoint_dir", dir, cleaned.status());
+    for (const fsdp::CheckpointCleanup& c : *cleaned) {
+      s.notes.push_back(absl::StrCat(c.action.starts_with("removed: ") ? "removed " : "",
+                                     c.path, ": ",
+                                     c.action.starts_with("removed: ") ? c.action.substr(9)
+                                                                       : c.action));
+    }
+    // The step to resume from, and every entry named as a checkpoint this run will save.
+    int64_t start = 0;
+    if (absl::StatusOr<std::string> latest = fsdp::LatestCheckpoint(dir); latest.ok()) {
+      start = fsdp::CheckpointStep(*latest).value_or(0);
+    }
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!name.starts_with("step-") || name.size() > 15) continue;
+      const std::string digits = name.substr(5);
+      if (digits.empty() || digits[0] == '0' ||
+          !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) ||
+          !SavesAt(s, std::stoll(digits), start)) {
+        continue;
+      }
+      if (absl::Status in_the_way = fsdp::CheckCanSaveCheckpoint(e.path().string());
+          !in_the_way.ok()) {
+        return FlagError("checkpoint_dir", dir,
+                         absl::InvalidArgumentError(absl::StrCat(
+                             "this run saves ", name, " after step ", digits, ", but ",
+                             in_the_way.message())));
+      }
+    }
+    saves = SavesPlanned(s, start);
+  }
+  if (!s.export_path.empty()) {
+    std::vector<std::string> inputs;
+    if (!data_path.empty()) inputs.push_back("--data=" + data_path);
+    if (!s.init_safetensors.empty()) inputs.push_back("--init_safetensors=" + s.init_safetensors);
+    if (absl::Status w = fsdp::CheckExportPathWritable(s.export_path, inputs); !w.ok()) {
+      return FlagError("export_safetensors", s.export_path, w);
+    }
+    auto removed = fsdp::RemoveDeadExportTemporaries(s.export_path);
+    if (!removed.ok()) return FlagError("export_safetensors", s.export_path, removed.status());
+    for (const std::string& r : *removed) {
+      s.notes.push_back(absl::StrCat("removed ", r, ": the temporary file of an export that was "
+                                     "killed"));
+    }
+  }
+  // Space: refused when the first checkpoint (with the export, on the same file system) cannot
+  // fit; a warning when not every checkpoint of the run can (train_gpt keeps them all).
+  auto space = [&](const std::string& flag, const std::string& where, uint64_t first,
+                   uint64_t all, const std::string& what) -> absl::Status {
+    absl::StatusOr<uint64_t> free = fsdp::FreeBytesAt(where);
+    if (!free.ok()) return absl::OkStatus();  // nothing to measure: the saves will tell
+    if (*free < first) {
+      return FlagError(flag, where, absl::ResourceExhaustedError(absl::StrCat(
+          "the file system has ", fsdp::FormatBytes(*free), " free, and ", what, " needs ",
+          fsdp::FormatBytes(first), ": free some space or write elsewhere")));
+    }
+    if (*free < all) {
+      s.warnings.push_back(absl::StrCat(
+          "--", flag, "=", where, ": the file system has ", fsdp::FormatBytes(*free),
+          " free, less than the ", fsdp::FormatBytes(all), " that the ", saves,
+          " checkpoints of this run (", fsdp::FormatBytes(ckpt_bytes), " each, every one kept)",
+          first > ckpt_bytes ? " and the export" : "", " need: saves will fail when it is full"));
+    }
+    return absl::OkStatus();
+  };
+  const bool both = !s.checkpoint_dir.empty() && !s.export_path.empty();
+  const bool same_fs = both && fsdp::SameFileSystem(s.checkpoint_dir, s.export_path);
+  if (!s.checkpoint_dir.empty() && saves > 0) {
+    const uint64_t extra = same_fs ? export_bytes : 0;
+    FSDP_RETURN_IF_ERROR(space("checkpoint_dir", s.checkpoint_dir, ckpt_bytes + extra,
+                               ckpt_bytes * static_cast<uint64_t>(saves) + extra,
+                               same_fs ? "a checkpoint and the export" : "one checkpoint"));
+  }
+  if (!s.export_path.empty() && !same_fs) {
+    FSDP_RETURN_IF_ERROR(space("export_safetensors", s.export_path, export_bytes, export_bytes,
+                               "the export"));
+  }
+  return absl::OkStatus();
+}
+
+// Before anything is allocated: the memory planner's peak per rank against the device's
+// memory (--device_memory_mib) and, for the backends whose device memory is the host's, the
+// host's memory for the ranks on this host.
+absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::string& backend) {
+  fsdp::PlanRequest r;
+  r.model = s.config.name();
+  r.config = s.config;
+  r.world_size = world_size;
+  r.ranks_per_host = world_size % s.ranks_on_host == 0 ? s.ranks_on_host : 0;
+  r.strategy = s.model.sharding.strategy;
+  r.hybrid_shard_size = s.model.sharding.hybrid_shard_size;
+  r.param_dtype = s.model.sharding.mixed_precision.param_dtype;
+  r.reduce_dtype = s.model.sharding.mixed_precision.reduce_dtype;
+  r.checkpoint_every = s.model.checkpoint_every;
+  r.batch_size = s.model.batch_size;
+  r.seq_len = s.model.seq_len;
+  r.forward_prefetch = s.model.sharding.forward_prefetch;
+  r.backward_prefetch = s.model.sharding.backward_prefetch;
+  r.max_prefetch_units = s.model.sharding.max_prefetch_units;
+  const absl::StatusOr<fsdp::MemoryPlan> plan = fsdp::PlanMemory(r);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("the memory planner: ", plan.status().message()));
+  }
+  absl::Status fits = fsdp::CheckPlanFits(*plan, s.device_memory_bytes, s.ranks_on_host,
+                                          /*device_is_host=*/backend == "cpu" || backend == "sim");
+  if (!fits.ok() && s.device_memory_bytes > 0 && plan->peak_bytes > s.device_memory_bytes) {
+    return FlagError("device_memory_mib", absl::StrCat(s.device_memory_bytes >> 20), fits);
+  }
+  return fits;
 }
 
 // Every flag and FSDP_COMM_TIMEOUT_S, checked, and the data read, before any rank starts:
@@ -331,12 +496,21 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   const double lr = absl::GetFlag(FLAGS_lr), beta1 = absl::GetFlag(FLAGS_beta1),
                beta2 = absl::GetFlag(FLAGS_beta2), eps = absl::GetFlag(FLAGS_eps),
                wd = absl::GetFlag(FLAGS_weight_decay), clip = absl::GetFlag(FLAGS_clip);
-  if (!Finite(lr) || lr <= 0) return BadFlag("lr", lr, "allowed: a learning rate > 0");
+  constexpr char kF32[] = " that an f32 holds (about 1.2e-38 to 3.4e+38)";
+  if (!FiniteAsFloat(lr) || lr <= 0) {
+    return BadFlag("lr", lr, absl::StrCat("allowed: a learning rate > 0", kF32));
+  }
   if (!Finite(beta1) || beta1 < 0 || beta1 >= 1) return BadFlag("beta1", beta1, "allowed: [0, 1)");
   if (!Finite(beta2) || beta2 < 0 || beta2 >= 1) return BadFlag("beta2", beta2, "allowed: [0, 1)");
-  if (!Finite(eps) || eps <= 0) return BadFlag("eps", eps, "allowed: a number > 0");
-  if (!Finite(wd) || wd < 0) return BadFlag("weight_decay", wd, "allowed: 0 or more");
-  if (!Finite(clip) || clip < 0) return BadFlag("clip", clip, "allowed: 0 (off) or a norm > 0");
+  if (!FiniteAsFloat(eps) || eps <= 0) {
+    return BadFlag("eps", eps, absl::StrCat("allowed: a number > 0", kF32));
+  }
+  if (!FiniteAsFloat(wd) || wd < 0) {
+    return BadFlag("weight_decay", wd, absl::StrCat("allowed: 0 or more", kF32));
+  }
+  if (!FiniteAsFloat(clip) || clip < 0) {
+    return BadFlag("clip", clip, absl::StrCat("allowed: 0 (off) or a norm > 0", kF32));
+  }
   s.max_lr = static_cast<float>(lr);
   s.model.sharding.adamw = {.lr = s.max_lr,
                             .beta1 = static_cast<float>(beta1),
@@ -409,7 +583,7 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   s.sample_tokens = absl::GetFlag(FLAGS_sample_tokens);
   if (s.sample_tokens < 0) return BadFlag("sample_tokens", s.sample_tokens, "allowed: 0 or more");
   const double temperature = absl::GetFlag(FLAGS_temperature);
-  if (!Finite(temperature) || temperature < 0) {
+  if (!FiniteAsFloat(temperature) || temperature < 0) {
     return BadFlag("temperature", temperature, "allowed: 0 (greedy) or a temperature > 0");
   }
   s.temperature = static_cast<float>(temperature);
@@ -543,16 +717,16 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
       return FlagError("checkpoint_dir", s.checkpoint_dir, w);
     }
   }
-  s.export_path = absl::GetFlag(FLAGS_export_safetensors);
-  if (!s.export_path.empty() && rank == 0) {  // rank 0 writes it
-    if (absl::Status w = fsdp::CheckExportPathWritable(s.export_path); !w.ok()) {
-      return FlagError("export_safetensors", s.export_path, w);
-    }
-  }
   s.init_safetensors = absl::GetFlag(FLAGS_init_safetensors);
   if (!s.init_safetensors.empty()) {
     FSDP_RETURN_IF_ERROR(CheckReadableFile("init_safetensors", s.init_safetensors));
   }
+  s.allow_model_change = absl::GetFlag(FLAGS_allow_model_change);
+  s.export_path = absl::GetFlag(FLAGS_export_safetensors);
+  if (rank == 0) {  // rank 0 holds the lock, cleans up, saves the metadata and exports
+    FSDP_RETURN_IF_ERROR(PrepareOutputs(s, world_size, path));
+  }
+  FSDP_RETURN_IF_ERROR(CheckFitsMemory(s, world_size, backend));
   return s;
 }
 
@@ -621,6 +795,37 @@ absl::StatusOr<std::string> Sample(ShardedModel& model, const std::string& promp
   return std::string(tokens.begin(), tokens.end());
 }
 
+// The end of a run: it fails, and nothing more is saved or exported, when more than half of
+// its `steps` optimizer steps were skipped (inf/NaN gradients: the parameters barely moved),
+// or when the validation loss is not finite (the parameters cannot be trusted).
+absl::Status CheckTrained(const Settings& s, int64_t steps, int64_t skipped, float val_loss) {
+  const std::string nothing = absl::StrCat(
+      "Nothing was saved", s.checkpoint_dir.empty() ? "" : " at the end",
+      s.export_path.empty() ? "" : " or exported", ".");
+  if (2 * skipped > steps) {
+    const bool scaling = s.model.sharding.mixed_precision.dynamic_loss_scale;
+    return absl::FailedPreconditionError(absl::StrCat(
+        skipped, " of the run's ", steps, " steps were skipped for inf/NaN gradients, more than "
+        "half: the model was hardly trained. ", nothing, " ",
+        scaling ? "Start --loss_scaling from a smaller scale (e.g. 65536), or train longer"
+                : "Lower --lr, keep --clip on, or use --nonfinite error to stop at the first"));
+  }
+  if (!std::isfinite(val_loss)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the validation loss is ", val_loss, ": the parameters cannot be trusted. ", nothing,
+        " Lower --lr, keep --clip on, or resume from an earlier checkpoint"));
+  }
+  return absl::OkStatus();
+}
+
+// A library error with the options it names in the trainer's flags.
+absl::Status InTrainGptTerms(const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrReplaceAll(
+      s.message(), {{"LoadOptions::allow_model_change", "--allow_model_change"},
+                    {"SafetensorsImportOptions::allow_model_change", "--allow_model_change"}}));
+}
+
 // Everything one rank does. Rank 0 prints.
 absl::Status RunRank(Communicator& world, const Settings& s) {
   const bool lead = world.rank() == 0;
@@ -664,7 +869,10 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
   FSDP_ASSIGN_OR_RETURN(auto model,
                         ShardedModel::Create(s.config, backend.get(), world, s.model));
   if (!s.init_safetensors.empty()) {
-    FSDP_RETURN_IF_ERROR(fsdp::ImportSafetensors(model->runtime(), s.init_safetensors));
+    fsdp::SafetensorsImportOptions import;
+    import.allow_model_change = s.allow_model_change;
+    FSDP_RETURN_IF_ERROR(InTrainGptTerms(
+        fsdp::ImportSafetensors(model->runtime(), s.init_safetensors, import)));
     if (lead) std::printf("initialised the parameters from %s\n", s.init_safetensors.c_str());
   }
   std::unique_ptr<fsdp::LrSchedule> schedule;
@@ -681,19 +889,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
   int start_step = 0;
   std::vector<fsdp::SkippedCheckpoint> skipped;
   if (!ckpt_dir.empty()) {
-    if (lead) {
-      auto removed = fsdp::RemoveCheckpointTemporaries(ckpt_dir);
-      if (!removed.ok()) {
-        std::fprintf(stderr, "train_gpt: warning: could not clean up %s: %s\n", ckpt_dir.c_str(),
-                     removed.status().ToString().c_str());
-      } else {
-        for (const std::string& d : *removed) {
-          std::printf("removed %s: the temporary directory of a save that did not finish\n",
-                      d.c_str());
-        }
-      }
-    }
-    FSDP_RETURN_IF_ERROR(world.Barrier());
+    // (Rank 0 cleaned up what crashed saves left before any rank started.)
     auto latest = fsdp::LatestCheckpoint(ckpt_dir, &skipped);
     if (lead) {
       for (const fsdp::SkippedCheckpoint& k : skipped) {
@@ -702,8 +898,22 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       }
     }
     if (latest.ok()) {
-      FSDP_ASSIGN_OR_RETURN(fsdp::LoadedCheckpoint loaded,
-                            fsdp::LoadCheckpoint(model->runtime(), *latest));
+      fsdp::LoadOptions load;
+      load.allow_model_change = s.allow_model_change;
+      absl::StatusOr<fsdp::LoadedCheckpoint> loaded_or =
+          fsdp::LoadCheckpoint(model->runtime(), *latest, load);
+      if (!loaded_or.ok()) return InTrainGptTerms(loaded_or.status());
+      FSDP_ASSIGN_OR_RETURN(fsdp::LoadedCheckpoint loaded, std::move(loaded_or));
+      if (lead) {
+        for (const std::string& change : loaded.model_changes) {
+          std::fprintf(stderr, "train_gpt: warning: --allow_model_change: %s\n", change.c_str());
+        }
+        if (!loaded.model_recorded) {
+          std::fprintf(stderr, "train_gpt: warning: %s records no model configuration (saved "
+                       "by an older version): only its tensors' names and shapes were "
+                       "checked\n", latest->c_str());
+        }
+      }
       if (loaded.state.data) FSDP_RETURN_IF_ERROR(train.Restore(*loaded.state.data));
       start_step = static_cast<int>(loaded.step);
       if (lead) {
@@ -802,6 +1012,10 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
   int loss_count = 0;
   double first_loss = NAN, last_loss = NAN;  // the first and last progress lines' losses
   float val_loss = NAN;
+  // Skipped steps (inf/NaN gradients) before this run, and at the last save.
+  const int64_t skipped_at_start = model->runtime().skipped_steps();
+  int64_t skipped_at_save = skipped_at_start;
+  int saved_after = start_step;
   for (int step = start_step; step < s.steps; ++step) {
     double step_loss = 0;
     for (int m = 0; m < s.micro_batches; ++m) {
@@ -836,9 +1050,34 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
       FSDP_ASSIGN_OR_RETURN(val_loss, Evaluate(*model, val));
       if (lead) std::printf("step %5d/%d | val loss %.4f\n", step + 1, s.steps, val_loss);
     }
+    // Nothing that cannot be trusted is saved or exported, and a run that did not train does
+    // not end as a success (docs/failures.md, "A run that did nothing").
+    const int64_t skipped_now = model->runtime().skipped_steps();
+    if (last) {
+      FSDP_RETURN_IF_ERROR(CheckTrained(s, step + 1 - start_step, skipped_now - skipped_at_start,
+                                        val_loss));
+    }
     if (!ckpt_dir.empty() &&
         (last || (s.checkpoint_every > 0 && (step + 1) % s.checkpoint_every == 0))) {
-      FSDP_RETURN_IF_ERROR(save(step + 1));
+      if (!std::isfinite(mean_loss)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the loss of step ", step + 1, " is ", mean_loss, ": the parameters cannot be "
+            "trusted, so step-", step + 1, " was not saved (", ckpt_dir, " keeps the last good "
+            "checkpoint). Lower --lr, keep --clip on, or resume from that checkpoint"));
+      }
+      if (!last && skipped_now - skipped_at_save == step + 1 - saved_after) {
+        if (lead) {
+          std::printf("not saving step-%d: every step since %s was skipped (inf/NaN "
+                      "gradients), so the parameters have not changed\n",
+                      step + 1, saved_after == start_step && start_step == 0
+                                    ? "the start"
+                                    : absl::StrCat("step ", saved_after).c_str());
+        }
+      } else {
+        FSDP_RETURN_IF_ERROR(save(step + 1));
+      }
+      skipped_at_save = skipped_now;
+      saved_after = step + 1;
     }
   }
   if (!s.export_path.empty()) {
@@ -921,9 +1160,11 @@ std::vector<fsdp::Setting> AgreedSettings(const Settings& s, int world_size) {
   return out;
 }
 
+// What the start-up found (warnings, stderr) and did (cleaned up, stdout): printed once.
 void PrintWarnings(const Settings& s) {
   for (const std::string& w : s.warnings)
     std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
+  for (const std::string& n : s.notes) std::printf("%s\n", n.c_str());
 }
 
 // Prints a status that ended the run and returns the exit code.
@@ -955,6 +1196,12 @@ int main(int argc, char** argv) {
                   true);
   }
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {  // launched by mpirun
+    // FSDP_MPI_SHM is read when the world is made: a bad value is bad usage, said once (by
+    // rank 0) and before MPI starts.
+    if (absl::Status shm = fsdp::MpiSharedMemoryFromEnv().status(); !shm.ok()) {
+      if (EnvInt("OMPI_COMM_WORLD_RANK", 0) == 0) Report(shm, true);
+      return kExitUsage;
+    }
     auto world = fsdp::CreateMpiWorld();
     if (!world.ok()) return fsdp::FinishMpi(world.status(), "train_gpt");
     Communicator& w = **world;

@@ -104,16 +104,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options
     return absl::InvalidArgumentError(absl::StrFormat(
         "CreateMpiWorld: timeout must be > 0, got %s", absl::FormatDuration(options.timeout)));
   }
-  if (const char* shm = std::getenv("FSDP_MPI_SHM"); shm != nullptr && *shm != '\0') {
-    const std::string_view v(shm);
-    if (v != "0" && v != "1") {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "CreateMpiWorld: FSDP_MPI_SHM must be 0 (Open MPI's collectives inside a host) or 1 "
-          "(shared memory inside a host, the default), got '%s'",
-          v));
-    }
-    if (v == "0") options.mpi_shared_memory = false;
-  }
+  FSDP_ASSIGN_OR_RETURN(const bool shm, MpiSharedMemoryFromEnv());
+  if (!shm) options.mpi_shared_memory = false;
   auto& engine = internal::MpiEngine::Get();
   FSDP_RETURN_IF_ERROR(engine.Start());
   auto result = std::make_shared<std::promise<absl::StatusOr<std::shared_ptr<internal::MpiGroup>>>>();

@@ -72,6 +72,11 @@ struct LoadOptions {
   // Load parameters or optimizer state holding inf or NaN. Off: a FailedPrecondition error,
   // and nothing is loaded.
   bool allow_nonfinite = false;
+  // Load a checkpoint whose recorded model configuration differs from the runtime's
+  // (ShardingRuntime::model_description), e.g. to change the number of heads on purpose; the
+  // tensors must still have the same names and shapes. Off: a FailedPrecondition error naming
+  // every field that differs, with both values, and nothing is loaded.
+  bool allow_model_change = false;
 };
 
 struct LoadedCheckpoint {
@@ -80,6 +85,11 @@ struct LoadedCheckpoint {
   int64_t step = 0;  // the runtime's steps() (the LR schedule position) now
   int saved_world_size = 0;
   std::string saved_strategy;  // "FULL_SHARD", ...
+  // Whether the checkpoint recorded its model configuration (checkpoints of older versions
+  // did not: then it was not compared), and, under LoadOptions::allow_model_change, how it
+  // differs from this runtime's ("num_heads: 4 in the checkpoint, 2 in this model").
+  bool model_recorded = false;
+  std::vector<std::string> model_changes;
 };
 
 // Saves the runtime's parameters, optimizer state and step counters plus `state` to the
@@ -97,6 +107,10 @@ absl::Status SaveCheckpoint(ShardingRuntime& runtime, const std::string& dir,
 // problem; then nothing is loaded on any rank.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& runtime, const std::string& dir,
                                                 const LoadOptions& options = {});
+
+// Not collective: the step that the verified COMMIT marker of checkpoint `dir` records (the
+// runtime's steps() when it was saved). The errors of LatestCheckpoint's check.
+absl::StatusOr<int64_t> CheckpointStep(const std::string& dir);
 
 // A subdirectory that LatestCheckpoint passed over: it holds checkpoint files but no valid
 // COMMIT marker (missing, damaged, or not matching metadata.json), e.g. a checkpoint damaged
@@ -116,11 +130,71 @@ struct SkippedCheckpoint {
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
                                              std::vector<SkippedCheckpoint>* skipped = nullptr);
 
-// Not collective: removes the temporary directories (NAME.tmp-<pid>-<hex>) that saves which
-// crashed left in `parent`, and returns their paths (sorted); an empty list when there is
-// none or `parent` does not exist. Call it on one rank at start-up, while no save into
-// `parent` is in progress (no other job may be saving there).
+// The lock file of a checkpoint directory (see CheckpointDirLock).
+inline constexpr char kCheckpointLockFile[] = ".fsdp-lock";
+
+// An advisory lock on a checkpoint directory, so that two jobs never save into one directory
+// (each would remove the other's saves in flight as crashed ones). flock(2) on
+// PARENT/.fsdp-lock, which records the holder (pid, host, start time, command line); the
+// kernel releases it when the process ends, however it ends. Counted inside a process: a
+// trainer holds it for its run, and SaveCheckpoint and CleanUpCheckpointDirectory take it
+// again without conflict. Take it on one rank (rank 0). On a file system without locks it is
+// not held (locked() is false) and nothing is refused.
+class CheckpointDirLock {
+ public:
+  // Not collective. Creates `parent` when missing. FailedPrecondition naming the holder when
+  // another process holds the lock, or when the lock file is not a regular file.
+  static absl::StatusOr<CheckpointDirLock> Acquire(const std::string& parent);
+  CheckpointDirLock(CheckpointDirLock&& o) noexcept;
+  CheckpointDirLock& operator=(CheckpointDirLock&&) = delete;
+  ~CheckpointDirLock();
+  bool locked() const { return locked_; }
+
+ private:
+  CheckpointDirLock(uint64_t dev, uint64_t ino) : dev_(dev), ino_(ino) {}
+  uint64_t dev_ = 0, ino_ = 0;
+  bool active_ = true;
+  bool locked_ = true;
+};
+
+// What CleanUpCheckpointDirectory did with one entry.
+struct CheckpointCleanup {
+  std::string path;
+  // "removed: the temporary directory of a save that did not finish", "removed: the old copy
+  // of step-4, which a finished save replaced", "restored as step-4: ...".
+  std::string action;
+};
+
+// Not collective, under the directory's lock (CheckpointDirLock; it fails when another job
+// holds it): removes what saves that crashed left in `parent`, and only that:
+//  - the temporary directories of saves (NAME.tmp-<pid>-<hex>);
+//  - the old copy of a replaced checkpoint (NAME.old-<pid>-<hex>) once NAME is complete; when
+//    NAME is missing (a crash between the two renames of the replacement), the complete one
+//    of the new and the old copy is renamed back to NAME instead (the new one first).
+// Returns what it did (sorted by path); nothing when `parent` does not exist. Call it on one
+// rank at start-up.
+absl::StatusOr<std::vector<CheckpointCleanup>> CleanUpCheckpointDirectory(
+    const std::string& parent);
+
+// CleanUpCheckpointDirectory, returning the paths it removed or restored.
 absl::StatusOr<std::vector<std::string>> RemoveCheckpointTemporaries(const std::string& parent);
+
+// Not collective: whether SaveCheckpoint(dir, ..., options) could save at `dir` as things are
+// now, without writing anything. OK when `dir` does not exist or holds what the save may
+// replace; otherwise the AlreadyExists or FailedPrecondition error the save would return,
+// naming what is in the way (a file where the directory would go, a directory of other files,
+// a COMMIT that is a FIFO, ...). For start-up checks, so that a save is not refused after
+// hours of training.
+absl::Status CheckCanSaveCheckpoint(const std::string& dir, const SaveOptions& options = {});
+
+// The bytes one checkpoint takes on disk (an upper bound within a few KiB): the shard files'
+// f32 data (each parameter and `optimizer_states` states per parameter: 2 for AdamW), their
+// headers, metadata.json and COMMIT, for a model of `num_parameters` parameters in
+// `num_tensors` tensors saved by `world_size` ranks. For the start-up check of free space.
+uint64_t CheckpointBytes(int64_t num_parameters, int64_t num_tensors, int optimizer_states,
+                         int world_size);
+// The bytes of a safetensors export of the same model in `dtype` (an upper bound).
+uint64_t SafetensorsExportBytes(int64_t num_parameters, int64_t num_tensors, DType dtype);
 
 // Not collective: checks that checkpoints can be saved under `parent` before any is: creates
 // it (with its parents) when missing, then creates and removes a probe file in it. An error
@@ -128,9 +202,17 @@ absl::StatusOr<std::vector<std::string>> RemoveCheckpointTemporaries(const std::
 // reported before training rather than at the first save.
 absl::Status CheckCheckpointDirWritable(const std::string& parent);
 
-// Not collective: checks that ExportSafetensors can write `path`: `path` is not a directory,
-// and its directory exists and accepts a new file (a probe file is created and removed).
-absl::Status CheckExportPathWritable(const std::string& path);
+// Not collective: checks that ExportSafetensors can write `path`: a new file or a safetensors
+// file (never a directory, device, FIFO, symbolic link or a file of another kind), not the
+// same file as any of `inputs` ("--data=PATH" or a path: what the program reads), in a
+// directory that exists and accepts a new file (a probe file is created and removed).
+absl::Status CheckExportPathWritable(const std::string& path,
+                                     const std::vector<std::string>& inputs = {});
+
+// Not collective: removes the temporary files that exports to `path` which were killed left
+// beside it (PATH.tmp-<pid>: regular files that no live export holds locked), and returns
+// their paths. Call it on the rank that exports, at start-up.
+absl::StatusOr<std::vector<std::string>> RemoveDeadExportTemporaries(const std::string& path);
 
 struct SafetensorsExportOptions {
   DType dtype = DType::kF32;  // kF32 or kBF16 (kF16 works too)
@@ -142,8 +224,15 @@ struct SafetensorsExportOptions {
   bool allow_nonfinite = false;
 };
 
+// The "__metadata__" keys of an export that record the runtime's model description: the
+// prefix, then the description's key ("libfsdp.model.num_heads").
+inline constexpr char kSafetensorsModelKeyPrefix[] = "libfsdp.model.";
+
 // Writes every registered tensor to one safetensors file at `path` (atomically: a temporary
-// name, fsync, rename). Units are gathered one at a time; rank 0 writes.
+// name PATH.tmp-<pid>, fsync, rename), with the runtime's model description in its
+// "__metadata__" (kSafetensorsModelKeyPrefix). Units are gathered one at a time; rank 0
+// writes. `path` must be new or a safetensors file (see CheckExportPathWritable): anything
+// else is a FailedPrecondition error and nothing is written.
 absl::Status ExportSafetensors(ShardingRuntime& runtime, const std::string& path,
                                const SafetensorsExportOptions& options = {});
 
@@ -153,6 +242,11 @@ struct SafetensorsImportOptions {
   // Import tensors holding inf or NaN. Off: a FailedPrecondition error naming the tensor,
   // and nothing is imported.
   bool allow_nonfinite = false;
+  // Import a file whose recorded model configuration (kSafetensorsModelKeyPrefix keys, as
+  // ExportSafetensors writes them) differs from the runtime's. Off: a FailedPrecondition
+  // error naming every field that differs. A file without them (from another library) is
+  // matched by tensor names and shapes only.
+  bool allow_model_change = false;
 };
 
 // Sets the parameters of every registered tensor from a safetensors file (F32, BF16 or F16,

@@ -67,6 +67,10 @@ absl::StatusOr<absl::Duration> CommTimeoutFromEnv();
 // ("30", "2.5"). Anything else ("5s", "0", "-1", "") is InvalidArgument naming the variable
 // and the value.
 absl::StatusOr<absl::Duration> ParseCommTimeoutSeconds(std::string_view text);
+// $FSDP_MPI_SHM for the mpi communicator: true (shared memory inside a host) when unset, empty
+// or "1", false for "0"; anything else is InvalidArgument naming the variable and the value.
+// Programs check it at start-up, before CreateMpiWorld, to report it once as bad usage.
+absl::StatusOr<bool> MpiSharedMemoryFromEnv();
 
 struct CommOptions {
   // How long a rank waits for its peers to arrive at a collective, and the default deadline

@@ -184,3 +184,18 @@ std::string FormatPlanTable(const std::vector<PlanTableCell>& cells, bool markdo
 absl::StatusOr<int64_t> ParseByteSize(std::string_view text);
 
 }  // namespace fsdp
+
+namespace fsdp {
+
+// Physical memory of this host in bytes; 0 when unknown.
+int64_t HostPhysicalMemoryBytes();
+
+// Whether a planned run fits where it would run, before anything is allocated: the plan's
+// peak per rank against `device_memory_bytes` (when > 0), and, when the device's memory is
+// the host's (the cpu and sim backends), the peak times the `ranks_on_host` ranks against the
+// host's physical memory (a run past it would page the host to a crawl or meet the OOM
+// killer). ResourceExhausted with the figures and what to change otherwise.
+absl::Status CheckPlanFits(const MemoryPlan& plan, int64_t device_memory_bytes,
+                           int ranks_on_host, bool device_is_host);
+
+}  // namespace fsdp

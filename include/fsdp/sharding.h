@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fsdp/backend.h"
@@ -273,6 +274,14 @@ class ShardingRuntime {
   LossScaleState loss_scale_state() const;
   void set_loss_scale_state(const LossScaleState& state);
   Backend* backend() const;  // where every shard lives
+
+  // The model's configuration as (key, value) pairs, e.g. {"family", "gpt"}, {"num_heads",
+  // "12"} (ShardedModel sets its config's, nn::ModelConfig::Describe()). Checkpoints and
+  // safetensors exports record it; LoadCheckpoint and ImportSafetensors compare it with what
+  // the file records and refuse another model whose tensors happen to have the same shapes
+  // (another number of heads, say). The key "name" is informative, never compared.
+  void set_model_description(std::vector<std::pair<std::string, std::string>> description);
+  const std::vector<std::pair<std::string, std::string>>& model_description() const;
 
   MemoryReport memory() const;
   void SetActivationBytes(int64_t bytes);  // the model reports its activation footprint

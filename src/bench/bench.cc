@@ -487,9 +487,6 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
 // ranks on this host, against the host's physical memory.
 absl::Status CheckHostMemory(const BenchConfig& c, const nn::ModelConfig& mc, int world,
                              int seq_len, int ranks_here) {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return absl::OkStatus();  // unknown: nothing to check against
-  const double host = static_cast<double>(pages) * static_cast<double>(page);
   PlanRequest r;
   r.model = mc.name();
   r.config = mc;
@@ -505,15 +502,7 @@ absl::Status CheckHostMemory(const BenchConfig& c, const nn::ModelConfig& mc, in
   r.max_prefetch_units = std::max(1, c.prefetch);
   const absl::StatusOr<MemoryPlan> plan = PlanMemory(r);
   if (!plan.ok()) return absl::OkStatus();  // the run itself says what is wrong
-  const double need = static_cast<double>(plan->peak_bytes) * ranks_here;
-  if (need <= host) return absl::OkStatus();
-  const double gib = 1024.0 * 1024 * 1024;
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "%s %s on %d rank(s): the memory planner puts a rank's peak at %.1f GiB (%.2f B "
-      "parameters); the %d rank(s) on this host need %.1f GiB and it has %.1f GiB. Use fewer "
-      "layers, a smaller batch or more ranks",
-      mc.name(), std::string(StrategyName(c.strategy)), world, plan->peak_bytes / gib,
-      static_cast<double>(mc.num_parameters()) / 1e9, ranks_here, need / gib, host / gib));
+  return CheckPlanFits(*plan, 0, ranks_here, /*device_is_host=*/true);
 }
 
 absl::StatusOr<Prepared> Prepare(const BenchConfig& c, int world, int ranks_here) {

@@ -2,6 +2,7 @@
 #include "src/checkpoint/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "fsdp/files.h"
 #include "src/checkpoint/crc32c.h"
 
 namespace fsdp::checkpoint {
@@ -69,19 +71,16 @@ absl::Status OutFile::SyncAndClose() {
 }
 
 absl::StatusOr<InFile> InFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("open", path, errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Errno("stat", path, err);
+  // Without blocking: a FIFO in place of a checkpoint file is an error, not a hang.
+  uint64_t size = 0;
+  absl::StatusOr<int> fd = OpenRegularFileForReading(path, &size);
+  if (!fd.ok()) {
+    if (absl::IsFailedPrecondition(fd.status())) {
+      return absl::DataLossError(fd.status().message());
+    }
+    return fd.status();
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
-  }
-  return InFile(path, fd, static_cast<uint64_t>(st.st_size));
+  return InFile(path, *fd, size);
 }
 
 InFile::~InFile() {
@@ -119,6 +118,24 @@ absl::StatusOr<uint32_t> InFile::Crc32cOf(uint64_t offset, uint64_t n) const {
     n -= chunk;
   }
   return crc;
+}
+
+absl::StatusOr<HeldFileLock> HeldFileLock::Take(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0) return Errno("open", path, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": in use by another process"));
+    }
+    // A file system without locks: nothing to hold.
+  }
+  return HeldFileLock(fd);
+}
+
+HeldFileLock::~HeldFileLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 absl::Status WriteFileDurably(const std::string& path, std::string_view data) {
@@ -187,10 +204,13 @@ std::string BaseName(const std::string& path) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
-bool IsCheckpointTemporaryName(std::string_view name) {
-  const size_t at = name.rfind(".tmp-");
+namespace {
+
+// "<target>.<tag><pid>-<hex>", e.g. "step-4.tmp-1234-a3f0".
+bool IsSaveScratchName(std::string_view name, std::string_view tag) {
+  const size_t at = name.rfind(tag);
   if (at == std::string_view::npos || at == 0) return false;
-  const std::string_view rest = name.substr(at + 5);  // "<pid>-<hex>"
+  const std::string_view rest = name.substr(at + tag.size());  // "<pid>-<hex>"
   const size_t dash = rest.find('-');
   if (dash == std::string_view::npos || dash == 0 || dash + 1 == rest.size()) return false;
   const auto all = [](std::string_view s, auto pred) {
@@ -200,6 +220,16 @@ bool IsCheckpointTemporaryName(std::string_view name) {
          all(rest.substr(dash + 1),
              [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
+
+bool IsCheckpointFileName(std::string_view name) {
+  return name == kCommitFile || name == kMetadataFile ||
+         (name.starts_with("shard-") && name.ends_with(".bin"));
+}
+
+}  // namespace
+
+bool IsCheckpointTemporaryName(std::string_view name) { return IsSaveScratchName(name, ".tmp-"); }
+bool IsReplacedCheckpointName(std::string_view name) { return IsSaveScratchName(name, ".old-"); }
 
 absl::StatusOr<CommitRecord> ReadVerifiedCommit(const std::string& dir,
                                                 std::string* metadata_text) {
@@ -241,18 +271,46 @@ absl::StatusOr<CommitRecord> ReadVerifiedCommit(const std::string& dir,
 }
 
 bool HoldsOnlyCheckpointFiles(const std::string& dir) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
   std::error_code ec;
   std::filesystem::directory_iterator it(dir, ec);
   if (ec) return false;
   int files = 0;
   for (const auto& e : it) {
-    const std::string name = e.path().filename().string();
-    const bool known = name == kCommitFile || name == kMetadataFile ||
-                       (absl::StartsWith(name, "shard-") && absl::EndsWith(name, ".bin"));
-    if (!known || !e.is_regular_file(ec)) return false;
+    // symlink_status: a symbolic link is not a file a save wrote, whatever it points to.
+    if (!IsCheckpointFileName(e.path().filename().string()) || !e.is_regular_file(ec) ||
+        e.is_symlink(ec)) {
+      return false;
+    }
     ++files;
   }
   return files > 0;
+}
+
+std::vector<std::string> CheckpointFilesOfOtherKinds(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return out;
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
+    if (IsCheckpointFileName(name) && (e.is_symlink(ec) || !e.is_regular_file(ec))) {
+      out.push_back(absl::StrCat(name, " is ", DescribePath(e.path().string())));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool LooksLikeCheckpoint(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return false;
+  for (const auto& e : it) {
+    if (IsCheckpointFileName(e.path().filename().string())) return true;
+  }
+  return false;
 }
 
 }  // namespace fsdp::checkpoint

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fsdp/status.h"
 #include "src/checkpoint/shard_file.h"
@@ -53,6 +54,21 @@ class InFile {
   uint64_t size_ = 0;
 };
 
+// An exclusive flock(2) on a file, held until destroyed (or the process ends): marks a file
+// being written, so that a cleanup of dead temporaries in another process leaves it alone.
+class HeldFileLock {
+ public:
+  // FailedPrecondition when another open file description holds it.
+  static absl::StatusOr<HeldFileLock> Take(const std::string& path);
+  HeldFileLock(HeldFileLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  HeldFileLock& operator=(HeldFileLock&&) = delete;
+  ~HeldFileLock();
+
+ private:
+  explicit HeldFileLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
 // Creates `path`, writes `data`, fsyncs and closes it.
 absl::Status WriteFileDurably(const std::string& path, std::string_view data);
 // The whole file, failing when it is larger than max_bytes.
@@ -70,6 +86,9 @@ std::string BaseName(const std::string& path);
 // Whether `name` (one path component) is that of a temporary directory SaveCheckpoint
 // writes into: "<target>.tmp-<pid>-<hex>". Such a directory left behind is a crashed save.
 bool IsCheckpointTemporaryName(std::string_view name);
+// Whether `name` is that of a checkpoint a save was replacing: "<target>.old-<pid>-<hex>"
+// (the old copy is renamed aside, the new one renamed in, then the old one removed).
+bool IsReplacedCheckpointName(std::string_view name);
 
 // The COMMIT marker of the checkpoint directory `dir`, verified: present, well formed, and
 // matching the size and CRC32C of metadata.json (whose text goes to `metadata_text` when
@@ -78,10 +97,17 @@ bool IsCheckpointTemporaryName(std::string_view name);
 absl::StatusOr<CommitRecord> ReadVerifiedCommit(const std::string& dir,
                                                 std::string* metadata_text = nullptr);
 
-// True when `dir` is a directory holding files of a sharded checkpoint and nothing else:
-// at least one of COMMIT, metadata.json, shard-*.bin and no other entry. Such a directory
-// without a valid COMMIT marker is an incomplete or damaged checkpoint, which a save of the
-// same name may replace; any other directory is never replaced.
+// True when `dir` is a directory (not a symbolic link) holding files of a sharded checkpoint
+// and nothing else: at least one of COMMIT, metadata.json, shard-*.bin, each a regular file,
+// and no other entry. Such a directory without a valid COMMIT marker is an incomplete or
+// damaged checkpoint, which a save of the same name may replace; any other directory is never
+// replaced.
 bool HoldsOnlyCheckpointFiles(const std::string& dir);
+// The entries of `dir` with a checkpoint file's name that are not regular files, each as
+// "COMMIT is a FIFO" (sorted): what keeps a damaged checkpoint from being replaced.
+std::vector<std::string> CheckpointFilesOfOtherKinds(const std::string& dir);
+// True when `dir` is a directory with at least one entry named as a checkpoint file, of any
+// kind: a checkpoint, maybe damaged, that LatestCheckpoint reports when it passes over it.
+bool LooksLikeCheckpoint(const std::string& dir);
 
 }  // namespace fsdp::checkpoint

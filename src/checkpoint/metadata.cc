@@ -251,6 +251,11 @@ std::string SerializeMetadata(const CheckpointMetadata& m) {
   for (const auto& [k, v] : m.values) w.Key(k).String(v);
   w.EndObject();
   w.EndObject();
+  if (!m.model.empty()) {
+    w.Key("model").BeginObject();
+    for (const auto& [k, v] : m.model) w.Key(k).String(v);
+    w.EndObject();
+  }
   w.Key("files").BeginArray();
   for (const ShardFileRecord& f : m.files) {
     w.BeginObject().Key("name").String(f.name).Key("bytes").Int(static_cast<int64_t>(f.bytes));
@@ -275,6 +280,34 @@ std::string SerializeMetadata(const CheckpointMetadata& m) {
   w.EndArray();
   w.EndObject();
   return w.text() + "\n";
+}
+
+std::vector<std::string> ModelDifferences(const ModelDescription& saved,
+                                          const ModelDescription& current, std::string_view file) {
+  std::vector<std::string> out;
+  if (saved.empty() || current.empty()) return out;
+  auto find = [](const ModelDescription& d, const std::string& key) -> const std::string* {
+    for (const auto& [k, v] : d) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  };
+  std::vector<std::string> keys;
+  for (const ModelDescription* d : {&current, &saved}) {
+    for (const auto& kv : *d) {
+      if (kv.first != "name" && std::find(keys.begin(), keys.end(), kv.first) == keys.end()) {
+        keys.push_back(kv.first);
+      }
+    }
+  }
+  for (const std::string& k : keys) {
+    const std::string *a = find(saved, k), *b = find(current, k);
+    if (a != nullptr && b != nullptr && *a == *b) continue;
+    out.push_back(absl::StrCat(k, ": ", a != nullptr ? *a : "(not recorded)", " in ",
+                               std::string(file), ", ", b != nullptr ? *b : "(none)",
+                               " in this model"));
+  }
+  return out;
 }
 
 absl::StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text) {
@@ -324,6 +357,16 @@ absl::StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text) {
   FSDP_ASSIGN_OR_RETURN(const json::Value* training, Field(r, "training_state", "top level"));
   FSDP_RETURN_IF_ERROR(ParseTrainingState(*training, m));
 
+  if (const json::Value* model = r.Find("model")) {
+    if (!model->is_object()) return Bad("'model' is not an object");
+    for (size_t i = 0; i < model->keys().size(); ++i) {
+      if (!model->items()[i].is_string() || model->keys()[i].empty()) {
+        return Bad(absl::StrCat("model: ", json::Quote(model->keys()[i]),
+                                " must be a non-empty key with a string value"));
+      }
+      m.model.emplace_back(model->keys()[i], model->items()[i].str());
+    }
+  }
   FSDP_ASSIGN_OR_RETURN(const json::Value* files, Field(r, "files", "top level"));
   if (!files->is_array() || files->items().size() != static_cast<size_t>(m.world_size)) {
     return Bad("'files' must list one shard file per rank of world_size");

@@ -52,9 +52,20 @@ struct CheckpointMetadata {
   std::vector<TensorRecord> tensors;     // in the saving runtime's unit order
   std::optional<std::pair<uint64_t, int64_t>> data_loader;  // DataLoaderState (seed, step)
   std::vector<std::pair<std::string, std::string>> values;  // TrainingState::values
+  // ShardingRuntime::model_description() of the saving runtime; empty in checkpoints that
+  // predate it (then nothing is compared at load).
+  std::vector<std::pair<std::string, std::string>> model;
 };
 
 std::string SerializeMetadata(const CheckpointMetadata& m);
+
+using ModelDescription = std::vector<std::pair<std::string, std::string>>;
+// How the model a file records differs from `current` (ShardingRuntime::model_description),
+// one line per key, e.g. "num_heads: 4 in the checkpoint, 2 in this model", for every key
+// of either but "name"; `file` names the file's side ("the checkpoint"). Empty when either
+// description is empty (nothing to compare) or they agree.
+std::vector<std::string> ModelDifferences(const ModelDescription& saved,
+                                          const ModelDescription& current, std::string_view file);
 
 // Parses and checks everything that can be checked without the files: field types, names
 // of the shard files (no paths), element ranges inside each tensor and tiling it, byte

@@ -2,19 +2,28 @@
 // time (only the shard group of replicate index 0 gathers; rank 0 writes at each tensor's
 // offset, converting to the file's dtype). Import has every rank read the header and then
 // only the bytes of the tensor pieces in its own shards.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "fsdp/checkpoint.h"
+#include "fsdp/files.h"
 #include "src/checkpoint/file_io.h"
 #include "src/checkpoint/finite.h"
+#include "src/checkpoint/metadata.h"
 #include "src/checkpoint/rank_sync.h"
 #include "src/checkpoint/safetensors_format.h"
 #include "src/checkpoint/shard_plan.h"
@@ -55,8 +64,38 @@ void Decode(const char* bytes, int64_t n, DType dtype, float* out) {
 struct ExportFile {
   std::string tmp;
   std::optional<OutFile> file;
+  std::optional<HeldFileLock> lock;  // marks `tmp` as alive until it is renamed
   uint64_t data_start = 0;
 };
+
+// PATH.tmp-<digits>: the temporary file of an export to PATH.
+bool IsExportTemporaryOf(std::string_view name, std::string_view base) {
+  if (name.size() <= base.size() + 5 || name.substr(0, base.size()) != base ||
+      name.substr(base.size(), 5) != ".tmp-") {
+    return false;
+  }
+  const std::string_view pid = name.substr(base.size() + 5);
+  return std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// A temporary export file that no live export holds: a regular file (empty, or begun as a
+// safetensors file) whose lock can be taken.
+bool IsDeadExportTemporary(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (st.st_size > 0) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) return false;
+    char head[16] = {};
+    const ssize_t n = ::pread(fd, head, sizeof(head), 0);
+    ::close(fd);
+    if (n < 10 || !kSafetensorsFile.recognise(std::string_view(head, static_cast<size_t>(n)),
+                                              static_cast<uint64_t>(st.st_size))) {
+      return false;
+    }
+  }
+  return HeldFileLock::Take(path).ok();
+}
 
 absl::StatusOr<SafetensorsHeader> ReadHeader(const InFile& f) {
   char prefix[8] = {};
@@ -74,6 +113,39 @@ absl::StatusOr<std::vector<std::vector<float>>> StageImport(
   absl::StatusOr<SafetensorsHeader> header = ReadHeader(f);
   if (!header.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": ", std::string(header.status().message())));
+  }
+  std::vector<std::pair<std::string, std::string>> recorded;
+  for (const auto& [k, v] : header->metadata) {
+    if (absl::StartsWith(k, kSafetensorsModelKeyPrefix)) {
+      recorded.emplace_back(k.substr(std::string_view(kSafetensorsModelKeyPrefix).size()), v);
+    }
+  }
+  const std::vector<std::string> changes =
+      ModelDifferences(recorded, rt.model_description(), "the file");
+  // Names and shapes first (the error names the tensor), then the architecture.
+  for (int u = 0; u < rt.num_units(); ++u) {
+    for (const TensorSlot& t : rt.unit_tensors(u)) {
+      const SafetensorsTensor* in = header->Find(t.name);
+      std::string wrong;
+      if (in == nullptr) {
+        wrong = absl::StrCat(path, ": tensor '", t.name, "' of this model is not in the file");
+      } else if (in->shape != t.shape) {
+        wrong = absl::StrCat(path, ": tensor '", t.name, "' has shape ", ShapeString(in->shape),
+                             " in the file but ", ShapeString(t.shape), " in this model");
+      }
+      if (wrong.empty()) continue;
+      if (!changes.empty()) {
+        absl::StrAppend(&wrong, " (the configurations differ: ", absl::StrJoin(changes, "; "),
+                        ")");
+      }
+      return absl::FailedPreconditionError(wrong);
+    }
+  }
+  if (!changes.empty() && !options.allow_model_change) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " holds another model: ", absl::StrJoin(changes, "; "),
+        ". Use the file's configuration, or SafetensorsImportOptions::allow_model_change to "
+        "import it anyway"));
   }
   std::unordered_map<std::string, const SafetensorsTensor*> by_name;
   for (const SafetensorsTensor& t : header->tensors) by_name[t.name] = &t;
@@ -143,22 +215,34 @@ absl::Status ExportSafetensors(ShardingRuntime& rt, const std::string& path,
       tensors.push_back({t.name, options.dtype, t.shape, t.numel, 0, 0});
     }
   }
-  std::vector<std::pair<std::string, std::string>> meta(options.metadata.begin(),
-                                                        options.metadata.end());
+  std::map<std::string, std::string> all = options.metadata;
+  for (const auto& [k, v] : rt.model_description()) {
+    all.emplace(absl::StrCat(kSafetensorsModelKeyPrefix, k), v);
+  }
+  std::vector<std::pair<std::string, std::string>> meta(all.begin(), all.end());
   if (!options.metadata.count("format")) meta.emplace_back("format", "pt");
   const std::string header = BuildSafetensorsHeader(tensors, meta);
 
   absl::Status local;
   ExportFile out;
   if (root) {
+    // Only a new file or a safetensors file is ever replaced (never /dev/null, a corpus, ...).
+    local = CheckOutputPath(path, kSafetensorsFile, {}, "export to");
     out.tmp = absl::StrCat(path, ".tmp-", ::getpid());
-    RemoveTree(out.tmp).IgnoreError();
-    auto f = OutFile::Create(out.tmp);
-    local = f.status();
-    if (f.ok()) {
-      out.file.emplace(std::move(*f));
-      local = out.file->WriteAt(0, header.data(), header.size());
+    if (local.ok() && PathExists(out.tmp) && IsDeadExportTemporary(out.tmp)) {
+      ::unlink(out.tmp.c_str());  // left by a dead process that had our pid
     }
+    if (local.ok()) {
+      auto f = OutFile::Create(out.tmp);
+      local = f.status();
+      if (f.ok()) out.file.emplace(std::move(*f));
+    }
+    if (local.ok()) {
+      auto l = HeldFileLock::Take(out.tmp);
+      local = l.status();
+      if (l.ok()) out.lock.emplace(std::move(*l));
+    }
+    if (local.ok()) local = out.file->WriteAt(0, header.data(), header.size());
     out.data_start = header.size();
   }
   // Gather unit by unit in the shard group of replicate index 0; rank 0 writes.
@@ -190,13 +274,40 @@ absl::Status ExportSafetensors(ShardingRuntime& rt, const std::string& path,
   }
   if (root && local.ok()) local = out.file->SyncAndClose();
   absl::Status agreed = AgreeOnStatus(world, local);
-  if (root && agreed.ok()) local = RenameDurably(out.tmp, path);
-  if (root && (!agreed.ok() || !local.ok())) {
-    out.file.reset();
-    RemoveTree(out.tmp).IgnoreError();
+  if (root && agreed.ok()) {
+    // Again: what is at `path` may have changed while the model was written.
+    local = CheckOutputPath(path, kSafetensorsFile, {}, "export to");
+    if (local.ok()) local = RenameDurably(out.tmp, path);
   }
+  if (root && (!agreed.ok() || !local.ok()) && out.file.has_value()) {
+    out.file.reset();
+    ::unlink(out.tmp.c_str());
+  }
+  out.lock.reset();
   FSDP_RETURN_IF_ERROR(agreed);
   return AgreeOnStatus(world, local);
+}
+
+absl::StatusOr<std::vector<std::string>> RemoveDeadExportTemporaries(const std::string& path) {
+  using namespace checkpoint;  // NOLINT
+  std::vector<std::string> removed;
+  const std::string dir = ParentOf(path), base = BaseName(path);
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return removed;  // no directory: nothing left behind
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
+    if (!IsExportTemporaryOf(name, base)) continue;
+    // Named as the export is: "m.safetensors.tmp-123" for "m.safetensors", not "./m...".
+    const std::string p = path.find('/') == std::string::npos ? name : e.path().string();
+    if (!IsDeadExportTemporary(p)) continue;
+    if (::unlink(p.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat(p, ": cannot remove: ", std::strerror(errno)));
+    }
+    removed.push_back(p);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 absl::Status ImportSafetensors(ShardingRuntime& rt, const std::string& path,

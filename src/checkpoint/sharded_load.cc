@@ -40,6 +40,7 @@ struct Staged {
   std::vector<std::vector<std::vector<float>>> states;  // per unit, per runtime state
   std::string rank_state;
   bool rank_state_restored = false;
+  std::vector<std::string> model_changes;  // accepted under LoadOptions::allow_model_change
 };
 
 absl::StatusOr<CheckpointMetadata> ReadMetadata(const std::string& dir) {
@@ -137,7 +138,23 @@ absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
   Staged st;
   FSDP_ASSIGN_OR_RETURN(st.meta, ReadMetadata(dir));
   const CheckpointMetadata& m = st.meta;
-  FSDP_ASSIGN_OR_RETURN(std::vector<std::vector<int>> match, MatchTensors(rt, m, dir));
+  // The tensors must match, and so must the architecture: equal shapes do not make the same
+  // model (another number of heads).
+  st.model_changes = ModelDifferences(m.model, rt.model_description(), "the checkpoint");
+  absl::StatusOr<std::vector<std::vector<int>>> matched = MatchTensors(rt, m, dir);
+  if (!matched.ok()) {
+    if (st.model_changes.empty()) return matched.status();
+    return absl::Status(matched.status().code(),
+                        absl::StrCat(matched.status().message(), " (the configurations differ: ",
+                                     absl::StrJoin(st.model_changes, "; "), ")"));
+  }
+  if (!st.model_changes.empty() && !options.allow_model_change) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " holds another model: ", absl::StrJoin(st.model_changes, "; "),
+        ". Use the checkpoint's configuration, or LoadOptions::allow_model_change to load it "
+        "anyway"));
+  }
+  const std::vector<std::vector<int>>& match = *matched;
   // Runtime state j comes from checkpoint state state_src[j].
   std::vector<size_t> state_src;
   if (options.load_optimizer_state) {
@@ -264,7 +281,14 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& rt, const std::
   out.step = rt.steps();
   out.saved_world_size = m.world_size;
   out.saved_strategy = m.strategy;
+  out.model_recorded = !m.model.empty();
+  out.model_changes = staged->model_changes;
   return out;
+}
+
+absl::StatusOr<int64_t> CheckpointStep(const std::string& dir) {
+  FSDP_ASSIGN_OR_RETURN(checkpoint::CommitRecord commit, checkpoint::ReadVerifiedCommit(dir));
+  return commit.step;
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
@@ -278,12 +302,16 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
   int64_t best_step = -1;
   for (const auto& e : it) {
     const std::string name = e.path().filename().string();
-    if (IsCheckpointTemporaryName(name) || !e.is_directory(ec)) continue;
+    // Saves in progress or crashed, and old copies being replaced, are never resumed from.
+    if (IsCheckpointTemporaryName(name) || IsReplacedCheckpointName(name) ||
+        !e.is_directory(ec)) {
+      continue;
+    }
     const std::string path = e.path().string();
     absl::StatusOr<CommitRecord> commit = ReadVerifiedCommit(path);
     if (!commit.ok()) {
       // Report what looks like a checkpoint; other directories are none of our business.
-      if (skipped != nullptr && HoldsOnlyCheckpointFiles(path)) {
+      if (skipped != nullptr && LooksLikeCheckpoint(path)) {
         skipped->push_back({path, commit.status()});
       }
       continue;
@@ -305,21 +333,74 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
   return best;
 }
 
-absl::StatusOr<std::vector<std::string>> RemoveCheckpointTemporaries(const std::string& parent) {
+absl::StatusOr<std::vector<CheckpointCleanup>> CleanUpCheckpointDirectory(
+    const std::string& parent) {
   using namespace checkpoint;  // NOLINT
-  std::vector<std::string> found;
+  std::vector<CheckpointCleanup> done;
   std::error_code ec;
+  if (!std::filesystem::is_directory(parent, ec)) return done;
+  // Under the lock no save is in flight in `parent`: every temporary directory is dead.
+  FSDP_ASSIGN_OR_RETURN(CheckpointDirLock lock, CheckpointDirLock::Acquire(parent));
+  std::vector<std::string> temporaries, replaced;
   std::filesystem::directory_iterator it(parent, ec);
-  if (ec) {
-    if (ec == std::errc::no_such_file_or_directory) return found;
-    return absl::InternalError(absl::StrCat(parent, ": cannot list: ", ec.message()));
-  }
+  if (ec) return absl::InternalError(absl::StrCat(parent, ": cannot list: ", ec.message()));
   for (const auto& e : it) {
-    if (IsCheckpointTemporaryName(e.path().filename().string())) found.push_back(e.path().string());
+    const std::string name = e.path().filename().string();
+    if (IsCheckpointTemporaryName(name)) temporaries.push_back(e.path().string());
+    if (IsReplacedCheckpointName(name)) replaced.push_back(e.path().string());
   }
-  std::sort(found.begin(), found.end());
-  for (const std::string& path : found) FSDP_RETURN_IF_ERROR(RemoveTree(path));
-  return found;
+  std::sort(temporaries.begin(), temporaries.end());
+  std::sort(replaced.begin(), replaced.end());
+  auto complete = [](const std::string& dir) {
+    return HoldsOnlyCheckpointFiles(dir) && ReadVerifiedCommit(dir).ok();
+  };
+  // NAME.old-<suffix> is the copy a save of NAME was replacing; NAME.tmp-<suffix> the new one.
+  for (const std::string& old : replaced) {
+    // Not something a save made (an old copy a crash left half removed may be empty).
+    const bool empty_dir = !std::filesystem::is_symlink(old, ec) &&
+                           std::filesystem::is_directory(old, ec) &&
+                           std::filesystem::is_empty(old, ec);
+    if (!HoldsOnlyCheckpointFiles(old) && !empty_dir) continue;
+    const size_t at = old.rfind(".old-");
+    const std::string target = old.substr(0, at);
+    const std::string name = BaseName(target);
+    const std::string fresh = absl::StrCat(target, ".tmp-", old.substr(at + 5));
+    if (complete(target)) {
+      FSDP_RETURN_IF_ERROR(RemoveTree(old));
+      done.push_back({old, absl::StrCat("removed: the old copy of ", name,
+                                        ", which a finished save replaced")});
+    } else if (!PathExists(target) && PathExists(fresh) && complete(fresh)) {
+      FSDP_RETURN_IF_ERROR(RenameDurably(fresh, target));
+      FSDP_RETURN_IF_ERROR(RemoveTree(old));
+      done.push_back({fresh, absl::StrCat("renamed to ", name, ": the save replacing ", name,
+                                          " had finished when it stopped")});
+      done.push_back({old, absl::StrCat("removed: the old copy of ", name,
+                                        ", which that save replaced")});
+    } else if (!PathExists(target) && complete(old)) {
+      FSDP_RETURN_IF_ERROR(RenameDurably(old, target));
+      done.push_back({old, absl::StrCat("restored as ", name, ": the complete copy that a save "
+                                        "was replacing when it stopped")});
+    } else if (!PathExists(target)) {
+      FSDP_RETURN_IF_ERROR(RemoveTree(old));
+      done.push_back({old, absl::StrCat("removed: a damaged copy of ", name,
+                                        " that a save was replacing")});
+    }
+  }
+  for (const std::string& path : temporaries) {
+    if (!PathExists(path)) continue;  // renamed above
+    FSDP_RETURN_IF_ERROR(RemoveTree(path));
+    done.push_back({path, "removed: the temporary directory of a save that did not finish"});
+  }
+  std::sort(done.begin(), done.end(),
+            [](const CheckpointCleanup& a, const CheckpointCleanup& b) { return a.path < b.path; });
+  return done;
+}
+
+absl::StatusOr<std::vector<std::string>> RemoveCheckpointTemporaries(const std::string& parent) {
+  FSDP_ASSIGN_OR_RETURN(std::vector<CheckpointCleanup> done, CleanUpCheckpointDirectory(parent));
+  std::vector<std::string> paths;
+  for (const CheckpointCleanup& c : done) paths.push_back(c.path);
+  return paths;
 }
 
 }  // namespace fsdp

@@ -3,6 +3,8 @@
 // ends with all ranks agreeing on success, so a failure anywhere stops the save everywhere.
 // Also the start-up checks that checkpoints and exports can be written where asked.
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,11 +13,14 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "fsdp/checkpoint.h"
+#include "fsdp/files.h"
 #include "src/checkpoint/crc32c.h"
 #include "src/checkpoint/file_io.h"
 #include "src/checkpoint/metadata.h"
@@ -103,6 +108,7 @@ absl::StatusOr<CheckpointMetadata> BuildMetadata(ShardingRuntime& rt, const Trai
   m.optimizer = dynamic_cast<AdamW*>(&rt.optimizer(0)) != nullptr ? "adamw" : "sgd";
   m.step = rt.steps();
   m.optimizer_step = rt.optimizer(0).step();
+  m.model = rt.model_description();
   const ShardingRuntime::LossScaleState ls = rt.loss_scale_state();
   m.loss_scale = ls.scale;
   m.loss_scale_good_steps = ls.good_steps;
@@ -148,41 +154,58 @@ absl::StatusOr<CheckpointMetadata> BuildMetadata(ShardingRuntime& rt, const Trai
   return m;
 }
 
-// Rank 0, before anything is written: the target must be free (or replaceable), temporary
-// directories of crashed saves are removed, and a new one is made.
-absl::StatusOr<std::string> PrepareTemporary(const std::string& target,
-                                             const SaveOptions& options) {
-  const std::string parent = ParentOf(target), base = BaseName(target);
+// Whether a save may go to `target` as things are now: it does not exist, or it is a
+// directory a save may replace (see SaveOptions).
+absl::Status CheckTarget(const std::string& target, const SaveOptions& options) {
+  const std::string base = BaseName(target);
   if (base.empty() || base == "." || base == "..") {
     return absl::InvalidArgumentError(
         absl::StrCat("'", target, "' is not a checkpoint directory name"));
   }
-  if (PathExists(target)) {
-    const absl::StatusOr<CommitRecord> commit = ReadVerifiedCommit(target);
-    if (commit.ok() && !options.overwrite) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          target,
-          " already exists; save each checkpoint to a new directory (e.g. step-000100) "
-          "or set SaveOptions::overwrite"));
-    }
-    // An incomplete or damaged checkpoint (no valid COMMIT marker) is replaced like a complete
-    // one; a directory holding anything else is never touched.
-    if (!commit.ok() && !HoldsOnlyCheckpointFiles(target)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          target, " exists and is not a checkpoint (no valid ", kCommitFile,
-          " marker, and files a checkpoint does not have): a save replaces checkpoints only"));
-    }
-    if (!commit.ok() && !options.replace_incomplete) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          target, " exists and holds an incomplete or damaged checkpoint (",
-          std::string(commit.status().message()), "); set SaveOptions::replace_incomplete"));
-    }
+  if (!PathExists(target)) return absl::OkStatus();
+  struct stat st;
+  if (::lstat(target.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        target, " exists and is ", DescribePath(target),
+        ", not a checkpoint directory: a save of it would fail. Remove it or move it away"));
   }
+  const absl::StatusOr<CommitRecord> commit = ReadVerifiedCommit(target);
+  if (commit.ok() && !options.overwrite) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        target,
+        " already exists; save each checkpoint to a new directory (e.g. step-000100) "
+        "or set SaveOptions::overwrite"));
+  }
+  // An incomplete or damaged checkpoint (no valid COMMIT marker) is replaced like a complete
+  // one; a directory holding anything else is never touched.
+  if (!commit.ok() && !HoldsOnlyCheckpointFiles(target)) {
+    const std::vector<std::string> odd = CheckpointFilesOfOtherKinds(target);
+    return absl::AlreadyExistsError(absl::StrCat(
+        target, " exists and is not a checkpoint (no valid ", kCommitFile, " marker, and ",
+        odd.empty() ? "files a checkpoint does not have"
+                    : absl::StrCat("entries a save never writes: ", absl::StrJoin(odd, ", ")),
+        "): a save replaces checkpoints only. Remove it or move it away"));
+  }
+  if (!commit.ok() && !options.replace_incomplete) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        target, " exists and holds an incomplete or damaged checkpoint (",
+        std::string(commit.status().message()), "); set SaveOptions::replace_incomplete"));
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0, before anything is written, under the directory's lock: the target must be free
+// (or replaceable), temporary directories of crashed saves are removed, and a new one is made.
+absl::StatusOr<std::string> PrepareTemporary(const std::string& target,
+                                             const SaveOptions& options) {
+  FSDP_RETURN_IF_ERROR(CheckTarget(target, options));
+  const std::string parent = ParentOf(target), base = BaseName(target);
   FSDP_RETURN_IF_ERROR(MakeDirectory(parent));
   std::error_code ec;
   const std::string stale = base + ".tmp-";
   for (const auto& e : std::filesystem::directory_iterator(parent, ec)) {
-    if (e.path().filename().string().rfind(stale, 0) == 0) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(stale, 0) == 0 && IsCheckpointTemporaryName(name)) {
       FSDP_RETURN_IF_ERROR(RemoveTree(e.path().string()));
     }
   }
@@ -220,7 +243,15 @@ absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const T
 
   absl::Status local;
   std::string tmp;
+  // Rank 0 holds the directory's lock for the whole save: another job's start-up cleanup
+  // cannot take this save's temporary directory for a crashed one.
+  std::optional<CheckpointDirLock> lock;
   if (root) {
+    absl::StatusOr<CheckpointDirLock> l = CheckpointDirLock::Acquire(ParentOf(target));
+    local = l.status();
+    if (l.ok()) lock.emplace(*std::move(l));
+  }
+  if (root && local.ok()) {
     auto t = PrepareTemporary(target, options);
     local = t.status();
     if (t.ok()) tmp = *t;
@@ -318,22 +349,45 @@ absl::Status CheckCheckpointDirWritable(const std::string& parent) {
   return absl::OkStatus();
 }
 
-absl::Status CheckExportPathWritable(const std::string& path) {
+uint64_t CheckpointBytes(int64_t num_parameters, int64_t num_tensors, int optimizer_states,
+                         int world_size) {
+  const uint64_t p = static_cast<uint64_t>(std::max<int64_t>(0, num_parameters));
+  const uint64_t t = static_cast<uint64_t>(std::max<int64_t>(0, num_tensors));
+  const uint64_t w = static_cast<uint64_t>(std::max(1, world_size));
+  const uint64_t copies = 1 + static_cast<uint64_t>(std::max(0, optimizer_states));
+  // Each shard boundary splits at most one tensor: at most t + w pieces per copy, each a
+  // JSON array of four integers; per tensor a name and a shape; per file a record.
+  const uint64_t metadata = 4096 + t * 512 + (t + w) * copies * 96 + w * 160;
+  return p * 4 * copies + w * (checkpoint::kShardHeaderBytes + 64) + metadata + 256;
+}
+
+uint64_t SafetensorsExportBytes(int64_t num_parameters, int64_t num_tensors, DType dtype) {
+  const uint64_t p = static_cast<uint64_t>(std::max<int64_t>(0, num_parameters));
+  const uint64_t t = static_cast<uint64_t>(std::max<int64_t>(0, num_tensors));
+  return 8 + 4096 + t * 256 + p * DTypeSize(dtype);
+}
+
+absl::Status CheckCanSaveCheckpoint(const std::string& dir, const SaveOptions& options) {
+  std::string target = dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  return checkpoint::CheckTarget(target, options);
+}
+
+absl::Status CheckExportPathWritable(const std::string& path,
+                                     const std::vector<std::string>& inputs) {
   using namespace checkpoint;  // NOLINT: this file's own helpers
   auto fail = [&](absl::StatusCode code, std::string_view why) {
     return absl::Status(code, absl::StrCat("cannot export to ", path, ": ", std::string(why)));
   };
-  std::error_code ec;
-  if (path.empty() || path.back() == '/' || std::filesystem::is_directory(path, ec)) {
+  struct stat st;
+  if (path.empty() || path.back() == '/' ||
+      (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
     return fail(absl::StatusCode::kInvalidArgument, "it names a directory, not a file");
   }
+  FSDP_RETURN_IF_ERROR(CheckOutputPath(path, kSafetensorsFile, inputs, "export to"));
   const std::string dir = ParentOf(path);
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return fail(absl::StatusCode::kNotFound,
-                absl::StrCat("the directory ", dir, " does not exist"));
-  }
   const std::string probe = absl::StrFormat("%s.write-probe-%d", path, ::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
     return fail(err == EACCES || err == EPERM ? absl::StatusCode::kPermissionDenied

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "fsdp/files.h"
 
 namespace fsdp {
 namespace {
@@ -139,15 +140,10 @@ void Tracer::Clear() {
 }
 
 absl::Status Tracer::WriteChromeTrace(const std::string& path) const {
-  const std::string json = ChromeTraceJson(Snapshot(), dropped());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    return absl::InternalError(absl::StrCat("WriteChromeTrace: cannot open '", path,
-                                            "': ", std::generic_category().message(errno)));
-  }
-  out.write(json.data(), static_cast<std::streamsize>(json.size()));
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("WriteChromeTrace: writing '", path, "' failed"));
+  // A new file or an earlier trace only (fsdp/files.h), written whole and renamed into place.
+  const absl::Status s =
+      WriteOutputFile(path, ChromeTraceJson(Snapshot(), dropped()), kChromeTraceFile);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("WriteChromeTrace: ", s.message()));
   return absl::OkStatus();
 }
 

@@ -54,6 +54,7 @@ struct ShardingRuntime::Impl {
   std::deque<int> shard_reductions, replica_reductions;
   internal::LossScaler scaler;
   int64_t steps = 0;
+  std::vector<std::pair<std::string, std::string>> model_description;
   // Host synchronisations of the backend and memory throttle waits at the last Step().
   int64_t host_syncs_at_step = 0, throttle_waits = 0, throttle_waits_at_step = 0;
 

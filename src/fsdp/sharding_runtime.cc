@@ -646,6 +646,14 @@ void ShardingRuntime::set_loss_scale_state(const LossScaleState& state) {
   impl_->scaler.Restore(state.scale, state.good_steps, state.skipped_steps);
 }
 Backend* ShardingRuntime::backend() const { return impl_->backend; }
+void ShardingRuntime::set_model_description(
+    std::vector<std::pair<std::string, std::string>> description) {
+  impl_->model_description = std::move(description);
+}
+const std::vector<std::pair<std::string, std::string>>& ShardingRuntime::model_description()
+    const {
+  return impl_->model_description;
+}
 
 absl::Status ShardingRuntime::GatherUnit(int u, float* out) {
   Impl& m = *impl_;

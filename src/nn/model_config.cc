@@ -2,6 +2,7 @@
 #include "fsdp/nn/model_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace fsdp::nn {
@@ -39,6 +40,31 @@ int ModelConfig::channels() const { return is_gpt() ? gpt().channels : llama().c
 
 absl::Status ModelConfig::Validate() const {
   return is_gpt() ? gpt().Validate() : llama().Validate();
+}
+
+std::vector<std::pair<std::string, std::string>> ModelConfig::Describe() const {
+  std::vector<std::pair<std::string, std::string>> d = {{"family", family()}, {"name", name()}};
+  auto add = [&](const char* key, auto value) { d.emplace_back(key, absl::StrCat(value)); };
+  if (is_gpt()) {
+    const GptConfig& c = gpt();
+    add("vocab_size", c.vocab_size);
+    add("block_size", c.block_size);
+    add("num_layers", c.num_layers);
+    add("num_heads", c.num_heads);
+    add("channels", c.channels);
+  } else {
+    const LlamaConfig& c = llama();
+    add("vocab_size", c.vocab_size);
+    add("block_size", c.block_size);
+    add("num_layers", c.num_layers);
+    add("num_heads", c.num_heads);
+    add("num_kv_heads", c.num_kv_heads);
+    add("channels", c.channels);
+    add("mlp_hidden", c.mlp_hidden);
+    d.emplace_back("rope_theta", absl::StrFormat("%.9g", c.rope_theta));
+    d.emplace_back("norm_eps", absl::StrFormat("%.9g", c.norm_eps));
+  }
+  return d;
 }
 
 int64_t ModelConfig::num_parameters() const {

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::Create(const ModelCo
   FSDP_ASSIGN_OR_RETURN(g->model_, config.CreateModel(backend, options.batch_size,
                                                       options.seq_len, model_options));
   FSDP_ASSIGN_OR_RETURN(g->runtime_, ShardingRuntime::Create(backend, world, options.sharding));
+  g->runtime_->set_model_description(config.Describe());
   FSDP_ASSIGN_OR_RETURN(std::vector<int> group, GroupBlocks(config, options.wrap));
 
   const std::set<std::string> frozen(options.frozen.begin(), options.frozen.end());

@@ -190,8 +190,11 @@ TEST_P(SafetensorsByValueTest, ExportHoldsEachNamedTensorsValues) {
     EXPECT_EQ(file->tensors.size(), nn::GptParamSpecs(config).size());
     EXPECT_EQ(file->data_bytes(), DTypeSize(dtype) * config.num_parameters());
     EXPECT_THAT(CheckByValue(*file, config, *units, dtype), IsEmpty());
-    const std::map<std::string, std::string> meta = {{"format", "pt"},
-                                                     {"producer", "by-value test"}};
+    // The caller's pairs, and the model's configuration under kSafetensorsModelKeyPrefix.
+    std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "by-value test"}};
+    for (const auto& [k, v] : nn::ModelConfig(config).Describe()) {
+      meta[absl::StrCat(kSafetensorsModelKeyPrefix, k)] = v;
+    }
     EXPECT_TRUE(file->has_metadata);
     EXPECT_EQ(file->metadata, meta);
     // After training no tensor is constant (biases start at 0, LayerNorm weights at 1): a

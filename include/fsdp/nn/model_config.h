@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -36,6 +37,9 @@ class ModelConfig {
   int num_layers() const;
   int channels() const;
   absl::Status Validate() const;
+  // Every field of the configuration as (key, value) pairs, "family" and "name" first:
+  // what checkpoints and exports record (ShardingRuntime::set_model_description).
+  std::vector<std::pair<std::string, std::string>> Describe() const;
   int64_t num_parameters() const;
   double flops_per_step(int64_t tokens, int64_t T) const;
   std::vector<ParamSpec> ParamSpecs() const;
