@@ -90,7 +90,7 @@ absl::StatusOr<CheckpointDirLock> CheckpointDirLock::Acquire(const std::string& 
     fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0) {
       const int err = errno;
-      if (err == ELOOP) {
+      if (err == ELOOP || err == EISDIR) {
         return absl::FailedPreconditionError(absl::StrCat(
             path, " is ", DescribePath(path), ", not the lock file of a checkpoint directory; "
             "remove it"));

@@ -28,6 +28,8 @@ struct CkptRun {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   nn::WrapPolicy wrap;
   std::string config = "nano";  // any ModelConfig name, or "nano-narrow"
+  int heads = 0;                 // GPT: another number of heads (same shapes); 0 = the config's
+  bool allow_model_change = false;  // LoadOptions::allow_model_change
   uint64_t init_seed = 1337;
   float max_grad_norm = 0.5f;
   std::string backend = TestBackendName();  // the ranks' backend (tests/test_backend.h)
@@ -66,9 +68,10 @@ inline absl::StatusOr<std::unique_ptr<nn::ShardedModel>> MakeModel(Communicator&
   FSDP_ASSIGN_OR_RETURN(nn::ModelConfig named,
                         nn::ModelConfig::FromName(narrow ? "nano" : run.config));
   nn::ModelConfig config = named;
-  if (narrow) {
+  if (narrow || run.heads > 0) {
     nn::GptConfig c = named.gpt();
-    c.channels = 32;
+    if (narrow) c.channels = 32;
+    if (run.heads > 0) c.num_heads = run.heads;
     config = c;
   }
   nn::ShardedModelOptions o;
@@ -101,7 +104,9 @@ inline absl::StatusOr<CkptResult> RunRank(Communicator& comm, const CkptRun& run
   FSDP_ASSIGN_OR_RETURN(nn::DataLoader loader, nn::DataLoader::Create(&TestCorpus(), lo));
   CkptResult result;
   if (!load_dir.empty()) {
-    FSDP_ASSIGN_OR_RETURN(result.loaded, LoadCheckpoint(model->runtime(), load_dir));
+    LoadOptions load;
+    load.allow_model_change = run.allow_model_change;
+    FSDP_ASSIGN_OR_RETURN(result.loaded, LoadCheckpoint(model->runtime(), load_dir, load));
     if (!result.loaded.state.data) return absl::InternalError("no data loader state loaded");
     FSDP_RETURN_IF_ERROR(loader.Restore(*result.loaded.state.data));
     if (result.loaded.rank_state_restored &&
