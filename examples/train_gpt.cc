@@ -248,104 +248,127 @@ int64_t SavesPlanned(const Settings& s, int64_t start) {
   return s.steps / every - start / every + (s.steps % every != 0 ? 1 : 0);
 }
 
-// Rank 0, at start-up, for the files the run will write; each error is bad usage:
-//  - the checkpoint directory: its lock (no second job saves there), the leftovers of crashed
-//    saves cleaned up, no entry in the way of a save this run will make, space for a
-//    checkpoint;
-//  - the export: a new file or a safetensors file, not a file the run reads, space for it, and
-//    the temporary files of killed exports removed.
-absl::Status PrepareOutputs(Settings& s, int world_size, const std::string& data_path) {
-  const fsdp::nn::ModelConfig& c = s.config;
-  const int64_t tensors = static_cast<int64_t>(c.ParamSpecs().size());
-  const uint64_t ckpt_bytes = fsdp::CheckpointBytes(c.num_parameters(), tensors, 2, world_size);
-  const uint64_t export_bytes =
-      fsdp::SafetensorsExportBytes(c.num_parameters(), tensors, fsdp::DType::kF32);
-  int64_t saves = 0;
-  if (!s.checkpoint_dir.empty()) {
-    const std::string& dir = s.checkpoint_dir;
-    auto lock = fsdp::CheckpointDirLock::Acquire(dir);
-    if (!lock.ok()) return FlagError("checkpoint_dir", dir, lock.status());
-    s.checkpoint_lock = std::make_shared<fsdp::CheckpointDirLock>(*std::move(lock));
-    auto cleaned = fsdp::CleanUpCheckpointDirectory(dir);
-    if (!cleaned.ok()) return FlagError("checkpoint_dir", dir, cleaned.status());
-    for (const fsdp::CheckpointCleanup& c : *cleaned) {
-      s.notes.push_back(absl::StrCat(c.action.starts_with("removed: ") ? "removed " : "",
-                                     c.path, ": ",
-                                     c.action.starts_with("removed: ") ? c.action.substr(9)
-                                                                       : c.action));
-    }
-    // The step to resume from, and every entry named as a checkpoint this run will save.
-    int64_t start = 0;
-    if (absl::StatusOr<std::string> latest = fsdp::LatestCheckpoint(dir); latest.ok()) {
-      start = fsdp::CheckpointStep(*latest).value_or(0);
-    }
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (!name.starts_with("step-") || name.size() > 15) continue;
-      const std::string digits = name.substr(5);
-      if (digits.empty() || digits[0] == '0' ||
-          !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) ||
-          !SavesAt(s, std::stoll(digits), start)) {
-        continue;
-      }
-      if (absl::Status in_the_way = fsdp::CheckCanSaveCheckpoint(e.path().string());
-          !in_the_way.ok()) {
-        return FlagError("checkpoint_dir", dir,
-                         absl::InvalidArgumentError(absl::StrCat(
-                             "this run saves ", name, " after step ", digits, ", but ",
-                             in_the_way.message())));
-      }
-    }
-    saves = SavesPlanned(s, start);
+// A cleaned-up entry as train_gpt says it: "removed PATH: why" or "PATH: what was done".
+std::string Said(const fsdp::CheckpointCleanup& c) {
+  constexpr std::string_view kRemoved = "removed: ";
+  if (c.action.starts_with(kRemoved)) {
+    return absl::StrCat("removed ", c.path, ": ", c.action.substr(kRemoved.size()));
   }
-  if (!s.export_path.empty()) {
-    std::vector<std::string> inputs;
-    if (!data_path.empty()) inputs.push_back("--data=" + data_path);
-    if (!s.init_safetensors.empty()) inputs.push_back("--init_safetensors=" + s.init_safetensors);
-    if (absl::Status w = fsdp::CheckExportPathWritable(s.export_path, inputs); !w.ok()) {
-      return FlagError("export_safetensors", s.export_path, w);
-    }
-    auto removed = fsdp::RemoveDeadExportTemporaries(s.export_path);
-    if (!removed.ok()) return FlagError("export_safetensors", s.export_path, removed.status());
-    for (const std::string& r : *removed) {
-      s.notes.push_back(absl::StrCat("removed ", r, ": the temporary file of an export that was "
-                                     "killed"));
+  return absl::StrCat(c.path, ": ", c.action);
+}
+
+// "step-N" with N in decimal as train_gpt names its saves: N, else 0.
+int64_t SaveStepOf(const std::string& name) {
+  if (!name.starts_with("step-") || name.size() < 6 || name.size() > 15 || name[5] == '0') {
+    return 0;
+  }
+  const std::string digits = name.substr(5);
+  if (!std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return 0;
+  }
+  return std::stoll(digits);
+}
+
+// Rank 0: takes the checkpoint directory's lock for the run (no second job saves there),
+// cleans up what crashed saves left, and finds any entry in the way of a save this run will
+// make. Returns the number of checkpoints the run saves.
+absl::StatusOr<int64_t> PrepareCheckpointDir(Settings& s) {
+  const std::string& dir = s.checkpoint_dir;
+  auto lock = fsdp::CheckpointDirLock::Acquire(dir);
+  if (!lock.ok()) return FlagError("checkpoint_dir", dir, lock.status());
+  s.checkpoint_lock = std::make_shared<fsdp::CheckpointDirLock>(*std::move(lock));
+  auto cleaned = fsdp::CleanUpCheckpointDirectory(dir);
+  if (!cleaned.ok()) return FlagError("checkpoint_dir", dir, cleaned.status());
+  for (const fsdp::CheckpointCleanup& c : *cleaned) s.notes.push_back(Said(c));
+  int64_t start = 0;  // the step the run resumes from
+  if (absl::StatusOr<std::string> latest = fsdp::LatestCheckpoint(dir); latest.ok()) {
+    start = fsdp::CheckpointStep(*latest).value_or(0);
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t n = SaveStepOf(name);
+    if (n == 0 || !SavesAt(s, n, start)) continue;
+    if (absl::Status in_the_way = fsdp::CheckCanSaveCheckpoint(e.path().string());
+        !in_the_way.ok()) {
+      return FlagError("checkpoint_dir", dir,
+                       absl::InvalidArgumentError(absl::StrCat("this run saves ", name,
+                                                               " after step ", n, ", but ",
+                                                               in_the_way.message())));
     }
   }
-  // Space: refused when the first checkpoint (with the export, on the same file system) cannot
-  // fit; a warning when not every checkpoint of the run can (train_gpt keeps them all).
-  auto space = [&](const std::string& flag, const std::string& where, uint64_t first,
-                   uint64_t all, const std::string& what) -> absl::Status {
-    absl::StatusOr<uint64_t> free = fsdp::FreeBytesAt(where);
-    if (!free.ok()) return absl::OkStatus();  // nothing to measure: the saves will tell
-    if (*free < first) {
-      return FlagError(flag, where, absl::ResourceExhaustedError(absl::StrCat(
-          "the file system has ", fsdp::FormatBytes(*free), " free, and ", what, " needs ",
-          fsdp::FormatBytes(first), ": free some space or write elsewhere")));
-    }
-    if (*free < all) {
-      s.warnings.push_back(absl::StrCat(
-          "--", flag, "=", where, ": the file system has ", fsdp::FormatBytes(*free),
-          " free, less than the ", fsdp::FormatBytes(all), " that the ", saves,
-          " checkpoints of this run (", fsdp::FormatBytes(ckpt_bytes), " each, every one kept)",
-          first > ckpt_bytes ? " and the export" : "", " need: saves will fail when it is full"));
-    }
-    return absl::OkStatus();
-  };
-  const bool both = !s.checkpoint_dir.empty() && !s.export_path.empty();
-  const bool same_fs = both && fsdp::SameFileSystem(s.checkpoint_dir, s.export_path);
-  if (!s.checkpoint_dir.empty() && saves > 0) {
-    const uint64_t extra = same_fs ? export_bytes : 0;
-    FSDP_RETURN_IF_ERROR(space("checkpoint_dir", s.checkpoint_dir, ckpt_bytes + extra,
-                               ckpt_bytes * static_cast<uint64_t>(saves) + extra,
-                               same_fs ? "a checkpoint and the export" : "one checkpoint"));
+  return SavesPlanned(s, start);
+}
+
+// Rank 0: the export is a new file or a safetensors file, not a file the run reads; the
+// temporary files of killed exports beside it are removed.
+absl::Status PrepareExport(Settings& s, const std::string& data_path) {
+  std::vector<std::string> inputs;
+  if (!data_path.empty()) inputs.push_back("--data=" + data_path);
+  if (!s.init_safetensors.empty()) inputs.push_back("--init_safetensors=" + s.init_safetensors);
+  if (absl::Status w = fsdp::CheckExportPathWritable(s.export_path, inputs); !w.ok()) {
+    return FlagError("export_safetensors", s.export_path, w);
   }
-  if (!s.export_path.empty() && !same_fs) {
-    FSDP_RETURN_IF_ERROR(space("export_safetensors", s.export_path, export_bytes, export_bytes,
-                               "the export"));
+  auto removed = fsdp::RemoveDeadExportTemporaries(s.export_path);
+  if (!removed.ok()) return FlagError("export_safetensors", s.export_path, removed.status());
+  for (const std::string& r : *removed) {
+    s.notes.push_back(absl::StrCat("removed ", r, ": the temporary file of an export that was "
+                                   "killed"));
   }
   return absl::OkStatus();
+}
+
+// Rank 0, the rule for free space: refused when the first checkpoint (with the export, when
+// both are on one file system) cannot fit; a warning when not all the `saves` checkpoints of
+// the run can (train_gpt keeps every one).
+absl::Status CheckFreeSpace(Settings& s, int world_size, int64_t saves) {
+  const fsdp::nn::ModelConfig& c = s.config;
+  const int64_t tensors = static_cast<int64_t>(c.ParamSpecs().size());
+  const uint64_t ckpt = fsdp::CheckpointBytes(c.num_parameters(), tensors, 2, world_size);
+  const uint64_t exported =
+      fsdp::SafetensorsExportBytes(c.num_parameters(), tensors, fsdp::DType::kF32);
+  const bool to_ckpt = !s.checkpoint_dir.empty() && saves > 0, to_export = !s.export_path.empty();
+  const bool same_fs = to_ckpt && to_export && fsdp::SameFileSystem(s.checkpoint_dir,
+                                                                      s.export_path);
+  auto too_little = [](const std::string& flag, const std::string& where, uint64_t free,
+                       const std::string& what, uint64_t need) {
+    return FlagError(flag, where, absl::ResourceExhaustedError(absl::StrCat(
+        "the file system has ", fsdp::FormatBytes(free), " free, and ", what, " needs ",
+        fsdp::FormatBytes(need), ": free some space or write elsewhere")));
+  };
+  if (to_ckpt) {
+    const uint64_t extra = same_fs ? exported : 0;
+    absl::StatusOr<uint64_t> free = fsdp::FreeBytesAt(s.checkpoint_dir);
+    if (free.ok() && *free < ckpt + extra) {
+      return too_little("checkpoint_dir", s.checkpoint_dir, *free,
+                        same_fs ? "a checkpoint and the export" : "one checkpoint", ckpt + extra);
+    }
+    const uint64_t all = ckpt * static_cast<uint64_t>(saves) + extra;
+    if (free.ok() && *free < all) {
+      s.warnings.push_back(absl::StrCat(
+          "--checkpoint_dir=", s.checkpoint_dir, ": the file system has ",
+          fsdp::FormatBytes(*free), " free, less than the ", fsdp::FormatBytes(all), " that the ",
+          saves, " checkpoints of this run (", fsdp::FormatBytes(ckpt), " each, every one kept)",
+          same_fs ? " and the export" : "", " need: saves will fail when it is full"));
+    }
+  }
+  if (to_export && !same_fs) {
+    absl::StatusOr<uint64_t> free = fsdp::FreeBytesAt(s.export_path);
+    if (free.ok() && *free < exported) {
+      return too_little("export_safetensors", s.export_path, *free, "the export", exported);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0, at start-up, for the files the run will write (each error is bad usage).
+absl::Status PrepareOutputs(Settings& s, int world_size, const std::string& data_path) {
+  int64_t saves = 0;
+  if (!s.checkpoint_dir.empty()) {
+    FSDP_ASSIGN_OR_RETURN(saves, PrepareCheckpointDir(s));
+  }
+  if (!s.export_path.empty()) FSDP_RETURN_IF_ERROR(PrepareExport(s, data_path));
+  return CheckFreeSpace(s, world_size, saves);
 }
 
 // Before anything is allocated: the memory planner's peak per rank against the device's

@@ -336,8 +336,11 @@ absl::Status CheckCheckpointDirWritable(const std::string& parent) {
                                                    : absl::StatusCode::kFailedPrecondition,
                 absl::StrCat("cannot create the directory: ", ec.message()));
   }
-  const std::string probe = absl::StrFormat("%s/.fsdp-write-probe-%d", parent, ::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_EXCL: a new file of our own, never whatever (a FIFO, a link) happens to have the name.
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const std::string probe =
+      absl::StrFormat("%s/.fsdp-write-probe-%d-%x", parent, ::getpid(), now & 0xffffff);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
     return fail(err == EACCES || err == EPERM ? absl::StatusCode::kPermissionDenied

@@ -521,10 +521,19 @@ TEST_F(TraceTest, WriteChromeTraceWritesAFileAndReportsErrors) {
   ParsedTrace p;
   ASSERT_NO_FATAL_FAILURE(ParseTrace(text.str(), &p));
   EXPECT_EQ(p.events.size(), 1u);
+  ASSERT_TRUE(t.WriteChromeTrace(path).ok());  // an earlier trace is replaced
   std::filesystem::remove(path);
   const absl::Status bad = t.WriteChromeTrace("/nonexistent-dir/x/trace.json");
-  EXPECT_EQ(bad.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(bad.message().find("nonexistent-dir"), std::string_view::npos);
+  // A file of another kind is never written over (fsdp/files.h).
+  std::ofstream(path) << "notes";
+  const absl::Status other = t.WriteChromeTrace(path);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.message().find("is not a Chrome trace"), std::string_view::npos) << other;
+  std::ifstream kept(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "notes");
+  std::filesystem::remove(path);
 }
 
 // The body of EnvironmentEnablesAndWritesAtExit's child process, which runs it with
