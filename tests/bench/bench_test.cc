@@ -488,7 +488,13 @@ TEST(FsdpBenchCli, BadFlagsExit2WithOneLine) {
                            "--link_gbps -1",
                            "--strategies HYBRID_SHARD --worlds 4 --hybrid_shard 3",
                            "--inter_gbps 1",
-                           "--worlds 2,3 --ranks_per_host 2"}) {
+                           "--worlds 2,3 --ranks_per_host 2",
+                           "--worlds 4097",
+                           "--worlds 1000000000",
+                           "--ranks_per_host 4097",
+                           "--hybrid_shard 2147483647",
+                           "--batch 1048577",
+                           "--layers 10001"}) {
     ExpectUsageError(args);
   }
   const Ran help = RunCli("--help");
