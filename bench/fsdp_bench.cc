@@ -47,8 +47,9 @@ Grid:
                        mini-L24 (how a schedule scales with depth; train_gpt's --layers)
   --strategies LIST    FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_GRAD_OP
                        (default FULL_SHARD)
-  --worlds LIST        ranks, as threads of this process (default 1,2). Under mpirun the world
-                       is the MPI job's and this flag is ignored.
+  --worlds LIST        ranks, as threads of this process (default 1,2; at most 4096, with
+                       --project 1048576). Under mpirun the world is the MPI job's and this
+                       flag is ignored.
   --dtypes LIST        parameter (compute) dtype: f32, bf16, f16 (default f32)
   --checkpoint LIST    activation checkpointing: 0 (off) or k (every k-th block) (default 0)
   --prefetch LIST      forward/backward prefetch: 0 (off) or N, at most N units gathered ahead
@@ -58,8 +59,8 @@ Each run:
                        (default same)
   --hybrid_shard S     HYBRID strategies: ranks per shard group; 0 = --ranks_per_host when set,
                        else the whole world. A world smaller than S uses one group. (default 0)
-  --batch B            sequences per rank and step, B (default 4): weak scaling, the global
-                       batch is B x world size
+  --batch B            sequences per rank and step, B (default 4, at most 1048576): weak
+                       scaling, the global batch is B x world size
   --seq T              sequence length (default 64; 0 = the model's block size)
   --threads N          OpenMP threads per rank; 0 = the cores divided by the largest world of
                        the grid, the same for every run so that runs compare per rank (default 0)
@@ -140,7 +141,8 @@ Projection (docs/scaling.md, "Projection"; nothing is trained unless said):
                        3,200 Gbit/s = 400 GB/s per node), p4de (p4de.24xlarge: 8 x A100 80GB,
                        312 TFLOP/s, NVLink 600 = 300 GB/s per direction, EFA 400 Gbit/s = 50
                        GB/s), or custom (default: nothing preset). Flags given override them.
-  --nodes LIST         hosts; each world is nodes x --ranks_per_host (instead of --worlds)
+  --nodes LIST         hosts; each world is nodes x --ranks_per_host (instead of --worlds),
+                       at most 1048576 ranks
   --ranks_per_host R   (with --project) devices per host
   --link_gbps G        (with --project) a device's link inside a host, GB/s per direction
   --link_latency_us U  (with --project) latency per hop (ring) or transfer (simulated) inside
@@ -219,6 +221,14 @@ struct Args {
   bool calibrate_each = false;
   std::set<std::string> given;  // the flags on the command line
 };
+
+// Bounds on the sizes of a run (docs/scaling.md). Measured runs are ranks as threads of this
+// process, as many as LocalWorld takes; a projection is a replay whose collectives cost the
+// same however many ranks they span, up to the memory planner's world (fsdp/plan.h). B up to
+// the largest micro-batch the planner searches (LargestMicroBatch).
+constexpr int kMaxMeasuredWorld = 4096;
+constexpr int kMaxProjectedWorld = fsdp::kMaxPlanWorldSize;
+constexpr int kMaxBatch = 1 << 20;
 
 [[noreturn]] void BadUsage(const std::string& message) {
   std::fprintf(stderr, "fsdp_bench: %s (fsdp_bench --help lists the options)\n",
@@ -400,6 +410,10 @@ Args ParseArgs(int argc, char** argv) {
       a.hybrid_shard = ParseInt(k, v, 0);
     } else if (k == "--batch") {
       a.batch = ParseInt(k, v, 1);
+      if (a.batch > kMaxBatch) {
+        BadUsage(absl::StrCat("--batch=", v, ": allowed: 1 to ", kMaxBatch,
+                              " sequences per rank"));
+      }
     } else if (k == "--seq") {
       a.seq = ParseInt(k, v, 0);
     } else if (k == "--threads") {
@@ -473,6 +487,17 @@ Args ParseArgs(int argc, char** argv) {
                "--inter_gbps");
     }
   }
+  // Ranks: threads of this process when measured, a replay's groups when projected.
+  const int max_world = a.project ? kMaxProjectedWorld : kMaxMeasuredWorld;
+  const char* what_world =
+      a.project ? "ranks (--project)"
+                : "ranks, as threads of this process (--project goes to 1048576)";
+  for (auto [flag, v] : {std::pair<const char*, int>{"--ranks_per_host", a.ranks_per_host},
+                         {"--hybrid_shard", a.hybrid_shard}}) {
+    if (v > max_world) {
+      BadUsage(absl::StrCat(flag, "=", v, ": allowed: 0 to ", max_world, " ", what_world));
+    }
+  }
   if (a.project) {
     const bool p5 = a.cluster == "p5", p4de = a.cluster == "p4de";
     if (p5 || p4de) {
@@ -502,11 +527,25 @@ Args ParseArgs(int argc, char** argv) {
     }
     if (!a.nodes.empty()) {
       if (a.ranks_per_host <= 0) BadUsage("--nodes: needs --ranks_per_host (devices per host)");
+      // Hosts x ranks per host within the projection's world (so the product fits an int).
+      const int max_hosts = kMaxProjectedWorld / a.ranks_per_host;
       a.worlds.clear();
-      for (int n : a.nodes) a.worlds.push_back(n * a.ranks_per_host);
+      for (int n : a.nodes) {
+        if (n > max_hosts) {
+          BadUsage(absl::StrCat("--nodes=", n, ": allowed: 1 to ", max_hosts, " hosts of ",
+                                "--ranks_per_host=", a.ranks_per_host, " (at most ",
+                                kMaxProjectedWorld, " ranks in all)"));
+        }
+        a.worlds.push_back(n * a.ranks_per_host);
+      }
     }
   } else if (!a.nodes.empty()) {
     BadUsage("--nodes: needs --project");
+  }
+  for (int w : a.worlds) {
+    if (w > max_world) {
+      BadUsage(absl::StrCat("--worlds=", w, ": allowed: 1 to ", max_world, " ", what_world));
+    }
   }
   if (a.validate) {
     if (a.validate_links.empty()) {
@@ -903,6 +942,7 @@ int RunProjection(const Args& a) {
     std::string mem;
   };
   std::vector<Row> rows;
+  std::set<std::string> plan_errors;  // why a run's mem GiB is "-"
   for (const std::string& m : a.models) {
     const fsdp::nn::ModelConfig& mc = a.configs.at(m);
     for (fsdp::DType d : a.dtypes) {
@@ -996,6 +1036,7 @@ int RunProjection(const Args& a) {
                                                         ? (plan->fits ? " fits" : " NO")
                                                         : "")
                                   : std::string("-");
+              if (!plan.ok()) plan_errors.insert(std::string(plan.status().message()));
               rows.push_back(row);
             }
           }
@@ -1027,6 +1068,10 @@ int RunProjection(const Args& a) {
                 r.inter_eff,
                 r.p.step_s * 1e3, r.p.compute_s * 1e3, r.p.exposed_comm_s * 1e3,
                 r.p.comm_busy_s * 1e3, r.p.tokens_per_s, 100 * mfu, r.eff, r.mem.c_str());
+  }
+  std::fflush(stdout);  // the notes after the table
+  for (const std::string& e : plan_errors) {
+    std::fprintf(stderr, "fsdp_bench: mem GiB is - where the memory plan says: %s\n", e.c_str());
   }
   if (!a.svg_dir.empty()) {
     std::vector<fsdp::BenchResult> pts;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,14 +33,14 @@ ABSL_FLAG(std::string, model, "nano",
           "the model: nano, mini, gpt2, gpt2-medium, gpt2-xl, llama-nano, llama-mini, "
           "llama2-7b, llama2-13b or llama2-70b. The size flags below change its shape "
           "(explicit sizes: start from the family's model and override)");
-ABSL_FLAG(int, layers, 0, "explicit size: number of blocks L (0 = the model's)");
+ABSL_FLAG(int, layers, 0, "explicit size: number of blocks L, at most 10000 (0 = the model's)");
 ABSL_FLAG(int, channels, 0, "explicit size: width C (0 = the model's)");
 ABSL_FLAG(int, heads, 0, "explicit size: attention (query) heads H (0 = the model's)");
 ABSL_FLAG(int, kv_heads, 0, "explicit size, Llama: key/value heads (0 = the model's)");
 ABSL_FLAG(int, mlp_hidden, 0, "explicit size, Llama: MLP hidden width F (0 = the model's)");
 ABSL_FLAG(int, vocab, 0, "explicit size: vocabulary size V (0 = the model's)");
 ABSL_FLAG(int, block_size, 0, "explicit size: longest sequence the model takes (0 = the model's)");
-ABSL_FLAG(int, world, 1, "data-parallel ranks (devices) in all");
+ABSL_FLAG(int, world, 1, "data-parallel ranks (devices) in all, at most 1048576 (1 << 20)");
 ABSL_FLAG(int, ranks_per_host, 0,
           "ranks (devices) per host; must divide --world (0 = all on one host). The default "
           "shard group of the HYBRID strategies is one host");
@@ -89,12 +90,15 @@ absl::StatusOr<fsdp::DType> ParseDType(absl::string_view flag, const std::string
   return BadFlag(flag, value, "allowed: f32, bf16 or f16");
 }
 
-absl::StatusOr<std::vector<int>> ParseInts(absl::string_view flag, const std::string& value) {
+// A comma-separated list of integers from 1 to `max`.
+absl::StatusOr<std::vector<int>> ParseInts(absl::string_view flag, const std::string& value,
+                                           int max) {
   std::vector<int> out;
   for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
     int v = 0;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v) || v < 1) {
-      return BadFlag(flag, value, "allowed: a comma-separated list of positive integers");
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v) || v < 1 || v > max) {
+      return BadFlag(flag, value,
+                     absl::StrCat("allowed: a comma-separated list of integers from 1 to ", max));
     }
     out.push_back(v);
   }
@@ -110,17 +114,21 @@ absl::StatusOr<fsdp::nn::ModelConfig> ConfigFromFlags() {
   struct Size {
     const char* flag;
     int value;
+    int max;  // the bounds of fsdp/nn/model.h
   };
-  const Size sizes[] = {{"layers", absl::GetFlag(FLAGS_layers)},
-                        {"channels", absl::GetFlag(FLAGS_channels)},
-                        {"heads", absl::GetFlag(FLAGS_heads)},
-                        {"kv_heads", absl::GetFlag(FLAGS_kv_heads)},
-                        {"mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden)},
-                        {"vocab", absl::GetFlag(FLAGS_vocab)},
-                        {"block_size", absl::GetFlag(FLAGS_block_size)}};
+  constexpr int kAny = std::numeric_limits<int>::max();
+  const Size sizes[] = {{"layers", absl::GetFlag(FLAGS_layers), fsdp::nn::kMaxLayers},
+                        {"channels", absl::GetFlag(FLAGS_channels), fsdp::nn::kMaxChannels},
+                        {"heads", absl::GetFlag(FLAGS_heads), fsdp::nn::kMaxChannels},
+                        {"kv_heads", absl::GetFlag(FLAGS_kv_heads), fsdp::nn::kMaxChannels},
+                        {"mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden), fsdp::nn::kMaxMlpHidden},
+                        {"vocab", absl::GetFlag(FLAGS_vocab), 65536},
+                        {"block_size", absl::GetFlag(FLAGS_block_size), kAny}};
   for (const Size& s : sizes) {
-    if (s.value < 0) {
-      return BadFlag(s.flag, absl::StrCat(s.value), "allowed: 0 (the model's) or a positive size");
+    if (s.value < 0 || s.value > s.max) {
+      return BadFlag(s.flag, absl::StrCat(s.value),
+                     s.max == kAny ? std::string("allowed: 0 (the model's) or a positive size")
+                                   : absl::StrCat("allowed: 0 (the model's) or 1 to ", s.max));
     }
   }
   auto set = [](int v, int& field) {
@@ -171,22 +179,25 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
   r.model = config.name();
   r.config = config;
   r.world_size = absl::GetFlag(FLAGS_world);
-  if (r.world_size < 1) {
-    return BadFlag("world", absl::StrCat(r.world_size), "allowed: 1 or more ranks");
+  if (r.world_size < 1 || r.world_size > fsdp::kMaxPlanWorldSize) {
+    return BadFlag("world", absl::StrCat(r.world_size),
+                   absl::StrCat("allowed: 1 to ", fsdp::kMaxPlanWorldSize, " ranks"));
   }
   r.ranks_per_host = absl::GetFlag(FLAGS_ranks_per_host);
-  if (r.ranks_per_host < 0) {
+  if (r.ranks_per_host < 0 || r.ranks_per_host > fsdp::kMaxPlanWorldSize) {
     return BadFlag("ranks_per_host", absl::StrCat(r.ranks_per_host),
-                   "allowed: 0 (one host) or the devices of one host, e.g. 8");
+                   absl::StrCat("allowed: 0 (one host) or the devices of one host, e.g. 8 (at "
+                                "most ", fsdp::kMaxPlanWorldSize, ")"));
   }
   const std::string strategy = absl::GetFlag(FLAGS_strategy);
   absl::StatusOr<fsdp::ShardingStrategy> s = fsdp::ParseStrategy(strategy);
   if (!s.ok()) return BadFlag("strategy", strategy, s.status().message());
   r.strategy = *s;
   r.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
-  if (r.hybrid_shard_size < 0) {
+  if (r.hybrid_shard_size < 0 || r.hybrid_shard_size > fsdp::kMaxPlanWorldSize) {
     return BadFlag("hybrid_shard_size", absl::StrCat(r.hybrid_shard_size),
-                   "allowed: 0 (= --ranks_per_host) or the ranks of a shard group");
+                   absl::StrCat("allowed: 0 (= --ranks_per_host) or the ranks of a shard group "
+                                "(at most ", fsdp::kMaxPlanWorldSize, ")"));
   }
   FSDP_ASSIGN_OR_RETURN(r.param_dtype, ParseDType("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
   FSDP_ASSIGN_OR_RETURN(r.reduce_dtype,
@@ -236,6 +247,10 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
     if (*bytes <= 0) return BadFlag("device_memory", mem, "give a size above 0, e.g. 80GiB");
     r.device_memory_bytes = *bytes;
   }
+  // The activations of B x T must come to int64 bytes or less: the plan's figures are exact.
+  if (absl::StatusOr<fsdp::PlanModel> m = fsdp::PlanModelFor(config, r); !m.ok()) {
+    return BadFlag("batch", absl::StrCat(r.batch_size), m.status().message());
+  }
   return r;
 }
 
@@ -281,10 +296,18 @@ absl::Status RunTable(const fsdp::PlanRequest& r) {
     if (r.ranks_per_host < 1) {
       return BadFlag("nodes", nodes, "needs --ranks_per_host (the devices of one host)");
     }
-    FSDP_ASSIGN_OR_RETURN(std::vector<int> n, ParseInts("nodes", nodes));
-    for (int x : n) worlds.push_back(x * r.ranks_per_host);
+    // Hosts x ranks per host within the planner's world (so the product fits an int, too).
+    const int max_hosts = fsdp::kMaxPlanWorldSize / r.ranks_per_host;
+    absl::StatusOr<std::vector<int>> n = ParseInts("nodes", nodes, max_hosts);
+    if (!n.ok()) {
+      return BadFlag("nodes", nodes,
+                     absl::StrCat("allowed: a comma-separated list of 1 to ", max_hosts,
+                                  " hosts (", fsdp::kMaxPlanWorldSize, " ranks in all at most, "
+                                  "at --ranks_per_host=", r.ranks_per_host, ")"));
+    }
+    for (int x : *n) worlds.push_back(x * r.ranks_per_host);
   } else if (!w.empty()) {
-    FSDP_ASSIGN_OR_RETURN(worlds, ParseInts("worlds", w));
+    FSDP_ASSIGN_OR_RETURN(worlds, ParseInts("worlds", w, fsdp::kMaxPlanWorldSize));
   } else {
     const int h = r.ranks_per_host > 0 ? r.ranks_per_host : 1;
     worlds = {h, 2 * h, 4 * h, 8 * h};

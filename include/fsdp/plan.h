@@ -41,6 +41,20 @@
 
 namespace fsdp {
 
+// Bounds on what the planner takes (docs/planning.md, "Bounds"); a request beyond one is an
+// InvalidArgument error that names it, and a byte figure beyond int64 (8 EiB) is an error that
+// says so, never a wrapped or negative number.
+//  - Units: the replay is per unit, so a model has at most nn::kMaxLayers (10000) blocks and
+//    the root unit: ten times the deepest transformer trained (DeepNet, 1000 layers). A
+//    request at the bound plans in well under a second (tests/plan/plan_test.cc, PlanBounds).
+//  - World: 1 << 20 ranks, tens of times the largest clusters trained on (tens of thousands
+//    of accelerators); the replay's cost does not depend on it.
+//  - A unit: 2^56 elements, so that each of its buffers, padded to the shard group, fits in
+//    int64 bytes with room to spare.
+inline constexpr int kMaxPlanUnits = nn::kMaxLayers + 1;
+inline constexpr int kMaxPlanWorldSize = 1 << 20;
+inline constexpr int64_t kMaxPlanUnitNumel = int64_t{1} << 56;
+
 // A model as the planner needs it: plain numbers. PlanModelFor builds one from a bundled
 // model's configuration; a framework with its own model fills it in itself.
 struct PlanModel {
@@ -148,13 +162,15 @@ absl::StatusOr<PlanModel> PlanModelFor(const nn::ModelConfig& config, const Plan
 
 // The plan of a request. InvalidArgument, saying what is wrong and what to do, for bad input:
 // an unknown model, T above the block size, B < 1, a world size the hybrid shard size or
-// ranks_per_host does not divide, a dtype other than f32/bf16/f16, ...
+// ranks_per_host does not divide, a dtype other than f32/bf16/f16, sizes beyond the bounds
+// above, a B x T whose activations or a model whose shards come to more than int64 bytes, ...
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& request);
 
 // The largest micro-batch B (sequences per rank) whose plan fits the request's device memory,
 // everything else as in the request (its batch_size is ignored); 0 when not even B = 1 fits.
 // Needs device_memory_bytes > 0 and a model whose activations the planner can size for any B
-// (a bundled model or a config). Searches up to B = 1 << 20.
+// (a bundled model or a config). Searches up to B = 1 << 20; a B whose activations come to
+// more than int64 bytes does not fit. The replay runs once: each B counts only activations.
 absl::StatusOr<int> LargestMicroBatch(const PlanRequest& request);
 
 // One cell of a strategies x world sizes table.

@@ -33,6 +33,7 @@
 #include "fsdp/communicator.h"
 #include "fsdp/dtype.h"
 #include "fsdp/nn/model_config.h"
+#include "fsdp/plan.h"
 #include "fsdp/sharding.h"
 #include "fsdp/status.h"
 
@@ -150,13 +151,18 @@ struct Projection {
 // with negative or non-finite times, unit sizes that do not match the blocks, a world < 1, a
 // hybrid shard size that does not divide the world, a link with negative figures or
 // ranks_per_host that does not divide the world, or an overlap_slowdown outside [0, 1).
+// The bounds are the memory planner's (plan.h): a world of at most kMaxPlanWorldSize (1 << 20)
+// ranks, at most nn::kMaxLayers (10000) blocks, units of at most kMaxPlanUnitNumel elements.
+// A collective's cost is worked out from its group's shape (ranks, hosts, the most and fewest
+// ranks on a host), once per group, so the replay does not grow with the world: a projection
+// at the bounds answers in well under a second (tests/bench/project_test.cc).
 absl::StatusOr<Projection> ProjectStep(const StepProfile& profile, const LinkSpec& link,
                                        const ProjectionRun& run);
 
 // The time of one collective over the ranks `group` (world ranks) on `link`: kind kAllGather,
 // kReduceScatter (`bytes` = nccl-tests' S, the whole gathered / scattered buffer) or kAllReduce
 // (`bytes` = the buffer); `elem_bytes` is the dtype's size (the all_reduce's slices are
-// aligned to 64 bytes of it). The slowest rank's time.
+// aligned to 64 bytes of it). The slowest rank's time. Groups of up to kMaxPlanWorldSize ranks.
 absl::StatusOr<double> CollectiveSeconds(CollectiveKind kind, int64_t bytes, int elem_bytes,
                                          const std::vector<int>& group, const LinkSpec& link);
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -49,47 +48,71 @@ absl::Status CheckLink(const LinkSpec& l) {
 
 int HostOf(int rank, const LinkSpec& l) { return l.ranks_per_host > 0 ? rank / l.ranks_per_host : 0; }
 
+// What a collective's cost depends on in a group: its ranks, its hosts, and the most and the
+// fewest of its ranks that share a host. Worked out once per group, so that a collective costs
+// the same to charge however many ranks it spans.
+struct GroupShape {
+  int n = 0, hosts = 0, most_on_a_host = 0, fewest_on_a_host = 0;
+};
+
+GroupShape ShapeOf(const std::vector<int>& g, const LinkSpec& l) {
+  std::vector<int> hosts;
+  hosts.reserve(g.size());
+  for (int r : g) hosts.push_back(HostOf(r, l));
+  if (!std::is_sorted(hosts.begin(), hosts.end())) std::sort(hosts.begin(), hosts.end());
+  GroupShape s;
+  s.n = static_cast<int>(g.size());
+  s.fewest_on_a_host = s.n;
+  for (size_t i = 0; i < hosts.size();) {
+    size_t j = i;
+    while (j < hosts.size() && hosts[j] == hosts[i]) ++j;
+    const int on_host = static_cast<int>(j - i);
+    ++s.hosts;
+    s.most_on_a_host = std::max(s.most_on_a_host, on_host);
+    s.fewest_on_a_host = std::min(s.fewest_on_a_host, on_host);
+    i = j;
+  }
+  return s;
+}
+
 // The local communicator's TransferSeconds (collectives/local/local_group.cc).
-double Transfer(int a, int b, double bytes, const LinkSpec& l) {
-  const bool inter = HostOf(a, l) != HostOf(b, l);
+double Transfer(bool inter, double bytes, const LinkSpec& l) {
   const double bw = inter ? l.inter_bytes_per_s : l.intra_bytes_per_s;
   const double lat = inter ? l.inter_latency_s : l.intra_latency_s;
   return lat + (bw > 0 ? bytes / bw : 0.0);
 }
 
-// The slowest rank's charge for sending `bytes` to every other rank of the group.
-double AllPeers(const std::vector<int>& g, double bytes, const LinkSpec& l) {
+// The slowest rank's charge for sending `bytes` to every other rank of the group: a rank
+// with k - 1 peers on its host pays k - 1 transfers inside it and n - k between hosts, so the
+// slowest is on the fullest or on the emptiest host.
+double AllPeers(const GroupShape& g, double bytes, const LinkSpec& l) {
+  const double intra = Transfer(false, bytes, l), inter = Transfer(true, bytes, l);
   double worst = 0;
-  for (int r : g) {
-    double s = 0;
-    for (int q : g) {
-      if (q != r) s += Transfer(r, q, bytes, l);
-    }
-    worst = std::max(worst, s);
+  for (int k : {g.most_on_a_host, g.fewest_on_a_host}) {
+    worst = std::max(worst, (k - 1) * intra + (g.n - k) * inter);
   }
   return worst;
 }
 
-double SimulatedSeconds(CollectiveKind kind, int64_t bytes, int elem, const std::vector<int>& g,
+double SimulatedSeconds(CollectiveKind kind, int64_t bytes, int elem, const GroupShape& g,
                         const LinkSpec& l) {
-  const int n = static_cast<int>(g.size());
+  const int n = g.n;
   if (kind == CollectiveKind::kAllReduce) {
     const int64_t count = bytes / elem;
     const int64_t align = std::max<int64_t>(1, 64 / elem);
-    const int64_t per = ((count + n - 1) / n + align - 1) / align * align;
-    return 2 * AllPeers(g, static_cast<double>(per * elem), l);
+    const int64_t slice = count / n + (count % n != 0 ? 1 : 0);  // ceil(count / n)
+    const int64_t per = (slice + align - 1) / align * align;
+    return 2 * AllPeers(g, static_cast<double>(per) * elem, l);
   }
   return AllPeers(g, static_cast<double>(bytes) / n, l);
 }
 
 double Div(double bytes, double bw) { return bw > 0 ? bytes / bw : 0.0; }
 
-double RingSeconds(CollectiveKind kind, int64_t bytes, const std::vector<int>& g,
-                   const LinkSpec& l, bool hierarchical) {
-  const int n = static_cast<int>(g.size());
-  std::set<int> hosts;
-  for (int r : g) hosts.insert(HostOf(r, l));
-  const int h = static_cast<int>(hosts.size());
+double RingSeconds(CollectiveKind kind, int64_t bytes, const GroupShape& g, const LinkSpec& l,
+                   bool hierarchical) {
+  const int n = g.n;
+  const int h = g.hosts;
   const int per_host = n / h;  // ranks of the group on each host
   const int host_ranks = l.ranks_per_host > 0 ? l.ranks_per_host : n;
   // Groups of the same shape run at once on every host (every rank runs the same step): they
@@ -120,6 +143,31 @@ double RingSeconds(CollectiveKind kind, int64_t bytes, const std::vector<int>& g
   return phases * (latency + Div((n - 1.0) / n * S, bw));
 }
 
+absl::StatusOr<double> ShapeSeconds(CollectiveKind kind, int64_t bytes, int elem_bytes,
+                                    const GroupShape& group, const LinkSpec& link) {
+  FSDP_RETURN_IF_ERROR(CheckLink(link));
+  if (kind != CollectiveKind::kAllGather && kind != CollectiveKind::kReduceScatter &&
+      kind != CollectiveKind::kAllReduce) {
+    return Bad(absl::StrCat("CollectiveSeconds: ", std::string(CollectiveName(kind)),
+                            ": allowed: all_gather, reduce_scatter, all_reduce"));
+  }
+  if (bytes < 0 || elem_bytes < 1) {
+    return Bad(absl::StrCat("CollectiveSeconds: bytes=", bytes, ", elem_bytes=", elem_bytes,
+                            ": allowed: bytes >= 0, elem_bytes >= 1"));
+  }
+  if (group.n == 0) return Bad("CollectiveSeconds: an empty group");
+  if (group.n == 1) return 0.0;
+  switch (link.algorithm) {
+    case CollectiveAlgorithm::kSimulatedLink:
+      return SimulatedSeconds(kind, bytes, elem_bytes, group, link);
+    case CollectiveAlgorithm::kRing:
+      return RingSeconds(kind, bytes, group, link, false);
+    case CollectiveAlgorithm::kHierarchical:
+      return RingSeconds(kind, bytes, group, link, true);
+  }
+  return Bad("CollectiveSeconds: unknown algorithm");
+}
+
 // ---- the replay ----------------------------------------------------------------------------
 
 enum class State { kIdle, kForward, kForwardDone, kBackward, kBackwardDone };
@@ -131,11 +179,22 @@ class Replay {
     const int U = static_cast<int>(p.unit_numel.size());
     units_.resize(U);
     // Rank 0's groups (ranks r = replicate index x S + shard index); every rank's look alike.
-    for (int i = 0; i < S; ++i) shard_group_.push_back(i);
-    for (int i = 0; i < R; ++i) replicate_group_.push_back(i * S);
+    std::vector<int> group;
+    for (int i = 0; i < S; ++i) group.push_back(i);
+    shard_.shape = ShapeOf(group, l);
+    group.clear();
+    for (int i = 0; i < R; ++i) group.push_back(i * S);
+    replicate_.shape = ShapeOf(group, l);
     for (int u = 0; u < U; ++u) forward_order_.push_back(u);
     backward_order_.push_back(0);
     for (int u = U - 1; u >= 1; --u) backward_order_.push_back(u);
+    // Where each unit is in each order (the runtime's std::find, without its cost per use).
+    forward_pos_.resize(U);
+    backward_pos_.resize(U);
+    for (int i = 0; i < U; ++i) {
+      forward_pos_[forward_order_[i]] = i;
+      backward_pos_[backward_order_[i]] = i;
+    }
   }
 
   absl::StatusOr<Projection> Run() {
@@ -153,6 +212,7 @@ class Replay {
     PostForward(0);
     in_backward_ = true;
     forward_recorded_ = true;
+    scanned_ = 0;  // the backward pass's scans
     FSDP_RETURN_IF_ERROR(PreBackward(0));
     Compute(p_.head_s * 2 / 3);
     for (int i = L - 1; i >= 0; --i) {
@@ -225,13 +285,25 @@ class Replay {
       t_ += s;
       return;
     }
-    std::vector<std::pair<double, double>> busy;
-    for (const ProjectedCollective& c : colls_) {
-      if (c.end_s > t_) busy.push_back({std::max(c.start_s, t_), c.end_s});
+    // The collectives that end after now, by when they run from now on: each queue's from its
+    // first that has not ended, in the order they were issued (a queue runs one after another,
+    // so they start and end in that order), the two queues merged as the walk goes. The walk
+    // stops at the first that starts after the work is done: each call visits the collectives
+    // that end during it, and one more, not every collective in flight.
+    for (Queue* q : {&shard_, &replicate_}) {
+      while (q->live < q->colls.size() && colls_[q->colls[q->live]].end_s <= t_) ++q->live;
     }
-    std::sort(busy.begin(), busy.end());
+    const double now = t_;
+    auto span = [&](const Queue& q, size_t i) {
+      const ProjectedCollective& c = colls_[q.colls[i]];
+      return std::pair<double, double>(std::max(c.start_s, now), c.end_s);
+    };
+    size_t i = shard_.live, j = replicate_.live;
     double left = s;
-    for (auto [b, e] : busy) {
+    while (i < shard_.colls.size() || j < replicate_.colls.size()) {
+      const bool from_shard = j >= replicate_.colls.size() ||
+                              (i < shard_.colls.size() && span(shard_, i) <= span(replicate_, j));
+      auto [b, e] = from_shard ? span(shard_, i++) : span(replicate_, j++);
       if (e <= t_) continue;
       b = std::max(b, t_);
       if (b > t_) {  // free of communication until b
@@ -251,9 +323,9 @@ class Replay {
   }
 
   absl::StatusOr<int> Issue(bool shard, CollectiveKind kind, int64_t bytes, int elem, int unit) {
-    const std::vector<int>& g = shard ? shard_group_ : replicate_group_;
-    FSDP_ASSIGN_OR_RETURN(double d, CollectiveSeconds(kind, bytes, elem, g, link_));
-    double& free = shard ? shard_free_ : replicate_free_;
+    Queue& q = shard ? shard_ : replicate_;
+    FSDP_ASSIGN_OR_RETURN(double d, ShapeSeconds(kind, bytes, elem, q.shape, link_));
+    double& free = q.free;
     ProjectedCollective c;
     c.kind = kind == CollectiveKind::kAllGather       ? "all_gather"
              : kind == CollectiveKind::kReduceScatter ? "reduce_scatter"
@@ -265,6 +337,7 @@ class Replay {
     c.end_s = c.start_s + d;
     free = c.end_s;
     colls_.push_back(c);
+    q.colls.push_back(static_cast<int>(colls_.size()) - 1);
     return static_cast<int>(colls_.size()) - 1;
   }
   void Wait(int c) {
@@ -284,7 +357,7 @@ class Replay {
     FSDP_ASSIGN_OR_RETURN(unit.gather, Issue(true, CollectiveKind::kAllGather, Padded(u) * e, e, u));
     return absl::OkStatus();
   }
-  absl::Status Acquire(int u, const std::vector<int>& order) {
+  absl::Status Acquire(int u, const std::vector<int>& order, const std::vector<int>& pos_of) {
     Unit& unit = units_[u];
     if (unit.prefetched) {
       unit.prefetched = false;
@@ -292,16 +365,18 @@ class Replay {
     }
     FSDP_RETURN_IF_ERROR(IssueGather(u));
     if (run_.prefetch > 0 && S_ > 1) {
-      auto pos = std::find(order.begin(), order.end(), u);
-      for (auto it = pos == order.end() ? pos : pos + 1;
-           it != order.end() && prefetched_ < run_.prefetch; ++it) {
-        Unit& next = units_[*it];
+      // From the unit after this one, or from where this pass's last scan stopped: the units
+      // it passed over are still gathered (as the memory planner's replay, src/plan/plan.cc).
+      size_t i = std::max<size_t>(pos_of[u] + 1, scanned_);
+      for (; i < order.size() && prefetched_ < run_.prefetch; ++i) {
+        Unit& next = units_[order[i]];
         const State want = in_backward_ ? State::kForwardDone : State::kIdle;
         if (next.gathered || next.state != want) continue;
-        FSDP_RETURN_IF_ERROR(IssueGather(*it));
+        FSDP_RETURN_IF_ERROR(IssueGather(order[i]));
         next.prefetched = true;
         ++prefetched_;
       }
+      scanned_ = i;
     }
     Wait(unit.gather);
     unit.gather = -1;
@@ -327,7 +402,7 @@ class Replay {
 
   absl::Status PreForward(int u) {
     in_backward_ = false;
-    FSDP_RETURN_IF_ERROR(Acquire(u, forward_order_));
+    FSDP_RETURN_IF_ERROR(Acquire(u, forward_order_, forward_pos_));
     units_[u].state = State::kForward;
     return absl::OkStatus();
   }
@@ -337,7 +412,7 @@ class Replay {
     units_[u].state = State::kForwardDone;
   }
   absl::Status PreBackward(int u) {
-    FSDP_RETURN_IF_ERROR(Acquire(u, backward_order_));
+    FSDP_RETURN_IF_ERROR(Acquire(u, backward_order_, backward_pos_));
     units_[u].state = State::kBackward;
     return absl::OkStatus();
   }
@@ -389,12 +464,22 @@ class Replay {
   const LinkSpec& link_;
   const ProjectionRun& run_;
   const int S_, R_;
-  std::vector<int> shard_group_, replicate_group_, forward_order_, backward_order_;
+  // A communicator: its group's shape, its collectives (indices into colls_) in the order they
+  // were issued, the first of them that may still run, and when it is free.
+  struct Queue {
+    GroupShape shape;
+    std::vector<int> colls;
+    size_t live = 0;
+    double free = 0;
+  };
+  Queue shard_, replicate_;
+  std::vector<int> forward_order_, backward_order_, forward_pos_, backward_pos_;
   std::vector<Unit> units_;
   std::vector<ProjectedCollective> colls_;
   std::deque<std::pair<int, int>> shard_reductions_, replica_reductions_;
-  double t_ = 0, exposed_ = 0, shard_free_ = 0, replicate_free_ = 0;
+  double t_ = 0, exposed_ = 0;
   int prefetched_ = 0;
+  size_t scanned_ = 0;  // prefetch: where this pass's last scan of its order stopped
   bool in_backward_ = false, forward_recorded_ = true;
 };
 
@@ -440,33 +525,21 @@ LinkSpec SimulatedLink(const CommOptions& o) {
 
 absl::StatusOr<double> CollectiveSeconds(CollectiveKind kind, int64_t bytes, int elem_bytes,
                                          const std::vector<int>& group, const LinkSpec& link) {
-  FSDP_RETURN_IF_ERROR(CheckLink(link));
-  if (kind != CollectiveKind::kAllGather && kind != CollectiveKind::kReduceScatter &&
-      kind != CollectiveKind::kAllReduce) {
-    return Bad(absl::StrCat("CollectiveSeconds: ", std::string(CollectiveName(kind)),
-                            ": allowed: all_gather, reduce_scatter, all_reduce"));
+  if (group.size() > static_cast<size_t>(kMaxPlanWorldSize)) {
+    return Bad(absl::StrCat("CollectiveSeconds: a group of ", group.size(),
+                            " ranks: allowed: 1 to ", kMaxPlanWorldSize));
   }
-  if (bytes < 0 || elem_bytes < 1) {
-    return Bad(absl::StrCat("CollectiveSeconds: bytes=", bytes, ", elem_bytes=", elem_bytes,
-                            ": allowed: bytes >= 0, elem_bytes >= 1"));
-  }
-  if (group.empty()) return Bad("CollectiveSeconds: an empty group");
-  if (group.size() == 1) return 0.0;
-  switch (link.algorithm) {
-    case CollectiveAlgorithm::kSimulatedLink:
-      return SimulatedSeconds(kind, bytes, elem_bytes, group, link);
-    case CollectiveAlgorithm::kRing:
-      return RingSeconds(kind, bytes, group, link, false);
-    case CollectiveAlgorithm::kHierarchical:
-      return RingSeconds(kind, bytes, group, link, true);
-  }
-  return Bad("CollectiveSeconds: unknown algorithm");
+  return ShapeSeconds(kind, bytes, elem_bytes, ShapeOf(group, link), link);
 }
 
 absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& link,
                                        const ProjectionRun& run) {
   const int L = p.num_blocks();
   if (L < 1) return Bad("the profile has no blocks: give each block's forward and backward time");
+  if (L > nn::kMaxLayers) {
+    return Bad(absl::StrCat("the profile has ", L, " blocks: allowed: 1 to ", nn::kMaxLayers,
+                            " (the replay is per block)"));
+  }
   if (static_cast<int>(p.block_backward_s.size()) != L ||
       static_cast<int>(p.block_recompute_s.size()) != L) {
     return Bad(absl::StrCat("the profile has ", L, " forward, ", p.block_backward_s.size(),
@@ -478,7 +551,10 @@ absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& lin
                             " blocks: give the root unit's and each block's (", L + 1, ")"));
   }
   for (int64_t n : p.unit_numel) {
-    if (n < 1) return Bad(absl::StrCat("a unit of ", n, " elements: allowed: 1 or more"));
+    if (n < 1 || n > kMaxPlanUnitNumel) {
+      return Bad(absl::StrCat("a unit of ", n, " elements: allowed: 1 to 2^56 (",
+                              kMaxPlanUnitNumel, ")"));
+    }
   }
   for (const std::vector<double>* v :
        {&p.block_forward_s, &p.block_backward_s, &p.block_recompute_s}) {
@@ -501,7 +577,10 @@ absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& lin
                             ": allowed: a fraction in [0, 1)"));
   }
   const int W = run.world_size;
-  if (W < 1) return Bad(absl::StrCat("world_size=", W, ": allowed: 1 or more ranks"));
+  if (W < 1 || W > kMaxPlanWorldSize) {
+    return Bad(absl::StrCat("world_size=", W, ": allowed: 1 to ", kMaxPlanWorldSize,
+                            " ranks (1 << 20)"));
+  }
   if (run.prefetch < 0) {
     return Bad(absl::StrCat("prefetch=", run.prefetch,
                             ": allowed: 0 (none) or the units gathered ahead of their use"));
@@ -532,6 +611,9 @@ absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& lin
 }
 
 absl::StatusOr<StepProfile> ProfileFromBench(const BenchResult& r, const nn::ModelConfig& config) {
+  if (absl::Status v = config.Validate(); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("ProfileFromBench: ", v.message()));
+  }
   const int L = config.num_layers();
   if (static_cast<int>(r.block_forward_s.size()) != L ||
       static_cast<int>(r.block_backward_s.size()) != L ||
@@ -572,6 +654,7 @@ absl::StatusOr<StepProfile> ProfileFromFlops(const nn::ModelConfig& config,
   auto bad = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("ProfileFromFlops: ", parts...));
   };
+  if (absl::Status v = config.Validate(); !v.ok()) return bad(v.message());
   if (!std::isfinite(d.peak_flops) || d.peak_flops <= 0) {
     return bad("peak_flops=", d.peak_flops, ": give the device's dense FLOP/s (> 0)");
   }

@@ -6,8 +6,10 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "fsdp/backend.h"
 #include "fsdp/status.h"
+#include "src/core/checked.h"
 
 namespace fsdp::nn::internal {
 
@@ -16,11 +18,22 @@ class ActivationAllocator {
   // backend == nullptr: count only (buffers stay empty).
   ActivationAllocator(Backend* backend, const char* model, int64_t* bytes)
       : backend_(backend), model_(model), bytes_(bytes) {}
-  // A buffer of n floats (or n int32).
-  absl::Status operator()(Buffer& b, int64_t n) {
-    const int64_t want = n * static_cast<int64_t>(sizeof(float));
+  // A buffer of n_1 x n_2 x ... floats (or int32). The product and the running total are
+  // checked: sizes (a B x T x ... too large) whose bytes do not fit in int64 are an error, in
+  // counting as in allocating, never a wrapped size.
+  template <typename... N>
+  absl::Status operator()(Buffer& b, N... factors) {
+    int64_t want = 0, total = 0;
+    if (!fsdp::internal::CheckedProduct(
+            {static_cast<int64_t>(sizeof(float)), static_cast<int64_t>(factors)...}, &want) ||
+        !fsdp::internal::CheckedAdd(*bytes_, want, &total)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", model_, "'s activations come to more than 2^63 - 1 bytes (8 EiB) (",
+          *bytes_, " bytes before a buffer of ", absl::StrJoin({static_cast<int64_t>(factors)...}, " x "),
+          " elements); give a smaller batch or sequence"));
+    }
     if (backend_ == nullptr) {
-      *bytes_ += want;
+      *bytes_ = total;
       return absl::OkStatus();
     }
     auto r = Buffer::Create(backend_, static_cast<size_t>(want));

@@ -61,18 +61,18 @@ absl::Status AllocateActivations(const GptConfig& config, int B, int T,
   const int64_t V = config.vocab_size, NH = config.num_heads, L = config.num_layers;
   FSDP_RETURN_IF_ERROR(alloc(a.pos, BT));
   a.resid.resize(L + 1);
-  for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT * C));
+  for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT, C));
   auto alloc_block = [&](auto& b) -> absl::Status {
     for (Buffer* buf : {&b.ln1, &b.atty, &b.resid2, &b.ln2}) {
-      FSDP_RETURN_IF_ERROR(alloc(*buf, BT * C));
+      FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
     }
     for (Buffer* buf : {&b.ln1_mean, &b.ln1_rstd, &b.ln2_mean, &b.ln2_rstd}) {
       FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
     }
-    FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT * 3 * C));
-    FSDP_RETURN_IF_ERROR(alloc(b.att, B * NH * T * T));
-    FSDP_RETURN_IF_ERROR(alloc(b.fch, BT * 4 * C));
-    return alloc(b.fch_gelu, BT * 4 * C);
+    FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT, 3 * C));
+    FSDP_RETURN_IF_ERROR(alloc(b.att, B, NH, T, T));
+    FSDP_RETURN_IF_ERROR(alloc(b.fch, BT, 4 * C));
+    return alloc(b.fch_gelu, BT, 4 * C);
   };
   a.blocks.resize(L);
   bool any_checkpointed = false;
@@ -84,12 +84,12 @@ absl::Status AllocateActivations(const GptConfig& config, int B, int T,
     }
   }
   if (any_checkpointed) FSDP_RETURN_IF_ERROR(alloc_block(a.shared));
-  for (Buffer* buf : {&a.proj, &a.lnf, &a.dx, &a.dln}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT * C));
+  for (Buffer* buf : {&a.proj, &a.lnf, &a.dx, &a.dln}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
   for (Buffer* buf : {&a.lnf_mean, &a.lnf_rstd, &a.losses}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
   FSDP_RETURN_IF_ERROR(alloc(a.loss, 1));
-  FSDP_RETURN_IF_ERROR(alloc(a.logits, BT * V));
-  FSDP_RETURN_IF_ERROR(alloc(a.probs, BT * V));
-  FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT * 8 * C));
+  FSDP_RETURN_IF_ERROR(alloc(a.logits, BT, V));
+  FSDP_RETURN_IF_ERROR(alloc(a.probs, BT, V));
+  FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT, 8 * C));
   if (options.compute_dtype != DType::kF32) {
     // The largest set one stage reads in f32: wte and the first T rows of wpe (ForwardEmbed).
     FSDP_RETURN_IF_ERROR(alloc(a.params32, std::max<int64_t>((V + T) * C, 4 * C)));
@@ -99,10 +99,12 @@ absl::Status AllocateActivations(const GptConfig& config, int B, int T,
 
 }  // namespace
 
-int64_t GptActivationBytes(const GptConfig& config, int B, int T, const ModelOptions& options) {
+absl::StatusOr<int64_t> GptActivationBytes(const GptConfig& config, int B, int T,
+                                           const ModelOptions& options) {
+  FSDP_RETURN_IF_ERROR(config.Validate());
   Gpt::Activations a;
   internal::ActivationAllocator count(nullptr, "GPT", &a.bytes);
-  (void)AllocateActivations(config, B, T, options, a, count);  // counting cannot fail
+  FSDP_RETURN_IF_ERROR(AllocateActivations(config, B, T, options, a, count));
   return a.bytes;
 }
 

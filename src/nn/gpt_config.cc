@@ -38,7 +38,7 @@ absl::StatusOr<GptConfig> GptConfig::FromName(std::string_view name) {
 }
 
 absl::Status GptConfig::Validate() const {
-  auto bad = [&](const char* what) {
+  auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GPT config '", name, "' (V=", vocab_size, " T=", block_size, " L=", num_layers,
         " H=", num_heads, " C=", channels, "): ", what));
@@ -48,6 +48,8 @@ absl::Status GptConfig::Validate() const {
   }
   // Token files hold uint16 ids.
   if (vocab_size > 65536) return bad("vocab_size must be <= 65536");
+  if (num_layers > kMaxLayers) return bad(absl::StrCat("num_layers must be <= ", kMaxLayers));
+  if (channels > kMaxChannels) return bad(absl::StrCat("channels must be <= ", kMaxChannels));
   if (channels % num_heads != 0) return bad("channels must be divisible by num_heads");
   return absl::OkStatus();
 }

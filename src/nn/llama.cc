@@ -70,16 +70,16 @@ absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
   const int64_t V = config.vocab_size, H = config.num_heads, L = config.num_layers;
   const int64_t F = config.mlp_hidden, QKV = config.qkv_width();
   a.resid.resize(L + 1);
-  for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT * C));
+  for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT, C));
   auto alloc_block = [&](auto& b) -> absl::Status {
     for (Buffer* buf : {&b.ln1, &b.atty, &b.resid2, &b.ln2}) {
-      FSDP_RETURN_IF_ERROR(alloc(*buf, BT * C));
+      FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
     }
     for (Buffer* buf : {&b.ln1_rstd, &b.ln2_rstd}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
-    FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT * QKV));
-    FSDP_RETURN_IF_ERROR(alloc(b.att, B * H * T * T));
-    FSDP_RETURN_IF_ERROR(alloc(b.gu, BT * 2 * F));
-    return alloc(b.h, BT * F);
+    FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT, QKV));
+    FSDP_RETURN_IF_ERROR(alloc(b.att, B, H, T, T));
+    FSDP_RETURN_IF_ERROR(alloc(b.gu, BT, 2 * F));
+    return alloc(b.h, BT, F);
   };
   a.blocks.resize(L);
   bool any_checkpointed = false;
@@ -91,12 +91,12 @@ absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
     }
   }
   if (any_checkpointed) FSDP_RETURN_IF_ERROR(alloc_block(a.shared));
-  for (Buffer* buf : {&a.proj, &a.lnf, &a.dx, &a.dln}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT * C));
+  for (Buffer* buf : {&a.proj, &a.lnf, &a.dx, &a.dln}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
   for (Buffer* buf : {&a.lnf_rstd, &a.losses}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
   FSDP_RETURN_IF_ERROR(alloc(a.loss, 1));
-  FSDP_RETURN_IF_ERROR(alloc(a.logits, BT * V));
-  FSDP_RETURN_IF_ERROR(alloc(a.probs, BT * V));
-  FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT * std::max(3 * F, C + QKV)));
+  FSDP_RETURN_IF_ERROR(alloc(a.logits, BT, V));
+  FSDP_RETURN_IF_ERROR(alloc(a.probs, BT, V));
+  FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT, std::max(3 * F, C + QKV)));
   if (options.compute_dtype != DType::kF32) {
     // The largest set one stage reads in f32: the embedding table (ForwardEmbed).
     FSDP_RETURN_IF_ERROR(alloc(a.params32, std::max(V * C, 2 * C)));
@@ -106,11 +106,12 @@ absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
 
 }  // namespace
 
-int64_t LlamaActivationBytes(const LlamaConfig& config, int B, int T,
-                             const ModelOptions& options) {
+absl::StatusOr<int64_t> LlamaActivationBytes(const LlamaConfig& config, int B, int T,
+                                             const ModelOptions& options) {
+  FSDP_RETURN_IF_ERROR(config.Validate());
   Llama::Activations a;
   internal::ActivationAllocator count(nullptr, "Llama", &a.bytes);
-  (void)AllocateActivations(config, B, T, options, a, count);  // counting cannot fail
+  FSDP_RETURN_IF_ERROR(AllocateActivations(config, B, T, options, a, count));
   return a.bytes;
 }
 

@@ -39,7 +39,7 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromName(std::string_view name) {
 }
 
 absl::Status LlamaConfig::Validate() const {
-  auto bad = [&](const char* what) {
+  auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Llama config '", name, "' (V=", vocab_size, " T=", block_size, " L=", num_layers,
         " H=", num_heads, " Hkv=", num_kv_heads, " C=", channels, " F=", mlp_hidden, "): ",
@@ -50,6 +50,9 @@ absl::Status LlamaConfig::Validate() const {
     return bad("all sizes must be positive");
   }
   if (vocab_size > 65536) return bad("vocab_size must be <= 65536");  // uint16 token files
+  if (num_layers > kMaxLayers) return bad(absl::StrCat("num_layers must be <= ", kMaxLayers));
+  if (channels > kMaxChannels) return bad(absl::StrCat("channels must be <= ", kMaxChannels));
+  if (mlp_hidden > kMaxMlpHidden) return bad(absl::StrCat("mlp_hidden must be <= ", kMaxMlpHidden));
   if (channels % num_heads != 0) return bad("channels must be divisible by num_heads");
   if (num_heads % num_kv_heads != 0) return bad("num_heads must be divisible by num_kv_heads");
   if (head_size() % 2 != 0) return bad("the head size channels / num_heads must be even (RoPE)");

@@ -96,7 +96,7 @@ void ModelConfig::InitParamSlice(const ParamSpec& spec, uint64_t seed, int64_t b
   }
 }
 
-int64_t ModelConfig::ActivationBytes(int B, int T, const ModelOptions& options) const {
+absl::StatusOr<int64_t> ModelConfig::ActivationBytes(int B, int T, const ModelOptions& options) const {
   return is_gpt() ? GptActivationBytes(gpt(), B, T, options)
                   : LlamaActivationBytes(llama(), B, T, options);
 }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "fsdp/plan.h"
+#include "src/core/checked.h"
 #include "src/fsdp/strategy.h"
 #include "src/fsdp/unit.h"
 
@@ -51,6 +52,24 @@ struct SimUnit {
   int reduce_event = kEmptyEvent;
 };
 
+// The order units were used in, as the runtime records it, and where each unit first appears
+// in it: the runtime's std::find over the order, without its cost per use (a replay of many
+// units would take their number squared).
+struct Order {
+  std::vector<int> units;
+  std::vector<int> first;  // per unit: its first index in `units`, or -1
+  size_t scanned = 0;      // prefetch: where this pass's last scan stopped (Replay::Acquire)
+  void Record(int u) {
+    if (first.size() <= static_cast<size_t>(u)) first.resize(u + 1, -1);
+    if (first[u] < 0) first[u] = static_cast<int>(units.size());
+    units.push_back(u);
+  }
+  std::vector<int>::const_iterator Find(int u) const {
+    const bool seen = static_cast<size_t>(u) < first.size() && first[u] >= 0;
+    return seen ? units.begin() + first[u] : units.end();
+  }
+};
+
 class Replay {
  public:
   Replay(const std::vector<int64_t>& numel, int S, int R, const PlanRequest& o)
@@ -78,6 +97,7 @@ class Replay {
   // One micro-batch and the optimizer step, with the hooks in ShardedModel's order.
   void TrainStep() {
     const int n = static_cast<int>(units_.size());
+    forward_order_.scanned = backward_order_.scanned = 0;  // a new pass of each
     PreForward(0);
     for (int u = 1; u < n; ++u) {
       PreForward(u);
@@ -97,6 +117,9 @@ class Replay {
   const Gauge& gauge(Category c) const { return gauges_[c]; }
   const Gauge& total() const { return total_; }
   const Gauge& comm() const { return comm_; }
+  // An allocation took the total past int64 bytes: the figures are not the plan's (the replay
+  // went on without that buffer).
+  bool overflowed() const { return overflowed_; }
 
  private:
   DType pd() const { return o_.param_dtype; }
@@ -107,7 +130,14 @@ class Replay {
   }
 
   // ---- the memory book ------------------------------------------------------------------------
+  // Every category and the communication gauge are parts of the total: checking the total
+  // keeps them all within int64.
   Buf Alloc(Category c, int64_t bytes, bool comm = false) {
+    int64_t sum = 0;
+    if (!internal::CheckedAdd(total_.now, bytes, &sum)) {
+      overflowed_ = true;
+      return Buf{};
+    }
     Buf b{c, bytes, comm};
     gauges_[c].Add(bytes);
     total_.Add(bytes);
@@ -188,31 +218,40 @@ class Replay {
     unit.gather_event = NewCollective();
   }
 
-  void Acquire(int u, std::vector<int>& order, bool recording, bool prefetch) {
+  void Acquire(int u, Order& order, bool recording, bool prefetch) {
     SimUnit& unit = units_[u];
-    if (recording) order.push_back(u);
+    if (recording) order.Record(u);
     if (unit.prefetched) {
       unit.prefetched = false;
       --prefetched_units_;
     }
     IssueGather(unit);
     if (prefetch && !recording && S_ > 1) {
-      auto pos = std::find(order.begin(), order.end(), u);
-      for (auto it = pos == order.end() ? pos : pos + 1;
-           it != order.end() && prefetched_units_ < o_.max_prefetch_units; ++it) {
-        SimUnit& next = units_[*it];
+      // The runtime scans the order from the unit after this one. The units an earlier scan of
+      // this pass passed over are still gathered (within a pass only a unit's own hooks free
+      // it), so this scan goes on from where that one stopped: a pass scans each unit once,
+      // not once per use (a replay of many units, all prefetched, would take their number
+      // squared).
+      const std::vector<int>& seq = order.units;
+      auto pos = order.Find(u);
+      size_t i = pos == seq.end() ? seq.size()
+                                  : std::max<size_t>(pos - seq.begin() + 1, order.scanned);
+      for (; i < seq.size() && prefetched_units_ < o_.max_prefetch_units; ++i) {
+        SimUnit& next = units_[seq[i]];
         if (next.gathered.allocated() || next.state != NextState()) continue;
         IssueGather(next);
         next.prefetched = true;
         ++prefetched_units_;
       }
+      order.scanned = i;
     }
     WaitGather(unit);
   }
 
   bool NeededFirstInBackward(int u) const {
-    if (forward_order_.empty()) return false;
-    return u == forward_order_.front() || (forward_recorded_ && u == forward_order_.back());
+    const std::vector<int>& f = forward_order_.units;
+    if (f.empty()) return false;
+    return u == f.front() || (forward_recorded_ && u == f.back());
   }
   State NextState() const { return in_backward_ ? State::kForwardDone : State::kIdle; }
 
@@ -348,7 +387,7 @@ class Replay {
   void Step() {
     // The global norm's scratch: this rank's and the total f64 sums, the S ranks' f32 pairs
     // (all-gathered), this rank's pair and the clip factor.
-    Buf scratch = Alloc(kGradBuffers, (4 + 2 * S_ + 3) * 4, /*comm=*/true);
+    Buf scratch = Alloc(kGradBuffers, (4 + 2 * int64_t{S_} + 3) * 4, /*comm=*/true);
     PendingAdd(scratch, {kEmptyEvent});
     Collect();
   }
@@ -360,10 +399,11 @@ class Replay {
   Gauge total_, comm_;
   std::vector<bool> done_;
   std::deque<Entry> pending_;
-  std::vector<int> forward_order_, backward_order_;
+  Order forward_order_, backward_order_;
   bool forward_recorded_ = false, backward_recorded_ = false, in_backward_ = false;
   int prefetched_units_ = 0;
   std::deque<int> shard_reductions_, replica_reductions_;
+  bool overflowed_ = false;
 };
 
 absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
@@ -389,21 +429,33 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   if (model.unit_numel.empty()) {
     return Invalid("the model has no units; give at least the root unit's element count");
   }
+  if (model.unit_numel.size() > static_cast<size_t>(kMaxPlanUnits)) {
+    return Invalid(absl::StrCat("the model has ", model.unit_numel.size(),
+                                " units; the planner takes at most ", kMaxPlanUnits, " (",
+                                nn::kMaxLayers, " blocks and the root): wrap runs of blocks "
+                                "as one unit"));
+  }
   if (!model.unit_names.empty() && model.unit_names.size() != model.unit_numel.size()) {
     return Invalid(absl::StrCat("the model names ", model.unit_names.size(), " units but gives ",
                                 model.unit_numel.size(), " sizes; give one name per unit or none"));
   }
   for (size_t u = 0; u < model.unit_numel.size(); ++u) {
-    if (model.unit_numel[u] < 1) {
+    if (model.unit_numel[u] < 1 || model.unit_numel[u] > kMaxPlanUnitNumel) {
       return Invalid(absl::StrCat("unit ", u, " of the model has ", model.unit_numel[u],
-                                  " elements; every unit needs at least one"));
+                                  " elements; give 1 to 2^56 (", kMaxPlanUnitNumel,
+                                  ") per unit"));
     }
   }
-  if (model.activation_bytes < 0) {
+  if (model.activation_bytes < 0 || model.activation_bytes_without_checkpointing < 0 ||
+      model.activation_bytes_with_checkpointing < 0) {
     return Invalid("the model's activation bytes are negative; give the bytes it allocates");
   }
   if (o.world_size < 1) {
     return Invalid(absl::StrCat("world size ", o.world_size, ": give at least 1 rank"));
+  }
+  if (o.world_size > kMaxPlanWorldSize) {
+    return Invalid(absl::StrCat("world size ", o.world_size, ": the planner takes at most ",
+                                kMaxPlanWorldSize, " ranks (1 << 20)"));
   }
   const int per_host = o.ranks_per_host == 0 ? o.world_size : o.ranks_per_host;
   if (per_host < 1 || o.world_size % per_host != 0) {
@@ -436,6 +488,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   Replay replay(model.unit_numel, mesh.shard, mesh.replicate, o);
   replay.Finalize();
   for (int step = 0; step < 3; ++step) replay.TrainStep();
+  int64_t peak = 0;
+  if (replay.overflowed() ||
+      !internal::CheckedAdd(replay.total().peak, model.activation_bytes, &peak)) {
+    return Invalid(absl::StrCat(
+        "the plan of ", model.name.empty() ? "the model" : model.name, " on a shard group of ",
+        mesh.shard, " rank(s) comes to more than 2^63 - 1 bytes (8 EiB) per rank",
+        replay.overflowed() ? "" : " with its activations",
+        "; give a smaller model, more ranks per shard group, or a smaller B x T"));
+  }
 
   MemoryPlan p;
   p.param_shard_bytes = replay.gauge(kParams).now;
@@ -445,7 +506,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   p.grad_buffer_peak_bytes = replay.gauge(kGradBuffers).peak;
   p.communication_peak_bytes = replay.comm().peak;
   p.activation_peak_bytes = model.activation_bytes;
-  p.peak_bytes = replay.total().peak + model.activation_bytes;
+  p.peak_bytes = peak;
 
   p.model = model.name;
   p.num_parameters = model.num_parameters;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/plan.h"
+#include "src/core/checked.h"
 
 namespace fsdp {
 namespace {
@@ -44,6 +45,27 @@ absl::StatusOr<nn::ModelConfig> RequestConfig(const PlanRequest& r) {
   return c;
 }
 
+// The bytes the model holds on the device for one micro-batch of B x T with checkpoint flags
+// `layers`: its activations and ShardedModel's token buffers (inputs and targets, int32 B x T),
+// which ShardedModel::Create's SetActivationBytes counts with them. InvalidArgument when they
+// come to more than int64 bytes. `config` has been validated.
+absl::StatusOr<int64_t> MicroBatchBytes(const nn::ModelConfig& config, DType dtype,
+                                        std::vector<bool> layers, int B, int T) {
+  nn::ModelOptions mo;
+  mo.compute_dtype = dtype;
+  mo.checkpoint_layers = std::move(layers);
+  const absl::StatusOr<int64_t> model = config.ActivationBytes(B, T, mo);
+  int64_t tokens = 0, total = 0;
+  if (!model.ok() ||
+      !internal::CheckedProduct({2 * static_cast<int64_t>(sizeof(int32_t)), B, T}, &tokens) ||
+      !internal::CheckedAdd(*model, tokens, &total)) {
+    return Invalid(absl::StrCat("the activations of ", config.name(), " for B=", B, " x T=", T,
+                                " come to more than 2^63 - 1 bytes (8 EiB); give a smaller "
+                                "batch size B or sequence length T"));
+  }
+  return total;
+}
+
 // Checks what every plan of the request needs, whatever the model.
 absl::Status CheckRequest(const PlanRequest& r) {
   if (r.batch_size < 1) {
@@ -77,15 +99,8 @@ absl::StatusOr<PlanModel> PlanModelFor(const nn::ModelConfig& config, const Plan
   }
   const int L = config.num_layers();
   FSDP_ASSIGN_OR_RETURN(std::vector<bool> layers, CheckpointLayers(r, L));
-  const int B = r.batch_size;
-  // ShardedModel's token buffers (inputs and targets, int32 B x T) are counted with the model's
-  // activations (ShardedModel::Create's SetActivationBytes).
-  const int64_t tokens = 2 * static_cast<int64_t>(sizeof(int32_t)) * B * T;
   auto activations = [&](std::vector<bool> flags) {
-    nn::ModelOptions mo;
-    mo.compute_dtype = r.param_dtype;
-    mo.checkpoint_layers = std::move(flags);
-    return config.ActivationBytes(B, T, mo) + tokens;
+    return MicroBatchBytes(config, r.param_dtype, std::move(flags), r.batch_size, T);
   };
   PlanModel m;
   m.name = config.name();
@@ -97,10 +112,14 @@ absl::StatusOr<PlanModel> PlanModelFor(const nn::ModelConfig& config, const Plan
     m.unit_numel.push_back(config.UnitNumel(1 + i));
   }
   const bool any = std::find(layers.begin(), layers.end(), true) != layers.end();
-  m.activation_bytes = activations(layers);
-  m.activation_bytes_without_checkpointing = activations({});
-  m.activation_bytes_with_checkpointing =
-      any ? m.activation_bytes : activations(std::vector<bool>(L, true));
+  FSDP_ASSIGN_OR_RETURN(m.activation_bytes, activations(layers));
+  FSDP_ASSIGN_OR_RETURN(m.activation_bytes_without_checkpointing, activations({}));
+  if (any) {
+    m.activation_bytes_with_checkpointing = m.activation_bytes;
+  } else {
+    FSDP_ASSIGN_OR_RETURN(m.activation_bytes_with_checkpointing,
+                          activations(std::vector<bool>(L, true)));
+  }
   return m;
 }
 
@@ -128,27 +147,30 @@ absl::StatusOr<int> LargestMicroBatch(const PlanRequest& request) {
         "B: give a bundled model's name or a config instead of explicit unit sizes");
   }
   PlanRequest r = request;
-  auto fits = [&](int B) -> absl::StatusOr<bool> {
-    r.batch_size = B;
-    FSDP_ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(r));
-    return p.fits;
+  r.batch_size = 1;
+  FSDP_ASSIGN_OR_RETURN(MemoryPlan one, PlanMemory(r));
+  if (!one.fits) return 0;
+  // Everything but the activations is independent of B (the replay never sees it), and the
+  // activations grow with B: B fits when its activations fit in what the rest leaves. So the
+  // replay runs once and each B only counts activations; a B whose activations do not fit in
+  // int64 bytes fits no device.
+  const int64_t room = r.device_memory_bytes - (one.peak_bytes - one.activation_peak_bytes);
+  FSDP_ASSIGN_OR_RETURN(nn::ModelConfig config, RequestConfig(r));
+  FSDP_ASSIGN_OR_RETURN(std::vector<bool> layers, CheckpointLayers(r, config.num_layers()));
+  auto fits = [&](int B) {
+    absl::StatusOr<int64_t> bytes = MicroBatchBytes(config, r.param_dtype, layers, B, one.seq_len);
+    return bytes.ok() && *bytes <= room;
   };
-  // Everything but the activations is independent of B, and the activations grow with B.
-  FSDP_ASSIGN_OR_RETURN(bool one, fits(1));
-  if (!one) return 0;
   constexpr int kMax = 1 << 20;
   int lo = 1, hi = 2;  // lo fits; hi is unknown
-  while (hi <= kMax) {
-    FSDP_ASSIGN_OR_RETURN(bool f, fits(hi));
-    if (!f) break;
+  while (hi <= kMax && fits(hi)) {
     lo = hi;
     hi *= 2;
   }
   if (hi > kMax) return lo;
   while (hi - lo > 1) {  // lo fits, hi does not
     const int mid = lo + (hi - lo) / 2;
-    FSDP_ASSIGN_OR_RETURN(bool f, fits(mid));
-    (f ? lo : hi) = mid;
+    (fits(mid) ? lo : hi) = mid;
   }
   return lo;
 }

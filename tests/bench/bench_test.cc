@@ -206,9 +206,10 @@ TEST(RunBench, RejectsBadConfigs) {
   c.steps = 0;
   EXPECT_EQ(RunBench(c).status().code(), absl::StatusCode::kInvalidArgument);
   // A model far larger than this host's memory fails at once, before allocating, naming the
-  // planner's figures (gpt2-xl's blocks 20,000 times: 1.5 T parameters).
+  // planner's figures (gpt2-xl's blocks 10,000 times, the most a config may have: 307 B
+  // parameters).
   nn::GptConfig huge = *nn::GptConfig::FromName("gpt2-xl");
-  huge.num_layers = 20000;
+  huge.num_layers = nn::kMaxLayers;
   c = Nano(2);
   c.config = huge;
   c.seq_len = 64;
@@ -217,6 +218,12 @@ TEST(RunBench, RejectsBadConfigs) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("memory planner"), std::string::npos) << s;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60);
+  // One block more is past the bound of fsdp/nn/model.h.
+  huge.num_layers = nn::kMaxLayers + 1;
+  c.config = huge;
+  const absl::Status past = RunBench(c).status();
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << past;
+  EXPECT_NE(past.message().find("num_layers must be <= 10000"), std::string::npos) << past;
 }
 
 // A slow simulated link (communication about as long as compute): the compute thread waits
@@ -481,7 +488,13 @@ TEST(FsdpBenchCli, BadFlagsExit2WithOneLine) {
                            "--link_gbps -1",
                            "--strategies HYBRID_SHARD --worlds 4 --hybrid_shard 3",
                            "--inter_gbps 1",
-                           "--worlds 2,3 --ranks_per_host 2"}) {
+                           "--worlds 2,3 --ranks_per_host 2",
+                           "--worlds 4097",
+                           "--worlds 1000000000",
+                           "--ranks_per_host 4097",
+                           "--hybrid_shard 2147483647",
+                           "--batch 1048577",
+                           "--layers 10001"}) {
     ExpectUsageError(args);
   }
   const Ran help = RunCli("--help");

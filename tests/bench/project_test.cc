@@ -6,11 +6,14 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "fsdp/bench.h"
 #include "gtest/gtest.h"
 #include "tests/bench/cli_util.h"
@@ -341,6 +344,139 @@ TEST(ProfileFromBench, IsTheMeasuredSplit) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// ---- sizes: bounded work, or an error -------------------------------------------------------
+
+bool UnderSanitizer() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  return true;
+#endif
+#endif
+  return false;
+}
+
+// Seconds ProjectStep takes, and its answer.
+double TimedProject(const StepProfile& p, const LinkSpec& l, const ProjectionRun& run,
+                    absl::StatusOr<Projection>* out) {
+  const auto start = std::chrono::steady_clock::now();
+  *out = ProjectStep(p, l, run);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A world at the bound (1 << 20 ranks) answers in well under a second on every algorithm: a
+// collective's cost comes from its group's shape, not from a loop over its ranks (pairs of
+// ranks, for the simulated link). A world past it is an error, not a vector of a billion
+// ranks. The timing is generous for a shared machine and skipped under sanitizers.
+TEST(ProjectBounds, AWorldAtTheBoundAnswersFastAndBeyondIsAnError) {
+  const nn::ModelConfig mc = *nn::ModelConfig::FromName("llama2-70b");
+  const DeviceSpec device{"H100", 989e12, 0.5, 3.35e12};
+  FlopsWorkload w;
+  w.seq_len = 4096;
+  LinkSpec l;
+  l.ranks_per_host = 8;
+  l.intra_bytes_per_s = 450e9;
+  l.intra_latency_s = 2e-6;
+  l.inter_bytes_per_s = 400e9;
+  l.inter_latency_s = 15e-6;
+  for (CollectiveAlgorithm a : {CollectiveAlgorithm::kSimulatedLink, CollectiveAlgorithm::kRing,
+                                CollectiveAlgorithm::kHierarchical}) {
+    l.algorithm = a;
+    for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kHybridShard,
+                               ShardingStrategy::kNoShard}) {
+      ProjectionRun run = MakeRun(s, kMaxPlanWorldSize, true);
+      run.overlap_slowdown = 0.1;
+      const int shard = s == ShardingStrategy::kNoShard     ? 1
+                        : s == ShardingStrategy::kHybridShard ? 8
+                                                              : kMaxPlanWorldSize;
+      absl::StatusOr<StepProfile> profile = ProfileFromFlops(mc, device, w, shard);
+      ASSERT_TRUE(profile.ok()) << profile.status();
+      absl::StatusOr<Projection> p;
+      const double seconds = TimedProject(*profile, l, run, &p);
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_GT(p->step_s, p->compute_s) << CollectiveAlgorithmName(a) << " " << StrategyName(s);
+      if (!UnderSanitizer()) {
+        EXPECT_LT(seconds, 1.0) << CollectiveAlgorithmName(a) << " " << StrategyName(s);
+      }
+    }
+  }
+  absl::StatusOr<StepProfile> profile = ProfileFromFlops(mc, device, w, 8);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  for (int world : {kMaxPlanWorldSize + 1, 1000000000}) {
+    absl::StatusOr<Projection> p =
+        ProjectStep(*profile, l, MakeRun(ShardingStrategy::kFullShard, world, true));
+    ASSERT_FALSE(p.ok()) << world;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find(
+                  absl::StrCat("world_size=", world, ": allowed: 1 to 1048576 ranks")),
+              std::string::npos)
+        << p.status();
+  }
+  // One host of 1 << 20 ranks on the simulated link: every rank pays n - 1 transfers.
+  std::vector<int> group(kMaxPlanWorldSize);
+  for (int i = 0; i < kMaxPlanWorldSize; ++i) group[i] = i;
+  LinkSpec one;
+  one.intra_bytes_per_s = 1e9;
+  one.intra_latency_s = 1e-6;
+  const int64_t bytes = int64_t{1} << 30;
+  absl::StatusOr<double> ag = CollectiveSeconds(CollectiveKind::kAllGather, bytes, 4, group, one);
+  ASSERT_TRUE(ag.ok()) << ag.status();
+  const double chunk = static_cast<double>(bytes) / kMaxPlanWorldSize;
+  EXPECT_NEAR(*ag, (kMaxPlanWorldSize - 1) * (1e-6 + chunk / 1e9), 1e-9 * *ag);
+  group.push_back(kMaxPlanWorldSize);
+  EXPECT_FALSE(CollectiveSeconds(CollectiveKind::kAllGather, bytes, 4, group, one).ok());
+}
+
+// A profile at the bound of blocks answers in well under a second, also with every unit
+// prefetched, SHARD_GRAD_OP keeping every unit gathered and compute slowed beside the
+// collectives; a block more, or a unit past 2^56 elements, is an error.
+TEST(ProjectBounds, BlocksAtTheBoundAnswerFastAndBeyondIsAnError) {
+  StepProfile p;
+  p.unit_numel.assign(nn::kMaxLayers + 1, 1 << 20);
+  p.block_forward_s.assign(nn::kMaxLayers, 1e-3);
+  p.block_backward_s.assign(nn::kMaxLayers, 2e-3);
+  p.block_recompute_s.assign(nn::kMaxLayers, 0);
+  p.optimizer_s = 0.1;
+  LinkSpec l;
+  l.algorithm = CollectiveAlgorithm::kRing;
+  l.ranks_per_host = 8;
+  l.intra_bytes_per_s = 100e9;
+  l.inter_bytes_per_s = 10e9;
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kHybridShard}) {
+    for (int prefetch : {1, std::numeric_limits<int>::max()}) {
+      ProjectionRun run = MakeRun(s, 64, true);
+      run.prefetch = prefetch;
+      run.overlap_slowdown = 0.2;
+      absl::StatusOr<Projection> r;
+      const double seconds = TimedProject(p, l, run, &r);
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (!UnderSanitizer()) {
+        EXPECT_LT(seconds, 1.0) << StrategyName(s) << " prefetch " << prefetch;
+      }
+    }
+  }
+  StepProfile deeper = p;
+  deeper.unit_numel.push_back(1 << 20);
+  deeper.block_forward_s.push_back(1e-3);
+  deeper.block_backward_s.push_back(2e-3);
+  deeper.block_recompute_s.push_back(0);
+  const ProjectionRun run = MakeRun(ShardingStrategy::kFullShard, 64, true);
+  absl::StatusOr<Projection> r = ProjectStep(deeper, l, run);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the profile has 10001 blocks: allowed: 1 to 10000"),
+            std::string::npos)
+      << r.status();
+  StepProfile wide = TwoBlocks();
+  wide.unit_numel[1] = (int64_t{1} << 56) + 1;
+  r = ProjectStep(wide, l, run);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("a unit of 72057594037927937 elements: allowed: 1 to 2^56"),
+            std::string::npos)
+      << r.status();
+}
+
 // ---- the command line ------------------------------------------------------------------------
 #ifdef FSDP_BENCH_BINARY
 
@@ -382,7 +518,11 @@ TEST(FsdpBenchProject, BadFlagsExit2WithOneLine) {
         "--validate_projection --validate_links 1:0.1", "--project --validate_projection",
         "--project --cluster p5 --overlap_slowdown 1", "--validate_links 1",
         "--calibrate each", "--validate_projection --validate_links 1 --calibrate all",
-        "--project --inter_eff 0.5,2", "--project --cluster p5 --published 87"}) {
+        "--project --inter_eff 0.5,2", "--project --cluster p5 --published 87",
+        "--project --cluster p5 --nodes 1000000000 --ranks_per_host 1",
+        "--project --cluster p5 --nodes 131073", "--project --cluster p5 --worlds 1048577",
+        "--project --cluster p5 --ranks_per_host 2147483647",
+        "--project --cluster p5 --batch 2147483647"}) {
     ExpectUsageError(args);
   }
   const Ran help = RunCli("--help");

@@ -23,6 +23,15 @@ TEST(GptErrorsTest, BadConfigs) {
   auto backend = testing::MakeCpuBackend(1);
   EXPECT_EQ(Gpt::Create(c, backend.get(), 1, 8).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Sizes beyond the bounds of model.h, so that parameter counts cannot overflow.
+  c = *GptConfig::FromName("nano");
+  c.num_layers = kMaxLayers;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  c.num_layers = kMaxLayers + 1;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("num_layers must be <= 10000"));
+  c = *GptConfig::FromName("nano");
+  c.channels = 2147483646;  // divisible by the 2 heads
+  EXPECT_THAT(c.Validate().message(), HasSubstr("channels must be <= 1048576"));
 }
 
 TEST(GptErrorsTest, BadShapes) {

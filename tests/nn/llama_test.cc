@@ -95,6 +95,12 @@ TEST(LlamaSpecTest, InvalidConfigsSayWhatIsWrong) {
   c = *LlamaConfig::FromName("llama-nano");
   c.mlp_hidden = 0;
   EXPECT_THAT(c.Validate().message(), HasSubstr("positive"));
+  c = *LlamaConfig::FromName("llama-nano");
+  c.num_layers = 2147483647;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("num_layers must be <= 10000"));
+  c = *LlamaConfig::FromName("llama-nano");
+  c.mlp_hidden = 2147483647;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("mlp_hidden must be <= 16777216"));
   auto backend = testing::MakeCpuBackend();
   EXPECT_THAT(Llama::Create(*LlamaConfig::FromName("llama-nano"), backend.get(), 1, 65)
                   .status()
@@ -137,14 +143,23 @@ TEST(LlamaSpecTest, ActivationBytesFormulaEqualsWhatCreateAllocates) {
         }
         auto m = c.CreateModel(backend.get(), 2, 32, o);
         ASSERT_TRUE(m.ok()) << m.status();
-        EXPECT_EQ((*m)->activation_bytes(), c.ActivationBytes(2, 32, o))
+        absl::StatusOr<int64_t> counted = c.ActivationBytes(2, 32, o);
+        ASSERT_TRUE(counted.ok()) << counted.status();
+        EXPECT_EQ((*m)->activation_bytes(), *counted)
             << name << " " << DTypeName(d) << " every " << every;
       }
     }
   }
   // The 70B shape: counted without allocating (about 1.2 TB for B=8 at T=4096).
   const ModelConfig big = *ModelConfig::FromName("llama2-70b");
-  EXPECT_GT(big.ActivationBytes(8, 4096, {}), int64_t{1} << 40);
+  EXPECT_GT(*big.ActivationBytes(8, 4096, {}), int64_t{1} << 40);
+  // Sizes whose bytes do not fit in int64 are an error, not a wrapped count: at B = 2^31 - 1
+  // one block's attention alone is 2^31 x 64 heads x 4096^2 floats.
+  absl::StatusOr<int64_t> huge = big.ActivationBytes(2147483647, 4096, {});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("more than 2^63 - 1 bytes (8 EiB)"), std::string::npos)
+      << huge.status();
 }
 
 // ---- the model against the double reference -----------------------------------------------

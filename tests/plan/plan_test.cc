@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -596,6 +597,155 @@ TEST(LargestMicroBatch, TrainsOnADeviceOfThatSizeAndOneMoreRunsOut) {
   EXPECT_TRUE(train(5).ok()) << train(5);
   const absl::Status over = train(6);
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+}
+
+// ---- sizes: bounded work, exact figures or an error ------------------------------------------
+
+// Seconds `f` takes.
+template <typename F>
+double SecondsOf(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// B = 2^31 - 1 on nano: the activations fit in int64 bytes and are exact (linear in B: every
+// buffer but the loss and the f32 parameter copies is B x something), never wrapped, and
+// checkpointing every block does not make them larger. On Llama 2 70B at T = 4096 they do not
+// fit (one block's attention alone is 2^31 x 64 x 4096^2 floats): an error that says so.
+TEST(PlanBounds, ALargeBatchIsExactOrAnError) {
+  PlanRequest r;
+  r.model = "nano";
+  auto plan = [&](int B) {
+    r.batch_size = B;
+    absl::StatusOr<MemoryPlan> p = PlanMemory(r);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : MemoryPlan{};
+  };
+  const MemoryPlan one = plan(1), two = plan(2), most = plan(2147483647);
+  const int64_t per_sequence = two.activation_peak_bytes - one.activation_peak_bytes;
+  EXPECT_EQ(most.activation_peak_bytes,
+            one.activation_peak_bytes + int64_t{2147483646} * per_sequence);
+  EXPECT_GT(most.activation_bytes_with_checkpointing, 0);
+  EXPECT_LE(most.activation_bytes_with_checkpointing,
+            most.activation_bytes_without_checkpointing);
+  EXPECT_EQ(most.peak_bytes - most.activation_peak_bytes,
+            one.peak_bytes - one.activation_peak_bytes);
+  r.checkpoint_every = 1;
+  const MemoryPlan ckpt = plan(2147483647);
+  EXPECT_LE(ckpt.activation_peak_bytes, most.activation_peak_bytes);
+  EXPECT_EQ(ckpt.activation_bytes_without_checkpointing, most.activation_peak_bytes);
+
+  PlanRequest big;
+  big.model = "llama2-70b";
+  big.seq_len = 4096;
+  big.batch_size = 2147483647;
+  for (int every : {0, 1}) {
+    big.checkpoint_every = every;
+    ExpectInvalid(big, "the activations of llama2-70b for B=2147483647 x T=4096 come to more "
+                       "than 2^63 - 1 bytes (8 EiB)");
+  }
+}
+
+// The largest micro-batch's probes past int64 bytes do not fit (rather than wrapping into a
+// small figure that would): Llama 2 70B at 10000 blocks on a device of 2^63 - 1 bytes.
+TEST(PlanBounds, LargestMicroBatchProbesPastInt64BytesDoNotFit) {
+  nn::LlamaConfig deep = *nn::LlamaConfig::FromName("llama2-70b");
+  deep.num_layers = nn::kMaxLayers;
+  PlanRequest r;
+  r.config = nn::ModelConfig(deep);
+  r.seq_len = 4096;
+  r.world_size = 1024;
+  r.param_dtype = DType::kBF16;
+  r.device_memory_bytes = std::numeric_limits<int64_t>::max();
+  absl::StatusOr<int> largest = LargestMicroBatch(r);
+  ASSERT_TRUE(largest.ok()) << largest.status();
+  ASSERT_GT(*largest, 1);
+  ASSERT_LT(*largest, 1 << 20);
+  r.batch_size = *largest;
+  absl::StatusOr<MemoryPlan> fits = PlanMemory(r);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_TRUE(fits->fits);
+  EXPECT_GT(fits->peak_bytes, std::numeric_limits<int64_t>::max() / 2);
+  r.batch_size = *largest + 1;
+  EXPECT_THAT(std::string(PlanMemory(r).status().message()), HasSubstr("8 EiB"));
+}
+
+// The replay is per unit: a model at the bound of blocks plans in well under a second, also
+// with every unit prefetched (each pass scans its order once, not once per unit) and with
+// SHARD_GRAD_OP (every unit kept gathered into backward); one block more is an error. The
+// timing is generous for a shared machine and skipped under sanitizers.
+TEST(PlanBounds, LayersAtTheBoundPlanFastAndBeyondIsAnError) {
+  nn::GptConfig deep = *nn::GptConfig::FromName("nano");
+  deep.num_layers = nn::kMaxLayers;
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kHybridShard}) {
+    for (int prefetch : {1, std::numeric_limits<int>::max()}) {
+      PlanRequest r;
+      r.config = nn::ModelConfig(deep);
+      r.world_size = 16;
+      r.ranks_per_host = 8;
+      r.strategy = s;
+      r.reduce_dtype = DType::kBF16;
+      r.max_prefetch_units = prefetch;
+      r.checkpoint_every = 3;
+      r.device_memory_bytes = int64_t{80} << 30;
+      absl::StatusOr<MemoryPlan> p;
+      absl::StatusOr<int> largest;
+      const double seconds = SecondsOf([&] {
+        p = PlanMemory(r);
+        largest = LargestMicroBatch(r);
+      });
+      ASSERT_TRUE(p.ok()) << p.status();
+      ASSERT_TRUE(largest.ok()) << largest.status();
+      EXPECT_EQ(p->num_units, nn::kMaxLayers + 1);
+      if (!UnderSanitizer()) {
+        EXPECT_LT(seconds, 1.0) << StrategyName(s) << " prefetch " << prefetch;
+      }
+    }
+  }
+  deep.num_layers = nn::kMaxLayers + 1;
+  PlanRequest r;
+  r.config = nn::ModelConfig(deep);
+  ExpectInvalid(r, "num_layers must be <= 10000");
+  PlanModel m;
+  m.unit_numel.assign(kMaxPlanUnits + 1, 1000);
+  r = PlanRequest();
+  r.explicit_model = m;
+  ExpectInvalid(r, "units; the planner takes at most 10001");
+}
+
+// Worlds up to 1 << 20 ranks; unit sizes and byte totals that int64 cannot hold are errors.
+TEST(PlanBounds, WorldsUnitsAndByteTotals) {
+  PlanRequest r;
+  r.model = "nano";
+  r.world_size = kMaxPlanWorldSize;
+  EXPECT_TRUE(PlanMemory(r).ok()) << PlanMemory(r).status();
+  r.world_size = kMaxPlanWorldSize + 1;
+  ExpectInvalid(r, "world size 1048577: the planner takes at most 1048576 ranks");
+  r.world_size = 2147483647;
+  ExpectInvalid(r, "world size 2147483647: the planner takes at most 1048576 ranks");
+
+  PlanModel m;
+  m.name = "huge";
+  m.unit_numel = {kMaxPlanUnitNumel + 1};
+  r = PlanRequest();
+  r.explicit_model = m;
+  ExpectInvalid(r, "unit 0 of the model has 72057594037927937 elements; give 1 to 2^56");
+  // 2000 units of 2^56 elements: 2^67 bytes of f32 shards on one rank.
+  m.unit_numel.assign(2000, kMaxPlanUnitNumel);
+  r.explicit_model = m;
+  ExpectInvalid(r, "the plan of huge on a shard group of 1 rank(s) comes to more than 2^63 - 1 "
+                   "bytes (8 EiB) per rank");
+  // A small model whose activations leave no room in int64 for its shards.
+  m.unit_numel = {1000};
+  m.activation_bytes = std::numeric_limits<int64_t>::max() - 10;
+  r.explicit_model = m;
+  ExpectInvalid(r, "more than 2^63 - 1 bytes (8 EiB) per rank with its activations");
+  m.activation_bytes = 0;
+  m.activation_bytes_without_checkpointing = -1;
+  r.explicit_model = m;
+  ExpectInvalid(r, "the model's activation bytes are negative");
 }
 
 // ---- tables -----------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ struct GptConfig {
 
   // "nano", "mini", "gpt2", "gpt2-medium", "gpt2-xl".
   static absl::StatusOr<GptConfig> FromName(std::string_view name);
-  absl::Status Validate() const;  // positive sizes, C divisible by H, V <= 65536
+  // Positive sizes, C divisible by H, V <= 65536, L <= kMaxLayers, C <= kMaxChannels.
+  absl::Status Validate() const;
   int64_t num_parameters() const;  // all parameters (wte counted once; lm_head is tied)
   // P of MODEL_SPEC.md's FLOP formula (all parameters except wpe).
   int64_t num_flop_parameters() const;
@@ -60,7 +61,9 @@ using GptOptions = ModelOptions;
 
 // Bytes of the buffers Gpt::Create allocates for B x T with `options` (what
 // activation_bytes() reports), computed without allocating: for the memory planner.
-int64_t GptActivationBytes(const GptConfig& config, int B, int T, const ModelOptions& options);
+// InvalidArgument when they come to more than int64 bytes (8 EiB).
+absl::StatusOr<int64_t> GptActivationBytes(const GptConfig& config, int B, int T,
+                                           const ModelOptions& options);
 
 class Gpt final : public StagedModel {
  public:
@@ -85,7 +88,8 @@ class Gpt final : public StagedModel {
   absl::Status RunBackwardBlock(int layer, View block, View dblock) override;
   void RunBackwardEmbed(View droot, View idx) override;
   View loss_view() const override;
-  friend int64_t GptActivationBytes(const GptConfig&, int, int, const ModelOptions&);
+  friend absl::StatusOr<int64_t> GptActivationBytes(const GptConfig&, int, int,
+                                                    const ModelOptions&);
   BlockActs& Acts(int layer) const;  // the block's own activations, or the shared set
   GptConfig config_;
   std::unique_ptr<Activations> acts_;

@@ -39,7 +39,8 @@ struct LlamaConfig {
   // "llama-nano", "llama-mini", "llama2-7b", "llama2-13b", "llama2-70b".
   static absl::StatusOr<LlamaConfig> FromName(std::string_view name);
   // Positive sizes, C divisible by H, H divisible by Hkv, even head size, V <= 65536 for
-  // models that are allocated (the published shapes' V = 32000 is fine).
+  // models that are allocated (the published shapes' V = 32000 is fine), L <= kMaxLayers,
+  // C <= kMaxChannels, F <= kMaxMlpHidden (model.h).
   absl::Status Validate() const;
   int head_size() const { return channels / num_heads; }
   int64_t qkv_width() const {  // (H + 2 Hkv) D: columns of the fused q/k/v projection
@@ -60,8 +61,9 @@ void InitParamSlice(const LlamaConfig& config, const ParamSpec& spec, uint64_t s
 void InitUnit(const LlamaConfig& config, int unit, uint64_t seed, float* flat);
 // Bytes of the buffers Llama::Create allocates for B x T with `options` (what
 // activation_bytes() reports), computed without allocating: for the memory planner.
-int64_t LlamaActivationBytes(const LlamaConfig& config, int B, int T,
-                             const ModelOptions& options);
+// InvalidArgument when they come to more than int64 bytes (8 EiB).
+absl::StatusOr<int64_t> LlamaActivationBytes(const LlamaConfig& config, int B, int T,
+                                             const ModelOptions& options);
 
 class Llama final : public StagedModel {
  public:
@@ -85,7 +87,8 @@ class Llama final : public StagedModel {
   absl::Status RunBackwardBlock(int layer, View block, View dblock) override;
   void RunBackwardEmbed(View droot, View idx) override;
   View loss_view() const override;
-  friend int64_t LlamaActivationBytes(const LlamaConfig&, int, int, const ModelOptions&);
+  friend absl::StatusOr<int64_t> LlamaActivationBytes(const LlamaConfig&, int, int,
+                                                      const ModelOptions&);
   BlockActs& Acts(int layer) const;
 
   LlamaConfig config_;

@@ -59,6 +59,16 @@ std::vector<DecayRange> UnitDecayRanges(const std::vector<ParamSpec>& specs, int
 absl::Status CheckTokenIds(const int32_t* ids, int64_t n, int vocab_size, int T,
                            const char* what);
 
+// Upper bounds on a configuration's sizes (GptConfig / LlamaConfig::Validate). They sit far
+// above any model trained (the deepest transformers have about 100 layers and DeepNet 1000;
+// the widest C = 18432 and F = 73728) and low enough that every unit's and the whole model's
+// parameter count fits in int64 (L x the largest block stays below 2^60 elements), and that
+// what is done per block (the memory planner's and the projection's replays, the parameter
+// specs) takes well under a second at the bound.
+inline constexpr int kMaxLayers = 10000;
+inline constexpr int kMaxChannels = 1 << 20;   // C, and so the heads (H divides C)
+inline constexpr int kMaxMlpHidden = 1 << 24;  // F (Llama)
+
 struct ModelOptions {
   // The dtype of the parameter buffers handed to the stages, and of the Linear layers'
   // multiplications: kF32, kBF16 or kF16 (2-byte elements at the same element offsets).

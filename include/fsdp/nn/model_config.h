@@ -51,8 +51,9 @@ class ModelConfig {
   const char* BlockPrefix() const { return is_gpt() ? "transformer.h." : "model.layers."; }
   void InitParamSlice(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t end,
                       float* out) const;
-  // What Create allocates for B x T (the model's activation_bytes()), without allocating.
-  int64_t ActivationBytes(int B, int T, const ModelOptions& options) const;
+  // What Create allocates for B x T (the model's activation_bytes()), without allocating;
+  // InvalidArgument when that comes to more than int64 bytes (8 EiB).
+  absl::StatusOr<int64_t> ActivationBytes(int B, int T, const ModelOptions& options) const;
   absl::StatusOr<std::unique_ptr<StagedModel>> CreateModel(Backend* backend, int B, int T,
                                                            ModelOptions options = {}) const;
 
