@@ -24,6 +24,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,21 +32,39 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "collectives/reduce.h"
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
+#include "tools/command_line.h"
 
 #ifdef FSDP_BENCH_WITH_MPI
 #include <mpi.h>
 #endif
+
+ABSL_FLAG(std::string, ranks, "2", "local communicator world sizes, comma-separated (1 to 4096)");
+ABSL_FLAG(std::string, min_bytes, "1K", "smallest buffer (K, M, G: powers of 1024)");
+ABSL_FLAG(std::string, max_bytes, "256M", "largest buffer; sizes double from --min_bytes");
+ABSL_FLAG(std::string, ops, "ag,rs,ar",
+          "collectives, comma-separated: ag (all_gather), rs (reduce_scatter), ar (all_reduce)");
+ABSL_FLAG(std::string, dtype, "f32", "f32, bf16 or f16");
+ABSL_FLAG(int, iters, 0, "calls per round (0 = by size)");
+ABSL_FLAG(bool, no_check, false, "do not check the results (#wrong N/A)");
+ABSL_FLAG(bool, check, false,
+          "also measure the performance targets (2 local ranks, f32, 64 MiB); exit 1 if one is "
+          "missed");
 
 namespace fsdp {
 namespace {
@@ -64,7 +83,14 @@ struct Flags {
   bool check_targets = false;  // --check: measure the performance targets, exit 1 on a miss
 };
 
-int64_t ParseBytes(std::string_view s) {
+[[noreturn]] void BadUsage(const std::string& message) {
+  std::fprintf(stderr, "collectives_bench: %s\n", message.c_str());
+  std::exit(2);
+}
+
+// "64M", "1K", "4096": bytes (K, M, G are powers of 1024); bad usage otherwise.
+int64_t ParseSize(const std::string& flag, std::string_view s) {
+  const std::string text(s);
   int64_t mult = 1;
   if (!s.empty()) {
     const char c = static_cast<char>(std::toupper(s.back()));
@@ -74,65 +100,73 @@ int64_t ParseBytes(std::string_view s) {
     }
   }
   int64_t v = 0;
-  if (!absl::SimpleAtoi(absl::string_view(s.data(), s.size()), &v) || v <= 0) {
-    std::fprintf(stderr, "bad size '%s'\n", std::string(s).c_str());
-    std::exit(2);
+  if (!absl::SimpleAtoi(absl::string_view(s.data(), s.size()), &v) || v <= 0 ||
+      v > (int64_t{1} << 40) / mult) {
+    BadUsage(absl::StrCat("--", flag, "=", text, ": allowed: a size in bytes, e.g. 4096, 64K, "
+                          "64M or 1G (at most 1T)"));
   }
   return v * mult;
 }
 
 Flags ParseFlags(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "nccl-tests style bandwidth of the local and mpi communicators:\n"
+      "  collectives_bench [--ranks=2,4] [--min_bytes=1K] [--max_bytes=256M] [--ops=ag,rs,ar]\n"
+      "                    [--dtype=f32|bf16|f16] [--iters=N] [--no_check] [--check]\n"
+      "  --no_check  do not check the results (#wrong N/A)\n"
+      "  --check     also measure the performance targets; exit 1 if one is missed\n"
+      "  exit status: 1 if a checked result is wrong or a target missed, 2 bad flags");
+  const std::vector<char*> rest = cli::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    BadUsage(absl::StrCat("unexpected argument '", rest[1], "': flags start with --"));
+  }
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    std::string key = a, value;
-    if (auto eq = a.find('='); eq != std::string::npos) {
-      key = a.substr(0, eq);
-      value = a.substr(eq + 1);
-    } else if (a != "--no_check" && a != "--check" && a != "--help" && i + 1 < argc) {
-      value = argv[++i];
+  f.ranks.clear();
+  const std::string ranks = absl::GetFlag(FLAGS_ranks);
+  for (absl::string_view r : absl::StrSplit(ranks, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(r, &n) || n < 1 || n > 4096) {
+      BadUsage(absl::StrCat("--ranks=", ranks, ": allowed: a comma-separated list of 1 to 4096 "
+                            "ranks"));
     }
-    if (key == "--ranks") {
-      f.ranks.clear();
-      for (absl::string_view p : absl::StrSplit(value, ',')) {
-        f.ranks.push_back(static_cast<int>(ParseBytes(std::string_view(p.data(), p.size()))));
-      }
-    } else if (key == "--min_bytes") {
-      f.min_bytes = ParseBytes(value);
-    } else if (key == "--max_bytes") {
-      f.max_bytes = ParseBytes(value);
-    } else if (key == "--iters") {
-      f.iters = static_cast<int>(ParseBytes(value));
-    } else if (key == "--dtype") {
-      f.dtype = value == "bf16" ? DType::kBF16 : value == "f16" ? DType::kF16 : DType::kF32;
-    } else if (key == "--ops") {
-      f.ops.clear();
-      for (auto p : absl::StrSplit(value, ',')) {
-        if (p == "ag" || p == "all_gather") f.ops.push_back(CollectiveKind::kAllGather);
-        if (p == "rs" || p == "reduce_scatter") f.ops.push_back(CollectiveKind::kReduceScatter);
-        if (p == "ar" || p == "all_reduce") f.ops.push_back(CollectiveKind::kAllReduce);
-      }
-    } else if (key == "--no_check") {
-      f.check = false;
-    } else if (key == "--check") {
-      f.check_targets = true;
+    f.ranks.push_back(n);
+  }
+  f.min_bytes = ParseSize("min_bytes", absl::GetFlag(FLAGS_min_bytes));
+  f.max_bytes = ParseSize("max_bytes", absl::GetFlag(FLAGS_max_bytes));
+  if (f.min_bytes > f.max_bytes) {
+    BadUsage(absl::StrCat("--min_bytes=", absl::GetFlag(FLAGS_min_bytes), " is above --max_bytes=",
+                          absl::GetFlag(FLAGS_max_bytes)));
+  }
+  f.iters = absl::GetFlag(FLAGS_iters);
+  if (f.iters < 0) {
+    BadUsage(absl::StrCat("--iters=", f.iters, ": allowed: 0 (by size) or more calls"));
+  }
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  const std::optional<DType> d = ParseDType(dtype);
+  if (!d.has_value() || !IsFloat16Or32(*d)) {
+    BadUsage(absl::StrCat("--dtype=", dtype, ": allowed: f32, bf16 or f16"));
+  }
+  f.dtype = *d;
+  f.ops.clear();
+  const std::string ops = absl::GetFlag(FLAGS_ops);
+  for (absl::string_view o : absl::StrSplit(ops, ',')) {
+    if (o == "ag" || o == "all_gather") {
+      f.ops.push_back(CollectiveKind::kAllGather);
+    } else if (o == "rs" || o == "reduce_scatter") {
+      f.ops.push_back(CollectiveKind::kReduceScatter);
+    } else if (o == "ar" || o == "all_reduce") {
+      f.ops.push_back(CollectiveKind::kAllReduce);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--ranks=2,4] [--min_bytes=1K] [--max_bytes=256M] [--ops=ag,rs,ar] "
-                   "[--dtype=f32|bf16|f16] [--iters=N] [--no_check] [--check]\n"
-                   "  --no_check  do not check the results (#wrong N/A)\n"
-                   "  --check     also measure the performance targets; exit 1 if one is missed\n"
-                   "  exit status: 1 if a checked result is wrong or a target missed, 2 bad flags\n",
-                   argv[0]);
-      std::exit(key == "--help" ? 0 : 2);
+      BadUsage(absl::StrCat("--ops=", ops, ": '", o, "' is not ag, rs or ar (all_gather, "
+                            "reduce_scatter, all_reduce)"));
     }
   }
+  f.check = !absl::GetFlag(FLAGS_no_check);
+  f.check_targets = absl::GetFlag(FLAGS_check);
   if (f.check_targets &&
       std::find(f.ops.begin(), f.ops.end(), CollectiveKind::kAllGather) == f.ops.end() &&
       std::find(f.ops.begin(), f.ops.end(), CollectiveKind::kReduceScatter) == f.ops.end()) {
-    std::fprintf(stderr, "%s: --check: the performance targets are for ag and rs, and --ops has "
-                         "neither\n", argv[0]);
-    std::exit(2);
+    BadUsage("--check: the performance targets are for ag and rs, and --ops has neither");
   }
   return f;
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -31,6 +32,107 @@
 #include "fsdp/nn/model_config.h"
 #include "fsdp/plan.h"
 #include "fsdp/project.h"
+#include "tools/command_line.h"
+
+// The options, as absl::flags: kHelp above says what each does (fsdp_bench --help prints it).
+// Every value is text, checked by SetOption, so that each error is one line of fsdp_bench's.
+ABSL_FLAG(bool, project, false, "project instead of measuring");
+ABSL_FLAG(bool, validate_projection, false, "measure and project on the simulated link");
+#define FSDP_BENCH_OPTION(name) ABSL_FLAG(std::string, name, "", "see fsdp_bench --help")
+FSDP_BENCH_OPTION(cluster);
+FSDP_BENCH_OPTION(nodes);
+FSDP_BENCH_OPTION(algorithm);
+FSDP_BENCH_OPTION(project_from);
+FSDP_BENCH_OPTION(peak_tflops);
+FSDP_BENCH_OPTION(achieved);
+FSDP_BENCH_OPTION(hbm_gbps);
+FSDP_BENCH_OPTION(intra_eff);
+FSDP_BENCH_OPTION(inter_eff);
+FSDP_BENCH_OPTION(published);
+FSDP_BENCH_OPTION(device_mem_gib);
+FSDP_BENCH_OPTION(overlap_slowdown);
+FSDP_BENCH_OPTION(compute_scale);
+FSDP_BENCH_OPTION(calibrate);
+FSDP_BENCH_OPTION(validate_links);
+FSDP_BENCH_OPTION(models);
+FSDP_BENCH_OPTION(layers);
+FSDP_BENCH_OPTION(strategies);
+FSDP_BENCH_OPTION(worlds);
+FSDP_BENCH_OPTION(dtypes);
+FSDP_BENCH_OPTION(checkpoint);
+FSDP_BENCH_OPTION(prefetch);
+FSDP_BENCH_OPTION(reduce_dtype);
+FSDP_BENCH_OPTION(hybrid_shard);
+FSDP_BENCH_OPTION(batch);
+FSDP_BENCH_OPTION(seq);
+FSDP_BENCH_OPTION(threads);
+FSDP_BENCH_OPTION(warmup);
+FSDP_BENCH_OPTION(steps);
+FSDP_BENCH_OPTION(repeat);
+FSDP_BENCH_OPTION(link_gbps);
+FSDP_BENCH_OPTION(link_latency_us);
+FSDP_BENCH_OPTION(ranks_per_host);
+FSDP_BENCH_OPTION(inter_gbps);
+FSDP_BENCH_OPTION(inter_latency_us);
+FSDP_BENCH_OPTION(comm_to_compute);
+FSDP_BENCH_OPTION(match_tolerance);
+FSDP_BENCH_OPTION(jsonl);
+FSDP_BENCH_OPTION(csv);
+FSDP_BENCH_OPTION(svg_dir);
+FSDP_BENCH_OPTION(peak_gflops);
+#undef FSDP_BENCH_OPTION
+
+namespace {
+
+// The text options, in the order they are applied.
+const std::vector<std::pair<const char*, absl::Flag<std::string>*>>& Options() {
+  static const auto* options = new std::vector<std::pair<const char*, absl::Flag<std::string>*>>{
+      {"cluster", &FLAGS_cluster},
+      {"nodes", &FLAGS_nodes},
+      {"algorithm", &FLAGS_algorithm},
+      {"project_from", &FLAGS_project_from},
+      {"peak_tflops", &FLAGS_peak_tflops},
+      {"achieved", &FLAGS_achieved},
+      {"hbm_gbps", &FLAGS_hbm_gbps},
+      {"intra_eff", &FLAGS_intra_eff},
+      {"inter_eff", &FLAGS_inter_eff},
+      {"published", &FLAGS_published},
+      {"device_mem_gib", &FLAGS_device_mem_gib},
+      {"overlap_slowdown", &FLAGS_overlap_slowdown},
+      {"compute_scale", &FLAGS_compute_scale},
+      {"calibrate", &FLAGS_calibrate},
+      {"validate_links", &FLAGS_validate_links},
+      {"models", &FLAGS_models},
+      {"layers", &FLAGS_layers},
+      {"strategies", &FLAGS_strategies},
+      {"worlds", &FLAGS_worlds},
+      {"dtypes", &FLAGS_dtypes},
+      {"checkpoint", &FLAGS_checkpoint},
+      {"prefetch", &FLAGS_prefetch},
+      {"reduce_dtype", &FLAGS_reduce_dtype},
+      {"hybrid_shard", &FLAGS_hybrid_shard},
+      {"batch", &FLAGS_batch},
+      {"seq", &FLAGS_seq},
+      {"threads", &FLAGS_threads},
+      {"warmup", &FLAGS_warmup},
+      {"steps", &FLAGS_steps},
+      {"repeat", &FLAGS_repeat},
+      {"link_gbps", &FLAGS_link_gbps},
+      {"link_latency_us", &FLAGS_link_latency_us},
+      {"ranks_per_host", &FLAGS_ranks_per_host},
+      {"inter_gbps", &FLAGS_inter_gbps},
+      {"inter_latency_us", &FLAGS_inter_latency_us},
+      {"comm_to_compute", &FLAGS_comm_to_compute},
+      {"match_tolerance", &FLAGS_match_tolerance},
+      {"jsonl", &FLAGS_jsonl},
+      {"csv", &FLAGS_csv},
+      {"svg_dir", &FLAGS_svg_dir},
+      {"peak_gflops", &FLAGS_peak_gflops},
+  };
+  return *options;
+}
+
+}  // namespace
 
 namespace {
 
@@ -258,203 +360,199 @@ std::vector<std::string> List(const std::string& flag, const std::string& v) {
   return out;
 }
 
-fsdp::DType ParseDType(const std::string& flag, const std::string& v) {
-  if (v == "f32") return fsdp::DType::kF32;
-  if (v == "bf16") return fsdp::DType::kBF16;
-  if (v == "f16") return fsdp::DType::kF16;
+fsdp::DType FloatDTypeFlag(const std::string& flag, const std::string& v) {
+  const std::optional<fsdp::DType> d = fsdp::ParseDType(v);
+  if (d.has_value() && fsdp::IsFloat16Or32(*d)) return *d;
   BadUsage(absl::StrCat(flag, ": '", v, "' is not f32, bf16 or f16"));
 }
 
-Args ParseArgs(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i], v;
-    if (k == "--help" || k == "-h" || k == "--helpfull") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
+// One option of the command line (after absl::flags parsed it) into `a`, checked: bad usage
+// names the flag, the value and what is allowed.
+void SetOption(Args& a, const std::string& k, const std::string& v) {
+  a.given.insert(k);
+  if (k == "--cluster") {
+    if (v != "p5" && v != "p4de" && v != "custom") {
+      BadUsage(absl::StrCat("--cluster: '", v, "' is not p5, p4de or custom"));
     }
-    if (k.rfind("--", 0) != 0) {
-      BadUsage(absl::StrCat("unexpected argument '", k, "': flags start with --"));
+    a.cluster = v;
+  } else if (k == "--nodes") {
+    a.nodes.clear();
+    for (const std::string& x : List(k, v)) a.nodes.push_back(ParseInt(k, x, 1));
+  } else if (k == "--algorithm") {
+    if (!fsdp::ParseCollectiveAlgorithm(v).ok()) {
+      BadUsage(absl::StrCat("--algorithm: '", v, "' is not ring, hierarchical or simulated"));
     }
-    if (const size_t eq = k.find('='); eq != std::string::npos) {
-      v = k.substr(eq + 1);
-      k = k.substr(0, eq);
-    } else if (k == "--project" || k == "--validate_projection") {
-      v = "1";  // switches: --project, or --project=0 / =1
-    } else {
-      if (i + 1 >= argc) BadUsage(absl::StrCat(k, ": needs a value"));
-      v = argv[++i];
+    a.algorithm = v;
+  } else if (k == "--project_from") {
+    if (v != "flops" && v != "measured") {
+      BadUsage(absl::StrCat("--project_from: '", v, "' is not flops or measured"));
     }
-    a.given.insert(k);
-    if (k == "--project" || k == "--validate_projection") {
-      if (v != "0" && v != "1") BadUsage(absl::StrCat(k, "=", v, ": allowed: 0 or 1"));
-      (k == "--project" ? a.project : a.validate) = v == "1";
-    } else if (k == "--cluster") {
-      if (v != "p5" && v != "p4de" && v != "custom") {
-        BadUsage(absl::StrCat("--cluster: '", v, "' is not p5, p4de or custom"));
-      }
-      a.cluster = v;
-    } else if (k == "--nodes") {
-      a.nodes.clear();
-      for (const std::string& x : List(k, v)) a.nodes.push_back(ParseInt(k, x, 1));
-    } else if (k == "--algorithm") {
-      if (!fsdp::ParseCollectiveAlgorithm(v).ok()) {
-        BadUsage(absl::StrCat("--algorithm: '", v, "' is not ring, hierarchical or simulated"));
-      }
-      a.algorithm = v;
-    } else if (k == "--project_from") {
-      if (v != "flops" && v != "measured") {
-        BadUsage(absl::StrCat("--project_from: '", v, "' is not flops or measured"));
-      }
-      a.project_from = v;
-    } else if (k == "--peak_tflops") {
-      a.peak_tflops = ParseDouble(k, v);
-    } else if (k == "--achieved") {
-      a.achieved = ParseDouble(k, v);
-      if (a.achieved <= 0 || a.achieved > 1) {
-        BadUsage(absl::StrCat("--achieved=", v, ": allowed: a fraction in (0, 1]"));
-      }
-    } else if (k == "--hbm_gbps") {
-      a.hbm_gbps = ParseDouble(k, v);
-    } else if (k == "--intra_eff") {
-      a.intra_eff = ParseDouble(k, v);
-      if (a.intra_eff <= 0 || a.intra_eff > 1) {
-        BadUsage(absl::StrCat(k, "=", v, ": allowed: a fraction in (0, 1]"));
-      }
-    } else if (k == "--inter_eff") {
-      a.inter_effs.clear();
-      for (const std::string& x : List(k, v)) {
-        const double e = ParseDouble(k, x);
-        if (e <= 0 || e > 1) BadUsage(absl::StrCat(k, "=", x, ": allowed: fractions in (0, 1]"));
-        a.inter_effs.push_back(e);
-      }
-    } else if (k == "--published") {
-      std::vector<std::string> parts = absl::StrSplit(v, '@');
-      if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &a.published_eff) ||
-          !absl::SimpleAtoi(parts[1], &a.published_world) || a.published_eff <= 0 ||
-          a.published_world < 1) {
-        BadUsage(absl::StrCat("--published=", v, ": allowed: E@N, e.g. 0.87@128"));
-      }
-    } else if (k == "--device_mem_gib") {
-      a.device_mem_gib = ParseDouble(k, v);
-    } else if (k == "--overlap_slowdown") {
-      a.overlap_slowdown = ParseDouble(k, v);
-      if (a.overlap_slowdown >= 1) {
-        BadUsage(absl::StrCat("--overlap_slowdown=", v, ": allowed: a fraction in [0, 1)"));
-      }
-    } else if (k == "--compute_scale") {
-      a.compute_scale = ParseDouble(k, v);
-      if (a.compute_scale <= 0) BadUsage(absl::StrCat("--compute_scale=", v, ": allowed: > 0"));
-    } else if (k == "--calibrate") {
-      if (v != "each" && v != "world") {
-        BadUsage(absl::StrCat("--calibrate: '", v, "' is not each or world"));
-      }
-      a.calibrate_each = v == "each";
-    } else if (k == "--validate_links") {
-      a.validate_links.clear();
-      for (const std::string& x : List(k, v)) {
-        std::vector<std::string> parts = absl::StrSplit(x, ':');
-        double intra = 0, inter = 0;
-        if (parts.size() > 2 || !absl::SimpleAtod(parts[0], &intra) || intra <= 0 ||
-            !std::isfinite(intra) ||
-            (parts.size() == 2 && (!absl::SimpleAtod(parts[1], &inter) || inter <= 0 ||
-                                   !std::isfinite(inter)))) {
-          BadUsage(absl::StrCat("--validate_links: '", x,
-                                "' is not INTRA or INTRA:INTER, GB/s > 0 (e.g. 1:0.05)"));
-        }
-        a.validate_links.push_back({intra, inter});
-      }
-    } else if (k == "--models") {
-      a.models = List(k, v);
-      for (const std::string& m : a.models) {
-        if (!fsdp::nn::ModelConfig::FromName(m).ok()) {
-          BadUsage(absl::StrCat("--models: unknown model '", m, "' (known: ",
-                                absl::StrJoin(fsdp::nn::ModelConfig::Names(), ", "), ")"));
-        }
-      }
-    } else if (k == "--layers") {
-      a.layers.clear();
-      for (const std::string& s : List(k, v)) a.layers.push_back(ParseInt(k, s, 0));
-    } else if (k == "--strategies") {
-      a.strategies.clear();
-      for (const std::string& s : List(k, v)) {
-        auto st = fsdp::ParseStrategy(s);
-        if (!st.ok()) {
-          BadUsage(absl::StrCat("--strategies: '", s, "' is not FULL_SHARD, SHARD_GRAD_OP, "
-                                "NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP"));
-        }
-        a.strategies.push_back(*st);
-      }
-    } else if (k == "--worlds") {
-      a.worlds.clear();
-      for (const std::string& s : List(k, v)) a.worlds.push_back(ParseInt(k, s, 1));
-    } else if (k == "--dtypes") {
-      a.dtypes.clear();
-      for (const std::string& s : List(k, v)) a.dtypes.push_back(ParseDType(k, s));
-    } else if (k == "--checkpoint") {
-      a.checkpoint.clear();
-      for (const std::string& s : List(k, v)) a.checkpoint.push_back(ParseInt(k, s, 0));
-    } else if (k == "--prefetch") {
-      a.prefetch.clear();
-      for (const std::string& s : List(k, v)) {
-        int n = 0;
-        if (!absl::SimpleAtoi(s, &n) || n < 0 || n > 8) {
-          BadUsage(absl::StrCat("--prefetch: '", s, "' is not 0 (off) or 1 to 8 units ahead"));
-        }
-        a.prefetch.push_back(n);
-      }
-    } else if (k == "--reduce_dtype") {
-      if (v != "same") ParseDType(k, v);
-      a.reduce_dtype = v;
-    } else if (k == "--hybrid_shard") {
-      a.hybrid_shard = ParseInt(k, v, 0);
-    } else if (k == "--batch") {
-      a.batch = ParseInt(k, v, 1);
-      if (a.batch > kMaxBatch) {
-        BadUsage(absl::StrCat("--batch=", v, ": allowed: 1 to ", kMaxBatch,
-                              " sequences per rank"));
-      }
-    } else if (k == "--seq") {
-      a.seq = ParseInt(k, v, 0);
-    } else if (k == "--threads") {
-      a.threads = ParseInt(k, v, 0);
-    } else if (k == "--warmup") {
-      a.warmup = ParseInt(k, v, 0);
-    } else if (k == "--steps") {
-      a.steps = ParseInt(k, v, 1);
-    } else if (k == "--repeat") {
-      a.repeat = ParseInt(k, v, 1);
-      if (a.repeat > 100) BadUsage(absl::StrCat("--repeat=", v, ": allowed: 1 to 100 passes"));
-    } else if (k == "--link_gbps") {
-      a.link_gbps = ParseDouble(k, v);
-    } else if (k == "--link_latency_us") {
-      a.link_latency_us = ParseDouble(k, v);
-    } else if (k == "--ranks_per_host") {
-      a.ranks_per_host = ParseInt(k, v, 0);
-    } else if (k == "--inter_gbps") {
-      a.inter_gbps = ParseDouble(k, v);
-    } else if (k == "--inter_latency_us") {
-      a.inter_latency_us = ParseDouble(k, v);
-    } else if (k == "--comm_to_compute") {
-      a.comm_to_compute = ParseDouble(k, v);
-      if (a.comm_to_compute <= 0) {
-        BadUsage(absl::StrCat("--comm_to_compute=", v, ": allowed: a ratio > 0 (1: as slow as "
-                              "the compute)"));
-      }
-    } else if (k == "--match_tolerance") {
-      a.match_tolerance = ParseDouble(k, v);
-    } else if (k == "--jsonl") {
-      a.jsonl = v;
-    } else if (k == "--csv") {
-      a.csv = v;
-    } else if (k == "--svg_dir") {
-      a.svg_dir = v;
-    } else if (k == "--peak_gflops") {
-      a.peak_gflops = ParseDouble(k, v);
-    } else {
-      BadUsage(absl::StrCat("unknown flag '", k, "'"));
+    a.project_from = v;
+  } else if (k == "--peak_tflops") {
+    a.peak_tflops = ParseDouble(k, v);
+  } else if (k == "--achieved") {
+    a.achieved = ParseDouble(k, v);
+    if (a.achieved <= 0 || a.achieved > 1) {
+      BadUsage(absl::StrCat("--achieved=", v, ": allowed: a fraction in (0, 1]"));
     }
+  } else if (k == "--hbm_gbps") {
+    a.hbm_gbps = ParseDouble(k, v);
+  } else if (k == "--intra_eff") {
+    a.intra_eff = ParseDouble(k, v);
+    if (a.intra_eff <= 0 || a.intra_eff > 1) {
+      BadUsage(absl::StrCat(k, "=", v, ": allowed: a fraction in (0, 1]"));
+    }
+  } else if (k == "--inter_eff") {
+    a.inter_effs.clear();
+    for (const std::string& x : List(k, v)) {
+      const double e = ParseDouble(k, x);
+      if (e <= 0 || e > 1) BadUsage(absl::StrCat(k, "=", x, ": allowed: fractions in (0, 1]"));
+      a.inter_effs.push_back(e);
+    }
+  } else if (k == "--published") {
+    std::vector<std::string> parts = absl::StrSplit(v, '@');
+    if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &a.published_eff) ||
+        !absl::SimpleAtoi(parts[1], &a.published_world) || a.published_eff <= 0 ||
+        a.published_world < 1) {
+      BadUsage(absl::StrCat("--published=", v, ": allowed: E@N, e.g. 0.87@128"));
+    }
+  } else if (k == "--device_mem_gib") {
+    a.device_mem_gib = ParseDouble(k, v);
+  } else if (k == "--overlap_slowdown") {
+    a.overlap_slowdown = ParseDouble(k, v);
+    if (a.overlap_slowdown >= 1) {
+      BadUsage(absl::StrCat("--overlap_slowdown=", v, ": allowed: a fraction in [0, 1)"));
+    }
+  } else if (k == "--compute_scale") {
+    a.compute_scale = ParseDouble(k, v);
+    if (a.compute_scale <= 0) BadUsage(absl::StrCat("--compute_scale=", v, ": allowed: > 0"));
+  } else if (k == "--calibrate") {
+    if (v != "each" && v != "world") {
+      BadUsage(absl::StrCat("--calibrate: '", v, "' is not each or world"));
+    }
+    a.calibrate_each = v == "each";
+  } else if (k == "--validate_links") {
+    a.validate_links.clear();
+    for (const std::string& x : List(k, v)) {
+      std::vector<std::string> parts = absl::StrSplit(x, ':');
+      double intra = 0, inter = 0;
+      if (parts.size() > 2 || !absl::SimpleAtod(parts[0], &intra) || intra <= 0 ||
+          !std::isfinite(intra) ||
+          (parts.size() == 2 && (!absl::SimpleAtod(parts[1], &inter) || inter <= 0 ||
+                                 !std::isfinite(inter)))) {
+        BadUsage(absl::StrCat("--validate_links: '", x,
+                              "' is not INTRA or INTRA:INTER, GB/s > 0 (e.g. 1:0.05)"));
+      }
+      a.validate_links.push_back({intra, inter});
+    }
+  } else if (k == "--models") {
+    a.models = List(k, v);
+    for (const std::string& m : a.models) {
+      if (!fsdp::nn::ModelConfig::FromName(m).ok()) {
+        BadUsage(absl::StrCat("--models: unknown model '", m, "' (known: ",
+                              absl::StrJoin(fsdp::nn::ModelConfig::Names(), ", "), ")"));
+      }
+    }
+  } else if (k == "--layers") {
+    a.layers.clear();
+    for (const std::string& s : List(k, v)) a.layers.push_back(ParseInt(k, s, 0));
+  } else if (k == "--strategies") {
+    a.strategies.clear();
+    for (const std::string& s : List(k, v)) {
+      auto st = fsdp::ParseStrategy(s);
+      if (!st.ok()) {
+        BadUsage(absl::StrCat("--strategies: '", s, "' is not FULL_SHARD, SHARD_GRAD_OP, "
+                              "NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP"));
+      }
+      a.strategies.push_back(*st);
+    }
+  } else if (k == "--worlds") {
+    a.worlds.clear();
+    for (const std::string& s : List(k, v)) a.worlds.push_back(ParseInt(k, s, 1));
+  } else if (k == "--dtypes") {
+    a.dtypes.clear();
+    for (const std::string& s : List(k, v)) a.dtypes.push_back(FloatDTypeFlag(k, s));
+  } else if (k == "--checkpoint") {
+    a.checkpoint.clear();
+    for (const std::string& s : List(k, v)) a.checkpoint.push_back(ParseInt(k, s, 0));
+  } else if (k == "--prefetch") {
+    a.prefetch.clear();
+    for (const std::string& s : List(k, v)) {
+      int n = 0;
+      if (!absl::SimpleAtoi(s, &n) || n < 0 || n > 8) {
+        BadUsage(absl::StrCat("--prefetch: '", s, "' is not 0 (off) or 1 to 8 units ahead"));
+      }
+      a.prefetch.push_back(n);
+    }
+  } else if (k == "--reduce_dtype") {
+    if (v != "same") FloatDTypeFlag(k, v);
+    a.reduce_dtype = v;
+  } else if (k == "--hybrid_shard") {
+    a.hybrid_shard = ParseInt(k, v, 0);
+  } else if (k == "--batch") {
+    a.batch = ParseInt(k, v, 1);
+    if (a.batch > kMaxBatch) {
+      BadUsage(absl::StrCat("--batch=", v, ": allowed: 1 to ", kMaxBatch,
+                            " sequences per rank"));
+    }
+  } else if (k == "--seq") {
+    a.seq = ParseInt(k, v, 0);
+  } else if (k == "--threads") {
+    a.threads = ParseInt(k, v, 0);
+  } else if (k == "--warmup") {
+    a.warmup = ParseInt(k, v, 0);
+  } else if (k == "--steps") {
+    a.steps = ParseInt(k, v, 1);
+  } else if (k == "--repeat") {
+    a.repeat = ParseInt(k, v, 1);
+    if (a.repeat > 100) BadUsage(absl::StrCat("--repeat=", v, ": allowed: 1 to 100 passes"));
+  } else if (k == "--link_gbps") {
+    a.link_gbps = ParseDouble(k, v);
+  } else if (k == "--link_latency_us") {
+    a.link_latency_us = ParseDouble(k, v);
+  } else if (k == "--ranks_per_host") {
+    a.ranks_per_host = ParseInt(k, v, 0);
+  } else if (k == "--inter_gbps") {
+    a.inter_gbps = ParseDouble(k, v);
+  } else if (k == "--inter_latency_us") {
+    a.inter_latency_us = ParseDouble(k, v);
+  } else if (k == "--comm_to_compute") {
+    a.comm_to_compute = ParseDouble(k, v);
+    if (a.comm_to_compute <= 0) {
+      BadUsage(absl::StrCat("--comm_to_compute=", v, ": allowed: a ratio > 0 (1: as slow as "
+                            "the compute)"));
+    }
+  } else if (k == "--match_tolerance") {
+    a.match_tolerance = ParseDouble(k, v);
+  } else if (k == "--jsonl") {
+    a.jsonl = v;
+  } else if (k == "--csv") {
+    a.csv = v;
+  } else if (k == "--svg_dir") {
+    a.svg_dir = v;
+  } else if (k == "--peak_gflops") {
+    a.peak_gflops = ParseDouble(k, v);
+  } else {
+    BadUsage(absl::StrCat("unknown flag '", k, "'"));
   }
+}
+
+Args ParseArgs(int argc, char** argv) {
+  const std::set<std::string> flags_given =
+      fsdp::cli::CheckFlagsBeforeParsing(argc, argv, kHelp, BadUsage);
+  const std::vector<char*> positional = fsdp::cli::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    BadUsage(absl::StrCat("unexpected argument '", positional[1], "': flags start with --"));
+  }
+  Args a;
+  auto given = [&](const char* name) { return flags_given.count(name) > 0; };
+  for (const auto& [name, flag] : Options()) {
+    if (given(name)) SetOption(a, absl::StrCat("--", name), absl::GetFlag(*flag));
+  }
+  if (given("project")) a.given.insert("--project");
+  if (given("validate_projection")) a.given.insert("--validate_projection");
+  a.project = absl::GetFlag(FLAGS_project);
+  a.validate = absl::GetFlag(FLAGS_validate_projection);
   // Projection: the cluster's presets fill what the command line did not give.
   auto unset = [&](const char* flag) { return a.given.count(flag) == 0; };
   if (a.project && a.validate) {
@@ -625,7 +723,7 @@ Args ParseArgs(int argc, char** argv) {
 }
 
 fsdp::DType wl_reduce(const Args& a, fsdp::DType d) {
-  return a.reduce_dtype == "same" ? d : ParseDType("--reduce_dtype", a.reduce_dtype);
+  return a.reduce_dtype == "same" ? d : FloatDTypeFlag("--reduce_dtype", a.reduce_dtype);
 }
 
 std::string Mib(double bytes) { return absl::StrFormat("%.2f", bytes / (1 << 20)); }
@@ -849,7 +947,7 @@ fsdp::BenchConfig BaseConfig(const Args& a, const std::string& model, fsdp::DTyp
   c.model = model;
   c.config = a.configs.at(model);
   c.param_dtype = dtype;
-  c.reduce_dtype = a.reduce_dtype == "same" ? dtype : ParseDType("", a.reduce_dtype);
+  c.reduce_dtype = a.reduce_dtype == "same" ? dtype : FloatDTypeFlag("", a.reduce_dtype);
   c.checkpoint_every = checkpoint;
   c.batch_size = a.batch;
   c.seq_len = a.seq;
@@ -986,7 +1084,7 @@ int RunProjection(const Args& a) {
                 wl.batch_size = a.batch;
                 wl.seq_len = a.seq;
                 wl.param_dtype = d;
-                wl.reduce_dtype = a.reduce_dtype == "same" ? d : ParseDType("", a.reduce_dtype);
+                wl.reduce_dtype = a.reduce_dtype == "same" ? d : FloatDTypeFlag("", a.reduce_dtype);
                 wl.checkpoint_every = ck;
                 absl::StatusOr<fsdp::StepProfile> p = fsdp::ProfileFromFlops(mc, dev, wl, shard);
                 if (!p.ok()) {
@@ -1354,7 +1452,7 @@ int main(int argc, char** argv) {
               c.strategy = s;
               c.world_size = w;
               c.param_dtype = d;
-              c.reduce_dtype = a.reduce_dtype == "same" ? d : ParseDType("", a.reduce_dtype);
+              c.reduce_dtype = a.reduce_dtype == "same" ? d : FloatDTypeFlag("", a.reduce_dtype);
               c.checkpoint_every = ck;
               c.prefetch = pf;
               c.batch_size = a.batch;

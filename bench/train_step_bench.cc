@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,12 +48,10 @@ Args ParseArgs(int argc, char** argv) {
     else if (k == "--dtypes") {
       a.dtypes.clear();
       for (absl::string_view name : absl::StrSplit(v, ',')) {
-        if (name == "f32") {
-          a.dtypes.push_back(fsdp::DType::kF32);
-        } else if (name == "bf16") {
-          a.dtypes.push_back(fsdp::DType::kBF16);
-        } else if (name == "f16") {
-          a.dtypes.push_back(fsdp::DType::kF16);
+        const std::optional<fsdp::DType> d =
+            fsdp::ParseDType(std::string_view(name.data(), name.size()));
+        if (d.has_value() && fsdp::IsFloat16Or32(*d)) {
+          a.dtypes.push_back(*d);
         } else {
           std::fprintf(stderr, "--dtypes: '%s' is not f32, bf16 or f16\n",
                        std::string(name).c_str());

@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -26,6 +25,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -36,7 +36,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -59,6 +58,7 @@
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_model.h"
 #include "fsdp/optim.h"
+#include "tools/command_line.h"
 
 ABSL_FLAG(std::string, model, "",
           "the model: GPT nano, mini, gpt2, gpt2-medium, gpt2-xl; Llama 2 llama-nano, "
@@ -205,11 +205,10 @@ bool FiniteAsFloat(double x) {
   return std::isfinite(x) && std::isfinite(f) && (x <= 0 || f > 0);
 }
 
-absl::StatusOr<fsdp::DType> ParseDType(std::string_view flag, const std::string& value) {
-  const std::string v = absl::AsciiStrToLower(value);
-  if (v == "f32") return fsdp::DType::kF32;
-  if (v == "bf16") return fsdp::DType::kBF16;
-  if (v == "f16") return fsdp::DType::kF16;
+// A flag naming a float dtype (f32, bf16 or f16).
+absl::StatusOr<fsdp::DType> FloatDTypeFlag(std::string_view flag, const std::string& value) {
+  const std::optional<fsdp::DType> d = fsdp::ParseDType(value);
+  if (d.has_value() && fsdp::IsFloat16Or32(*d)) return *d;
   return BadFlag(flag, value, "allowed: f32, bf16 or f16");
 }
 
@@ -555,9 +554,9 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   // Mixed precision and activation checkpointing.
   fsdp::MixedPrecision& mp = s.model.sharding.mixed_precision;
   FSDP_ASSIGN_OR_RETURN(mp.param_dtype,
-                        ParseDType("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
+                        FloatDTypeFlag("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
   FSDP_ASSIGN_OR_RETURN(mp.reduce_dtype,
-                        ParseDType("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
+                        FloatDTypeFlag("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
   const double loss_scaling = absl::GetFlag(FLAGS_loss_scaling);
   if (!Finite(loss_scaling) || loss_scaling < 0 || loss_scaling > 3e38) {
     return BadFlag("loss_scaling", loss_scaling,
@@ -1134,34 +1133,6 @@ int EnvInt(const char* name, int fallback) {
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
-// absl::ParseCommandLine ends the process with exit(1) both on a malformed command line (an
-// unknown flag, "--steps=abc") and after --help. While it runs, this atexit handler turns
-// that into the documented codes: 2 for bad usage, 0 for the help and version flags.
-std::atomic<int> exit_code_while_parsing{-1};
-
-void ExitCodeWhileParsing() {
-  const int code = exit_code_while_parsing.load();
-  if (code >= 0) {
-    std::fflush(nullptr);
-    std::_Exit(code);
-  }
-}
-
-std::vector<char*> ParseFlags(int argc, char** argv) {
-  bool help = false;
-  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
-    std::string_view a = argv[i];
-    if (!a.starts_with('-')) continue;  // a value, e.g. of --prompt
-    while (!a.empty() && a.front() == '-') a.remove_prefix(1);
-    help = help || a.starts_with("help") || a == "version" || a == "only_check_args";
-  }
-  exit_code_while_parsing = help ? 0 : kExitUsage;
-  std::atexit(ExitCodeWhileParsing);
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  exit_code_while_parsing = -1;
-  return rest;
-}
-
 // What every rank of an mpirun job must have been given alike: every flag of this program but
 // the per-process ones, and the data by its contents (ranks may read it from different paths).
 std::vector<fsdp::Setting> AgreedSettings(const Settings& s, int world_size) {
@@ -1212,7 +1183,7 @@ int main(int argc, char** argv) {
       "Trains a GPT with sharded data parallelism (ranks as threads, or processes under "
       "mpirun) and samples from it. Exit codes: 0 trained, 1 failed after start-up, 2 bad "
       "usage (found before training).");
-  const std::vector<char*> positional = ParseFlags(argc, argv);
+  const std::vector<char*> positional = fsdp::cli::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     return Report(absl::InvalidArgumentError(absl::StrCat(
                       "unexpected argument '", positional[1], "': flags start with --")),

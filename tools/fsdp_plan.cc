@@ -9,10 +9,10 @@
 //
 // Exit codes: 0 planned (whether or not it fits; the output says), 2 bad usage (one line on
 // stderr saying what to fix).
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "fsdp/nn/model_config.h"
 #include "fsdp/plan.h"
+#include "tools/command_line.h"
 
 ABSL_FLAG(std::string, model, "nano",
           "the model: nano, mini, gpt2, gpt2-medium, gpt2-xl, llama-nano, llama-mini, "
@@ -82,11 +83,10 @@ absl::Status BadFlag(absl::string_view flag, absl::string_view value, absl::stri
   return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", what));
 }
 
-absl::StatusOr<fsdp::DType> ParseDType(absl::string_view flag, const std::string& value) {
-  const std::string v = absl::AsciiStrToLower(value);
-  if (v == "f32") return fsdp::DType::kF32;
-  if (v == "bf16") return fsdp::DType::kBF16;
-  if (v == "f16") return fsdp::DType::kF16;
+// A flag naming a float dtype (f32, bf16 or f16).
+absl::StatusOr<fsdp::DType> FloatDTypeFlag(absl::string_view flag, const std::string& value) {
+  const std::optional<fsdp::DType> d = fsdp::ParseDType(value);
+  if (d.has_value() && fsdp::IsFloat16Or32(*d)) return *d;
   return BadFlag(flag, value, "allowed: f32, bf16 or f16");
 }
 
@@ -199,9 +199,10 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
                    absl::StrCat("allowed: 0 (= --ranks_per_host) or the ranks of a shard group "
                                 "(at most ", fsdp::kMaxPlanWorldSize, ")"));
   }
-  FSDP_ASSIGN_OR_RETURN(r.param_dtype, ParseDType("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
+  FSDP_ASSIGN_OR_RETURN(r.param_dtype,
+                        FloatDTypeFlag("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
   FSDP_ASSIGN_OR_RETURN(r.reduce_dtype,
-                        ParseDType("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
+                        FloatDTypeFlag("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
   const std::string opt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_optimizer));
   if (opt == "adamw") {
     r.optimizer = fsdp::OptimizerKind::kAdamW;
@@ -343,17 +344,6 @@ absl::Status RunTable(const fsdp::PlanRequest& r) {
   return absl::OkStatus();
 }
 
-// absl::ParseCommandLine ends the process with exit(1) on a malformed command line (an
-// unknown flag, "--world=abc") and after --help; this turns that into 2 and 0.
-std::atomic<int> exit_code_while_parsing{-1};
-void ExitCodeWhileParsing() {
-  const int code = exit_code_while_parsing.load();
-  if (code >= 0) {
-    std::fflush(nullptr);
-    std::_Exit(code);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -367,16 +357,7 @@ int main(int argc, char** argv) {
       "  fsdp_plan --model llama2-7b --world 16 --ranks_per_host 8 --strategy HYBRID_SHARD "
       "--param_dtype bf16 --seq 4096 --checkpoint all --device_memory 80GiB\n\n"
       "Exit codes: 0 planned (fitting or not), 2 bad usage.");
-  bool help = false;
-  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
-    std::string_view a = argv[i];
-    while (!a.empty() && a.front() == '-') a.remove_prefix(1);
-    help = help || a.starts_with("help") || a == "version" || a == "only_check_args";
-  }
-  exit_code_while_parsing = help ? 0 : kExitUsage;
-  std::atexit(ExitCodeWhileParsing);
-  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  exit_code_while_parsing = -1;
+  const std::vector<char*> rest = fsdp::cli::ParseCommandLine(argc, argv);
   auto usage_error = [](const absl::Status& s) {
     std::fprintf(stderr, "fsdp_plan: %s\n", std::string(s.message()).c_str());
     return kExitUsage;

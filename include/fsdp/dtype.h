@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace fsdp {
@@ -39,6 +40,23 @@ constexpr std::string_view DTypeName(DType t) {
     case DType::kU8: return "u8";
   }
   return "?";
+}
+// DTypeName's inverse, case-insensitive ("f32", "BF16", "i64" ...); nullopt for any other
+// text. Programs that take only the float types check IsFloat16Or32 on the result.
+constexpr std::optional<DType> ParseDType(std::string_view name) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32, DType::kI64,
+                  DType::kU8}) {
+    const std::string_view n = DTypeName(t);
+    if (n.size() != name.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < n.size() && same; ++i) {
+      const char c = name[i] >= 'A' && name[i] <= 'Z' ? static_cast<char>(name[i] - 'A' + 'a')
+                                                       : name[i];
+      same = c == n[i];
+    }
+    if (same) return t;
+  }
+  return std::nullopt;
 }
 // The types the data plane reduces and the runtime gathers: f32, bf16, f16.
 constexpr bool IsFloat16Or32(DType t) {
