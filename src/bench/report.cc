@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/bench.h"
+#include "src/core/json.h"
 
 namespace fsdp {
 namespace {
@@ -29,17 +30,22 @@ std::string Num(double v) {
   return absl::StrFormat("%.6g", v);
 }
 
+// A CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break, with each
+// quote doubled.
+std::string CsvField(const std::string& v) {
+  if (v.find_first_of(",\"\r\n") == std::string::npos) return v;
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
 std::vector<Field> Fields(const BenchResult& r) {
   std::vector<Field> f;
   auto str = [&](const char* k, const std::string& v) {
-    std::string esc;
-    for (char c : v) {
-      if (c == '"' || c == '\\') esc.push_back('\\');
-      esc.push_back(c);
-    }
-    f.push_back({k, absl::StrCat("\"", esc, "\""), v.find(',') == std::string::npos
-                                                          ? v
-                                                          : absl::StrCat("\"", v, "\"")});
+    f.push_back({k, json::Quote(v), CsvField(v)});
   };
   auto num = [&](const char* k, double v) {
     const std::string s = Num(v);

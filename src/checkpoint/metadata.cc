@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "src/checkpoint/json.h"
+#include "src/core/json.h"
 #include "src/checkpoint/shard_file.h"
 
 namespace fsdp::checkpoint {

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "src/checkpoint/json.h"
+#include "src/core/json.h"
 
 namespace fsdp::checkpoint {
 namespace {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "fsdp/files.h"
+#include "src/core/json.h"
 
 namespace fsdp {
 namespace {
@@ -223,40 +224,7 @@ void TraceSpan::End() {
 
 namespace {
 
-// Appends `s` as a JSON string. Invalid UTF-8 becomes U+FFFD, so the output always parses.
-void AppendJsonString(std::string& out, std::string_view s) {
-  out += '"';
-  for (size_t i = 0; i < s.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    switch (c) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
-    }
-    if (c < 0x20) {
-      absl::StrAppendFormat(&out, "\\u%04x", c);
-    } else if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else {
-      // A UTF-8 sequence: lead byte, then its continuation bytes (no overlong/surrogate check).
-      const size_t len = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
-      bool ok = len != 0 && i + len <= s.size();
-      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
-      if (ok) {
-        out.append(s.substr(i, len));
-        i += len - 1;
-      } else {
-        out += "\\ufffd";
-      }
-    }
-  }
-  out += '"';
-}
+void AppendJsonString(std::string& out, std::string_view s) { json::AppendQuoted(out, s); }
 
 // Nanoseconds as microseconds with three decimals (exact).
 std::string Micros(int64_t ns) {

@@ -25,7 +25,7 @@
 #include "fsdp/plan.h"
 #include "gtest/gtest.h"
 #include "tests/bench/cli_util.h"
-#include "src/checkpoint/json.h"
+#include "src/core/json.h"
 
 namespace fsdp {
 namespace {
@@ -173,7 +173,7 @@ TEST_F(RunBenchTest, ScalingEfficiency) {
 TEST_F(RunBenchTest, JsonAndCsvHoldEveryField) {
   const std::string line = BenchResultJson(results_[1]);
   EXPECT_EQ(line.find('\n'), std::string::npos);
-  absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+  absl::StatusOr<json::Value> v = json::Parse(line);
   ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
   ASSERT_TRUE(v->is_object());
   const std::vector<std::string> header = absl::StrSplit(BenchCsvHeader(), ',');
@@ -189,6 +189,20 @@ TEST_F(RunBenchTest, JsonAndCsvHoldEveryField) {
     EXPECT_EQ(svg.rfind("<svg", 0), 0u);
     EXPECT_NE(svg.find("</svg>"), std::string::npos);
   }
+}
+
+// Text fields with quotes, commas, line breaks and control characters: the JSON line still
+// parses to the same text, and the CSV field is quoted with its quotes doubled (RFC 4180).
+TEST(BenchReport, TextFieldsAreEscaped) {
+  BenchResult r;
+  r.model = "a\"b,c\nd\x01e";
+  const std::string line = BenchResultJson(r);
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  absl::StatusOr<json::Value> v = json::Parse(line);
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
+  EXPECT_EQ(v->Find("model")->str(), r.model);
+  const std::string row = BenchCsvRow(r);
+  EXPECT_EQ(row.rfind("\"a\"\"b,c\nd\x01e\",", 0), 0u) << row;
 }
 
 TEST(RunBench, RejectsBadConfigs) {
@@ -324,7 +338,7 @@ TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
       absl::StrSplit(ReadAll(dir / "runs.jsonl"), '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 4u);
   for (const std::string& line : lines) {
-    absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+    absl::StatusOr<json::Value> v = json::Parse(line);
     ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
     ASSERT_TRUE(v->is_object());
     for (const char* key : {"tokens_per_s", "step_median_s", "mfu", "compute_s",
@@ -332,7 +346,7 @@ TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
                             "mem_peak_bytes", "host_syncs_per_step", "scaling_efficiency"}) {
       EXPECT_NE(v->Find(key), nullptr) << key;
     }
-    EXPECT_EQ(v->Find("scaling_efficiency")->kind(), checkpoint::json::Value::Kind::kNumber);
+    EXPECT_EQ(v->Find("scaling_efficiency")->kind(), json::Value::Kind::kNumber);
   }
   const std::vector<std::string> csv =
       absl::StrSplit(ReadAll(dir / "runs.csv"), '\n', absl::SkipEmpty());
@@ -361,7 +375,7 @@ TEST(FsdpBenchCli, LayersPrefetchDepthAndALinkMatchedToTheCompute) {
   ASSERT_EQ(lines.size(), 2u);
   std::map<std::string, double> params;
   for (const std::string& line : lines) {
-    absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+    absl::StatusOr<json::Value> v = json::Parse(line);
     ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
     const std::string model = v->Find("model")->str();
     params[model] = v->Find("num_parameters")->number();
@@ -407,7 +421,7 @@ TEST(FsdpBenchCli, ALinkThatMissesTheComputeRunsAgainAndTheClosestIsKept) {
       absl::StrSplit(ReadAll(jsonl), '\n', absl::SkipEmpty());
   std::filesystem::remove(jsonl);
   ASSERT_EQ(lines.size(), 1u);  // one configuration: the kept run only
-  absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(lines[0]);
+  absl::StatusOr<json::Value> v = json::Parse(lines[0]);
   ASSERT_TRUE(v.ok()) << v.status();
   const double compute = v->Find("compute_s")->number() + v->Find("optimizer_s")->number() +
                          v->Find("other_s")->number();
@@ -444,7 +458,7 @@ TEST(FsdpBenchCli, RepeatRunsTheGridInPassesAndSummarisesThem) {
   std::map<int, double> one_rank;                 // pass -> tokens/s of its 1-rank run
   std::vector<std::pair<int, double>> two_ranks;  // (pass, baseline_tokens_per_s)
   for (const std::string& line : lines) {
-    absl::StatusOr<checkpoint::json::Value> v = checkpoint::json::Parse(line);
+    absl::StatusOr<json::Value> v = json::Parse(line);
     ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
     ASSERT_NE(v->Find("pass"), nullptr) << line;
     const int pass = static_cast<int>(v->Find("pass")->number());

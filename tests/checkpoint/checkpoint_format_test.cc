@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "src/checkpoint/crc32c.h"
-#include "src/checkpoint/json.h"
+#include "src/core/json.h"
 #include "src/checkpoint/metadata.h"
 #include "src/checkpoint/safetensors_format.h"
 #include "src/checkpoint/shard_file.h"

@@ -1,5 +1,6 @@
-// A small JSON reader and writer for the checkpoint metadata and the safetensors header.
-// The reader takes hostile input (it is fuzzed): it checks UTF-8, bounds nesting depth,
+// libfsdp's one JSON reader and writer: the checkpoint metadata, the safetensors header, the
+// timeline's Chrome trace, the benchmark's JSON lines. The reader takes hostile input (it is
+// fuzzed): it checks UTF-8, bounds nesting depth,
 // rejects duplicate object keys, trailing junk and lone surrogates, and never recurses
 // deeper than the depth limit. Integers are kept exact as int64.
 #pragma once
@@ -11,7 +12,7 @@
 
 #include "fsdp/status.h"
 
-namespace fsdp::checkpoint::json {
+namespace fsdp::json {
 
 class Value {
  public:
@@ -74,7 +75,10 @@ class Writer {
   bool after_key_ = false;
 };
 
-// `s` as a quoted JSON string (escaping quotes, backslashes and control characters).
+// `s` as a quoted JSON string: quotes, backslashes and control characters escaped, and any
+// byte that is not part of valid UTF-8 written as U+FFFD, so that the output always parses.
 std::string Quote(std::string_view s);
+// The same, appended to `out`.
+void AppendQuoted(std::string& out, std::string_view s);
 
-}  // namespace fsdp::checkpoint::json
+}  // namespace fsdp::json

@@ -1,5 +1,5 @@
 // The JSON reader (recursive descent with a depth bound) and writer of json.h.
-#include "src/checkpoint/json.h"
+#include "src/core/json.h"
 
 #include <algorithm>
 #include <charconv>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace fsdp::checkpoint::json {
+namespace fsdp::json {
 
 const Value* Value::Find(std::string_view key) const {
   if (kind_ != Kind::kObject) return nullptr;
@@ -302,27 +302,51 @@ absl::StatusOr<Value> Parse(std::string_view text, ParseLimits limits) {
   return Parser(text, limits).ParseDocument();
 }
 
-std::string Quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
+void AppendQuoted(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          static constexpr char kHex[] = "0123456789abcdef";
-          out += "\\u00";
-          out += kHex[(c >> 4) & 0xf];
-          out += kHex[c & 0xf];
-        } else {
-          out += c;
-        }
+      case '"': out += "\\\""; continue;
+      case '\\': out += "\\\\"; continue;
+      case '\n': out += "\\n"; continue;
+      case '\r': out += "\\r"; continue;
+      case '\t': out += "\\t"; continue;
+      case '\b': out += "\\b"; continue;
+      case '\f': out += "\\f"; continue;
+      default: break;
+    }
+    if (c < 0x20) {
+      out += "\\u00";
+      out += kHex[c >> 4];
+      out += kHex[c & 0xf];
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      // A UTF-8 sequence: a lead byte, then its continuation bytes.
+      const size_t len = c >= 0xf0 && c <= 0xf4   ? 4
+                         : c >= 0xe0               ? 3
+                         : c >= 0xc2 && c <= 0xdf ? 2
+                                                   : 0;
+      bool ok = len != 0 && i + len <= s.size();
+      for (size_t k = 1; ok && k < len; ++k) {
+        ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+      }
+      if (ok) {
+        out.append(s.substr(i, len));
+        i += len - 1;
+      } else {
+        out += "\\ufffd";
+      }
     }
   }
   out += '"';
+}
+
+std::string Quote(std::string_view s) {
+  std::string out;
+  AppendQuoted(out, s);
   return out;
 }
 
@@ -382,4 +406,4 @@ Writer& Writer::Bool(bool v) {
   return *this;
 }
 
-}  // namespace fsdp::checkpoint::json
+}  // namespace fsdp::json
