@@ -119,8 +119,10 @@ struct MemoryPlan {
   int64_t peak_bytes = 0;  // everything together at its peak (not the sum of the peaks)
   // Communication buffers: the runtime has no separate category for them. All-gathers run in
   // place into the gathered buffer (counted in gathered_param_peak_bytes); the reductions'
-  // low-precision send copies, reduce-scatter outputs and widened shards are counted in
-  // grad_buffer_peak_bytes, and this is their own peak. The transport's staging (the MPI
+  // low-precision send copies, reduce-scatter outputs and widened shards, and the optimizer
+  // step's gradient-norm scratch (the output of its all-gather over the shard group; booked
+  // here at S = 1 too, (4 + 2 S + 3) f32 elements), are counted in grad_buffer_peak_bytes,
+  // and this is their own peak. The transport's staging (the MPI
   // transport widens bf16/f16 reductions to f32 on the host) is host memory, outside the plan.
   int64_t communication_peak_bytes = 0;
 

@@ -147,6 +147,184 @@ TEST(ProjectStep, HybridAllReducesAcrossHosts) {
   }
 }
 
+// ---- the bytes of every group shape ---------------------------------------------------------
+// Units whose sizes do not divide by the shard group, bf16 gathers and f32 reductions: the
+// root 1001 elements, the blocks 802 and 599 (TwoBlocks' times).
+StepProfile PaddedUnits() {
+  StepProfile p = TwoBlocks();
+  p.unit_numel = {1001, 802, 599};
+  p.param_dtype = DType::kBF16;
+  p.reduce_dtype = DType::kF32;
+  return p;
+}
+
+struct WantCollective {
+  const char* kind;
+  const char* group;
+  int unit;
+  int64_t bytes;
+};
+
+// The projected collectives against a list worked out by hand, and each one's time on NCCL's
+// ring inside one host at 1000 bytes/s with no latency: nccl-tests' bus bytes over the bus
+// bandwidth, (n-1)/n S for an all_gather or reduce_scatter and 2 (n-1)/n S for an all_reduce,
+// n the size of the collective's own group (S for "shard", R for "replicate").
+void ExpectCollectives(const Projection& p, const std::vector<WantCollective>& want, int S,
+                       int R) {
+  ASSERT_EQ(p.collectives.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const ProjectedCollective& c = p.collectives[i];
+    SCOPED_TRACE(absl::StrCat("collective ", i, ": ", c.kind, " ", c.group, " unit ", c.unit));
+    EXPECT_EQ(c.kind, want[i].kind);
+    EXPECT_EQ(c.group, want[i].group);
+    EXPECT_EQ(c.unit, want[i].unit);
+    EXPECT_EQ(c.bytes, want[i].bytes);
+    const double n = std::string(want[i].group) == "shard" ? S : R;
+    const double phases = std::string(want[i].kind) == "all_reduce" ? 2 : 1;
+    EXPECT_NEAR(c.end_s - c.start_s, phases * (n - 1) / n * want[i].bytes / 1000.0, 1e-12);
+  }
+}
+
+LinkSpec RingOfOneHost() {
+  LinkSpec l;
+  l.algorithm = CollectiveAlgorithm::kRing;
+  l.intra_bytes_per_s = 1000;
+  return l;
+}
+
+// HYBRID_SHARD on 8 ranks as R x S = 2 x 4 (hybrid_shard_size 4), without prefetch.
+// Padded to a multiple of S = 4: 1001 -> 1004 (shard 251), 802 -> 804 (201), 599 -> 600 (150).
+// Issue order: forward gathers the root, block 0, block 1 (the root and the last block stay
+// gathered into backward); block 1's backward reduce-scatters it; block 0 is gathered again
+// and reduce-scattered, which moves block 1's reduction on (its replica all_reduce: more than
+// max(1, prefetch) = 1 held); the root's reduce-scatter moves block 0's on; the drain the
+// root's; then the gradient norm's all_gather of an f32 pair per rank of the shard group.
+//   all_gather (bf16, padded x 2):   2008 + 1608 + 1200 + 1608 = 6424 bytes
+//   reduce_scatter (f32, padded x 4): 1200 x 2 = 2400, 3216, 4016 -> 9632 bytes
+//   all_reduce of the shard (f32):    150 x 4 = 600, 804, 1004    -> 2408 bytes
+//   the norm: 8 x S = 32 bytes
+// comm bytes 6424 + 9632 + 2408 + 32 = 18496; bus bytes (S-1)/S = 3/4 of the shard group's
+// 16088 = 12066, plus 2 (R-1)/R = 1 x 2408 of the replicate group's: 14474.
+TEST(ProjectBytes, HybridTwoByFour) {
+  ProjectionRun run = MakeRun(ShardingStrategy::kHybridShard, 8, false);
+  run.hybrid_shard_size = 4;
+  absl::StatusOr<Projection> p = ProjectStep(PaddedUnits(), RingOfOneHost(), run);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->shard_size, 4);
+  EXPECT_EQ(p->replicate_size, 2);
+  ExpectCollectives(*p,
+                    {{"all_gather", "shard", 0, 2008},
+                     {"all_gather", "shard", 1, 1608},
+                     {"all_gather", "shard", 2, 1200},
+                     {"reduce_scatter", "shard", 2, 2400},
+                     {"all_gather", "shard", 1, 1608},
+                     {"reduce_scatter", "shard", 1, 3216},
+                     {"all_reduce", "replicate", 2, 600},
+                     {"reduce_scatter", "shard", 0, 4016},
+                     {"all_reduce", "replicate", 1, 804},
+                     {"all_reduce", "replicate", 0, 1004},
+                     {"all_gather", "shard", -1, 32}},
+                    4, 2);
+  EXPECT_DOUBLE_EQ(p->comm_bytes_per_rank, 18496);
+  EXPECT_DOUBLE_EQ(p->bus_bytes_per_rank, 14474);
+}
+
+// The same world as R x S = 4 x 2 (hybrid_shard_size 2). Padded to a multiple of 2: 1001 ->
+// 1002 (shard 501), 802 (401), 599 -> 600 (300); the same issue order.
+//   all_gather (bf16):     2004 + 1604 + 1200 + 1604 = 6412 bytes
+//   reduce_scatter (f32):  2400 + 3208 + 4008       = 9616 bytes
+//   all_reduce (f32):      1200 + 1604 + 2004       = 4808 bytes
+//   the norm: 8 x 2 = 16 bytes
+// comm bytes 6412 + 9616 + 4808 + 16 = 20852; bus bytes (S-1)/S = 1/2 of 16044 = 8022, plus
+// 2 (R-1)/R = 3/2 of 4808 = 7212: 15234.
+TEST(ProjectBytes, HybridFourByTwo) {
+  ProjectionRun run = MakeRun(ShardingStrategy::kHybridShard, 8, false);
+  run.hybrid_shard_size = 2;
+  absl::StatusOr<Projection> p = ProjectStep(PaddedUnits(), RingOfOneHost(), run);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->shard_size, 2);
+  EXPECT_EQ(p->replicate_size, 4);
+  ExpectCollectives(*p,
+                    {{"all_gather", "shard", 0, 2004},
+                     {"all_gather", "shard", 1, 1604},
+                     {"all_gather", "shard", 2, 1200},
+                     {"reduce_scatter", "shard", 2, 2400},
+                     {"all_gather", "shard", 1, 1604},
+                     {"reduce_scatter", "shard", 1, 3208},
+                     {"all_reduce", "replicate", 2, 1200},
+                     {"reduce_scatter", "shard", 0, 4008},
+                     {"all_reduce", "replicate", 1, 1604},
+                     {"all_reduce", "replicate", 0, 2004},
+                     {"all_gather", "shard", -1, 16}},
+                    2, 4);
+  EXPECT_DOUBLE_EQ(p->comm_bytes_per_rank, 20852);
+  EXPECT_DOUBLE_EQ(p->bus_bytes_per_rank, 15234);
+}
+
+// NO_SHARD on 8 ranks: R x S = 8 x 1. Nothing is padded or gathered (a bf16 copy of a whole
+// unit is a local cast), there is no norm all_gather (every rank holds every gradient), and
+// each unit's f32 gradient is all-reduced over the 8 replicas as its backward ends, in
+// backward order: 599 x 4 = 2396, 802 x 4 = 3208, 1001 x 4 = 4004, 9608 bytes in all; bus
+// bytes 2 (R-1)/R = 7/4 of it: 16814.
+TEST(ProjectBytes, NoShard) {
+  for (bool prefetch : {false, true}) {
+    absl::StatusOr<Projection> p = ProjectStep(PaddedUnits(), RingOfOneHost(),
+                                               MakeRun(ShardingStrategy::kNoShard, 8, prefetch));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->shard_size, 1);
+    EXPECT_EQ(p->replicate_size, 8);
+    ExpectCollectives(*p,
+                      {{"all_reduce", "replicate", 2, 2396},
+                       {"all_reduce", "replicate", 1, 3208},
+                       {"all_reduce", "replicate", 0, 4004}},
+                      1, 8);
+    EXPECT_DOUBLE_EQ(p->comm_bytes_per_rank, 9608);
+    EXPECT_DOUBLE_EQ(p->bus_bytes_per_rank, 16814);
+  }
+}
+
+// The runtime moves the bytes the projection counts: nano trained on 8 ranks as threads as
+// 2 x 4, 4 x 2 and NO_SHARD, each rank's measured collectives (the tracer's "comm" spans, with
+// the size of their own group) against the projection of the same run. 2 x 4 and 4 x 2 tell
+// a replicate group counted with the shard group's size apart from the right one.
+TEST(ProjectBytes, MeasuredRunsMoveTheProjectedBytes) {
+  const nn::ModelConfig mc = *nn::ModelConfig::FromName("nano");
+  struct Shape {
+    ShardingStrategy strategy;
+    int shard;
+    DType reduce;
+  };
+  for (const Shape& s : {Shape{ShardingStrategy::kHybridShard, 4, DType::kF32},
+                         Shape{ShardingStrategy::kHybridShard, 2, DType::kBF16},
+                         Shape{ShardingStrategy::kNoShard, 0, DType::kF32}}) {
+    BenchConfig c;
+    c.model = "nano";
+    c.strategy = s.strategy;
+    c.hybrid_shard_size = s.shard;
+    c.world_size = 8;
+    c.batch_size = 1;
+    c.seq_len = 16;
+    c.param_dtype = DType::kBF16;
+    c.reduce_dtype = s.reduce;
+    c.threads_per_rank = 1;
+    c.warmup_steps = 1;
+    c.steps = 2;
+    c.peak_gflops_per_core = 50;
+    absl::StatusOr<BenchResult> r = RunBench(c);
+    ASSERT_TRUE(r.ok()) << r.status();
+    absl::StatusOr<StepProfile> p = ProfileFromBench(*r, mc);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ProjectionRun run = MakeRun(s.strategy, 8, true);
+    run.hybrid_shard_size = s.shard;
+    absl::StatusOr<Projection> proj = ProjectStep(*p, SimulatedLink(c.link), run);
+    ASSERT_TRUE(proj.ok()) << proj.status();
+    SCOPED_TRACE(absl::StrCat(r->strategy, " ", proj->replicate_size, " x ", proj->shard_size));
+    EXPECT_EQ(proj->collectives.size(), static_cast<size_t>(r->collectives_per_step));
+    EXPECT_DOUBLE_EQ(proj->comm_bytes_per_rank, r->comm_bytes_per_rank);
+    EXPECT_DOUBLE_EQ(proj->bus_bytes_per_rank, r->bus_bytes_per_rank);
+  }
+}
+
 // The local communicator's charge: the sum over peers of latency + chunk / bandwidth, at the
 // level of each pair.
 TEST(CollectiveSeconds, SimulatedLinkChargesEveryPeer) {

@@ -333,6 +333,23 @@ TEST(PlanAgreesWithRuntime, PrefetchDepthsAndOtherShapes) {
   for (const Case& c : cases) ExpectAgrees(c);
 }
 
+// The same 8 ranks as R x S = 2 x 4 and 4 x 2 (a shard group other than the replicate group:
+// padding and shards to S, the norm's partials over S) and NO_SHARD (8 x 1), in bf16 with f32
+// and with bf16 reductions: PlanShapes below works the bytes out by hand from the same rules.
+TEST(PlanAgreesWithRuntime, EightRanksInEveryGroupShape) {
+  std::vector<Case> cases;
+  for (auto [s, hybrid] : {std::pair{ShardingStrategy::kHybridShard, 4},
+                           std::pair{ShardingStrategy::kHybridShard, 2},
+                           std::pair{ShardingStrategy::kNoShard, 0}}) {
+    for (int prec : {1, 2}) {
+      Case c = Make("nano", s, 8, hybrid);
+      SetPrecision(c, prec);
+      cases.push_back(c);
+    }
+  }
+  RunCases("nano on 8 ranks", cases);
+}
+
 // HYBRID with max_prefetch_units >= 2: the replicas' all-reduces run on their own group's
 // link while the shard group's transfers hold the compute back, so they often complete before
 // the runtime looks, and a rank frees their buffers earlier than the plan's bound. The plan
@@ -434,6 +451,98 @@ TEST(PlanRules, AnExplicitModelNeedsNoConfig) {
   EXPECT_EQ(p->activation_peak_bytes, 12345);
   r.param_dtype = DType::kBF16;
   EXPECT_EQ(PlanMemory(r)->gathered_param_peak_bytes, 2 * 2500);
+}
+
+// ---- every group shape, worked out by hand ----------------------------------------------------
+// A root of 1001 elements and blocks of 802 and 599 on 8 ranks, prefetch 1, AdamW, 5000
+// activation bytes. Only the shard group S pads and divides a unit; the replicate group R adds
+// no buffer (its all-reduce runs in place on the reduced shard). So the same 8 ranks as 2 x 4
+// and as 4 x 2 hold different bytes, and NO_SHARD (8 x 1) holds whole units.
+PlanRequest EightRanks(ShardingStrategy s, int hybrid, DType param, DType reduce) {
+  PlanModel m;
+  m.name = "three units";
+  m.unit_numel = {1001, 802, 599};
+  m.activation_bytes = 5000;
+  PlanRequest r;
+  r.explicit_model = m;
+  r.world_size = 8;
+  r.strategy = s;
+  r.hybrid_shard_size = hybrid;
+  r.param_dtype = param;
+  r.reduce_dtype = reduce;
+  return r;
+}
+
+void ExpectPlan(const PlanRequest& r, int R, int S, int64_t shard_elems, int64_t gathered,
+                int64_t grad_buffers, int64_t comm, int64_t transient) {
+  absl::StatusOr<MemoryPlan> p = PlanMemory(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->replicate_size, R);
+  EXPECT_EQ(p->shard_size, S);
+  EXPECT_EQ(p->param_shard_bytes, 4 * shard_elems);
+  EXPECT_EQ(p->grad_shard_bytes, 4 * shard_elems);
+  EXPECT_EQ(p->optimizer_bytes, 8 * shard_elems);
+  EXPECT_EQ(p->gathered_param_peak_bytes, gathered);
+  EXPECT_EQ(p->grad_buffer_peak_bytes, grad_buffers);
+  EXPECT_EQ(p->communication_peak_bytes, comm);
+  EXPECT_EQ(p->activation_peak_bytes, 5000);
+  EXPECT_EQ(p->peak_bytes, 16 * shard_elems + transient + 5000);
+}
+
+// HYBRID_SHARD as R x S = 2 x 4, bf16 parameters, f32 reductions. Padded to 4: 1004, 804, 600;
+// shards 251 + 201 + 150 = 602 elements: 2408 bytes each of parameters and gradients, 4816 of
+// AdamW's two moments.
+// Gathered (bf16, padded x 2: 2008, 1608, 1200): from the second step on, prefetch has all
+// three at once (PreForward(1) prefetches block 1 while the root is held; PreBackward(root)
+// prefetches block 0 while the root and block 1 are held): 4816.
+// Gradient buffers: the f32 unsharded gradients (padded x 4: 4016, 3216, 2400) and the f32
+// reduce-scatter outputs (shard x 4: 1004, 804, 600). Backward: root 4016; block 1 2400; its
+// reduce-scatter +600; block 0 +3216; its reduce-scatter +804 = 11036, the peak (one reduction
+// held beyond the newest, so block 1's unsharded gradient lives until then). Communication:
+// the three reduce-scatter outputs, all held when the root's is issued: 600 + 804 + 1004 =
+// 2408. All together at its peak in PreBackward(block 0): the root and block 0 gathered (2008
+// + 1608) and 4016 + 2400 + 600 + 3216 of gradient buffers = 13848.
+TEST(PlanShapes, HybridTwoByFour) {
+  ExpectPlan(EightRanks(ShardingStrategy::kHybridShard, 4, DType::kBF16, DType::kF32), 2, 4, 602,
+             4816, 11036, 2408, 13848);
+}
+
+// HYBRID_SHARD as R x S = 4 x 2, bf16 parameters and reductions. Padded to 2: 1002, 802, 600;
+// shards 501 + 401 + 300 = 1202 elements. Gathered (bf16): 2004 + 1604 + 1200 = 4808.
+// Gradient buffers: f32 unsharded (4008, 3208, 2400), their bf16 copies (padded x 2: 2004,
+// 1604, 1200; communication), the bf16 reduce-scatter outputs (shard x 2: 1002, 802, 600;
+// communication) and the f32 widened shards (shard x 4: 2004, 1604, 1200; communication,
+// freed at once). Block 1: 2400 -> its bf16 copy +1200, the f32 one freed, output +600;
+// block 0 +3208 -> 4008 + 1200 + 600 + 3208 = 9016; its copy +1604 = 10620, the peak (then
+// the f32 one goes). Communication peaks when the root's output is issued: block 1's copy was
+// freed once its reduce-scatter was waited for; block 0's copy 1604 and output 802, block 1's
+// output 600, the root's copy 2004 and output 1002 = 6012 (the widened shards come later,
+// with less held: at most 5608). All together: 12624, in PreBackward(block 0) (gathered root
+// and block 0, 2004 + 1604, and 9016) and again when block 0's copy is made (the root
+// gathered, 2004, and 10620).
+TEST(PlanShapes, HybridFourByTwo) {
+  ExpectPlan(EightRanks(ShardingStrategy::kHybridShard, 2, DType::kBF16, DType::kBF16), 4, 2,
+             1202, 4808, 10620, 6012, 12624);
+}
+
+// NO_SHARD, R x S = 8 x 1, bf16 parameters and reductions: no padding, shards are the units,
+// 1001 + 802 + 599 = 2402 elements. Gathered: the bf16 copies of whole units (2002, 1604,
+// 1198), kept from forward into backward: 4804. Gradient buffers: f32 unsharded (4004, 3208,
+// 2396), their bf16 copies all-reduced in place (2002, 1604, 1198; communication) and the
+// widened f32 results (the units' sizes x 4; communication, freed at once). Block 1: 2396 ->
+// copy +1198, f32 freed; block 0 +3208 = 6802, its copy +1604 = 10014, the peak. Communication:
+// block 0's copy 1604, the root's 2002 and block 0's widened 3208 = 6814. All together: 12016
+// (the root and block 0 gathered and 8410, or the root and 10014).
+TEST(PlanShapes, NoShard) {
+  ExpectPlan(EightRanks(ShardingStrategy::kNoShard, 0, DType::kBF16, DType::kBF16), 8, 1, 2402,
+             4804, 10014, 6814, 12016);
+  // With f32 parameters nothing is gathered, and with f32 reductions the all-reduce runs in
+  // place on the f32 gradient: the gradient buffers peak at the unsharded gradients of the
+  // root, block 1 and block 0 held together: 4004 + 2396 + 3208 = 9608, none of them a
+  // reduction's own buffer. The communication peak is then the optimizer step's gradient-norm
+  // scratch, (4 + 2 S + 3) f32 = 36 bytes at S = 1.
+  ExpectPlan(EightRanks(ShardingStrategy::kNoShard, 0, DType::kF32, DType::kF32), 8, 1, 2402, 0,
+             9608, 36, 9608);
 }
 
 // Llama 2 70B on 128 ranks: planned from sizes alone (the model is never allocated).
