@@ -650,6 +650,34 @@ TEST(ShardingErrorsTest, StepWithoutReducingNoSyncGradients) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// TrainForward and Backward, the two halves of ShardedModel::ForwardBackward, refuse to run out
+// of turn before any hook runs, so the runtime stays usable.
+TEST(ShardingErrorsTest, TrainForwardAndBackwardOutOfTurn) {
+  const absl::Status s = LocalWorld::Run(2, ShortTimeout(), [&](Communicator& comm) {
+    FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(1));
+    nn::ShardedGptOptions o;
+    o.batch_size = 1;
+    o.seq_len = 8;
+    FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(*nn::GptConfig::FromName("nano"),
+                                                             backend.get(), comm, o));
+    TrainSpec spec;
+    spec.batch_size = o.batch_size;
+    spec.seq_len = o.seq_len;
+    const nn::Batch b = RankBatch(spec, comm.rank(), comm.size(), 0, 0);
+    const int32_t* in = b.inputs.data();
+    const int32_t* tg = b.targets.data();
+    EXPECT_EQ(model->Backward().code(), absl::StatusCode::kFailedPrecondition);
+    FSDP_RETURN_IF_ERROR(model->TrainForward(in, tg).status());
+    EXPECT_EQ(model->TrainForward(in, tg).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(model->Forward(in, tg).status().code(), absl::StatusCode::kFailedPrecondition);
+    FSDP_RETURN_IF_ERROR(model->Backward());
+    EXPECT_EQ(model->Backward().code(), absl::StatusCode::kFailedPrecondition);
+    FSDP_RETURN_IF_ERROR(model->ForwardBackward(in, tg).status());
+    return model->Step(1e-3f).status();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // Out of memory on one rank, with the CPU backend's byte limit standing in for a device's
 // memory: an error naming the buffer, the unit and the bytes on that rank, the same reason on
 // every other rank at once (not after a deadline), whether it happens while the shards are
