@@ -239,6 +239,7 @@ std::string Communicator::description() const {
 }
 
 Work Communicator::Enqueue(const CollectiveCall& call, absl::Status extra_check) {
+  issued_[static_cast<size_t>(call.kind)].fetch_add(1, std::memory_order_relaxed);
   absl::Status invalid = ValidateCall(call, rank(), size());
   if (invalid.ok()) invalid = std::move(extra_check);
   return Submit(call, std::move(invalid));

@@ -30,6 +30,8 @@
 //   (fsdp/data_plane.h).
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -55,6 +57,7 @@ enum class CollectiveKind : uint8_t {
   kBarrier = 4,
   kSplit = 5,
 };
+inline constexpr int kNumCollectiveKinds = 6;
 std::string_view CollectiveName(CollectiveKind kind);
 
 // The deadline used when none is given: $FSDP_COMM_TIMEOUT_S seconds (a decimal number > 0)
@@ -225,6 +228,14 @@ class Communicator {
   // OK, or the error that failed the group.
   virtual absl::Status health() const = 0;
 
+  // How many collectives of `kind` this rank has issued on this group since it was made: every
+  // all_gather, reduce_scatter, all_reduce, broadcast and barrier through the entry points
+  // above, whatever its outcome (Split is not counted). One relaxed atomic add per call; tests
+  // assert from it how many collectives each phase of a training step issues, per group.
+  int64_t issued(CollectiveKind kind) const {
+    return issued_[static_cast<size_t>(kind)].load(std::memory_order_relaxed);
+  }
+
  protected:
   Communicator() = default;
   // The one path of every collective: `call` has been filled and `invalid` holds the result
@@ -235,6 +246,8 @@ class Communicator {
 
  private:
   Work Enqueue(const CollectiveCall& call, absl::Status extra_check = absl::OkStatus());
+
+  std::array<std::atomic<int64_t>, kNumCollectiveKinds> issued_{};
 };
 
 }  // namespace fsdp

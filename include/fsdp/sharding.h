@@ -285,6 +285,8 @@ class ShardingRuntime {
 
   MemoryReport memory() const;
   void SetActivationBytes(int64_t bytes);  // the model reports its activation footprint
+  // Gives back the buffers the device is done with (as every hook does first), then restarts
+  // the report's peaks from what is allocated now.
   void ResetPeaks();
 
  private:

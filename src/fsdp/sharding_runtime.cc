@@ -695,6 +695,9 @@ void ShardingRuntime::SetActivationBytes(int64_t bytes) {
 }
 
 void ShardingRuntime::ResetPeaks() {
+  // What the device is done with goes back first (as every hook does), so that the peaks
+  // restart from what is still in use.
+  impl_->pending.Collect();
   internal::MemoryBook& b = impl_->book;
   b.gathered.peak = b.gathered.now;
   b.grad_buffers.peak = b.grad_buffers.now;

@@ -264,14 +264,37 @@ absl::Status ShardedModel::RunBackward() {
 }
 
 absl::StatusOr<float> ShardedModel::ForwardBackward(const int32_t* inputs, const int32_t* targets) {
-  if (targets == nullptr) return absl::InvalidArgumentError("ForwardBackward: targets is null");
-  FSDP_RETURN_IF_ERROR(CopyTokens(inputs, targets));
-  FSDP_ASSIGN_OR_RETURN(float loss, RunForward(true));
-  FSDP_RETURN_IF_ERROR(RunBackward());
+  FSDP_ASSIGN_OR_RETURN(float loss, TrainForward(inputs, targets));
+  FSDP_RETURN_IF_ERROR(Backward());
   return loss;
 }
 
+absl::StatusOr<float> ShardedModel::TrainForward(const int32_t* inputs, const int32_t* targets) {
+  if (targets == nullptr) return absl::InvalidArgumentError("TrainForward: targets is null");
+  if (backward_due_) {
+    return absl::FailedPreconditionError(
+        "TrainForward: the previous TrainForward's Backward() has not run");
+  }
+  FSDP_RETURN_IF_ERROR(CopyTokens(inputs, targets));
+  FSDP_ASSIGN_OR_RETURN(float loss, RunForward(true));
+  backward_due_ = true;
+  return loss;
+}
+
+absl::Status ShardedModel::Backward() {
+  if (!backward_due_) {
+    return absl::FailedPreconditionError(
+        "Backward: no training forward to run the backward of; call TrainForward() first");
+  }
+  backward_due_ = false;
+  return RunBackward();
+}
+
 absl::StatusOr<float> ShardedModel::Forward(const int32_t* inputs, const int32_t* targets) {
+  if (backward_due_) {
+    return absl::FailedPreconditionError(
+        "Forward: the previous TrainForward's Backward() has not run");
+  }
   FSDP_RETURN_IF_ERROR(CopyTokens(inputs, targets));
   FSDP_ASSIGN_OR_RETURN(float loss, RunForward(targets != nullptr));
   FSDP_RETURN_IF_ERROR(runtime_->FinishForwardOnly());

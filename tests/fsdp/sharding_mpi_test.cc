@@ -5,6 +5,7 @@
 
 #include "fsdp/cpu_backend.h"
 #include "fsdp/mpi_world.h"
+#include "tests/fsdp/collective_counts.h"
 #include "tests/fsdp/parity_util.h"
 #include "tests/mpi_test_main.h"
 
@@ -60,6 +61,24 @@ TEST(ShardingMpiTest, FullShardHoldsOneNthOfThePersistentBytes) {
   EXPECT_GE(got->memory.persistent_bytes(), single / n);
   EXPECT_LE(got->memory.persistent_bytes(), single / n * 1.01 + padding);
   ExpectReportIsBackend(got->memory, got->backend_memory, "FULL_SHARD under mpirun");
+}
+
+// The collectives of each forward, backward and Step(), counted by the mpi communicators
+// themselves (tests/fsdp/collective_counts.h has the formulas; collective_counts_test runs
+// every combination with ranks as threads). HYBRID_SHARD with a shard group of one rank is
+// the hybrid mesh that 2 and 3 processes allow besides 1 x N.
+TEST(ShardingMpiTest, CollectiveCountsPerPhase) {
+  CountCase full{.strategy = ShardingStrategy::kFullShard, .prefetch = 1, .micro_batches = 4,
+                 .checkpoint = true};
+  CountCase grad_op{.strategy = ShardingStrategy::kShardGradOp, .prefetch = 2};
+  CountCase no_shard{.strategy = ShardingStrategy::kNoShard, .micro_batches = 4};
+  CountCase hybrid{.strategy = ShardingStrategy::kHybridShard, .hybrid_shard = 1,
+                   .micro_batches = 4};
+  for (CountCase c : {full, grad_op, no_shard, hybrid}) {
+    c.world = g_world->size();
+    const absl::Status s = CheckCollectiveCounts(*g_world, c);
+    ASSERT_TRUE(s.ok()) << CountCaseName(c) << ": " << s;
+  }
 }
 
 // Runs last: it leaves the runtime it made failed (the world stays usable).

@@ -64,6 +64,13 @@ class ShardedModel {
   // rank's mean loss. With runtime().set_sync_gradients(false) the gradients accumulate
   // locally without communication (no_sync).
   absl::StatusOr<float> ForwardBackward(const int32_t* inputs, const int32_t* targets);
+  // ForwardBackward in two calls, for a caller that reads the loss or measures each pass (the
+  // collectives it issued, its memory peak) in between, where nothing else may run on the
+  // runtime: the forward of a training micro-batch, which leaves the units as its backward
+  // needs them, then that backward. Backward() without a TrainForward() before it is
+  // FailedPrecondition (and leaves the runtime usable).
+  absl::StatusOr<float> TrainForward(const int32_t* inputs, const int32_t* targets);
+  absl::Status Backward();
   // Forward only: this rank's mean loss (targets given) or just the logits (targets nullptr).
   absl::StatusOr<float> Forward(const int32_t* inputs, const int32_t* targets);
   // Clip, optimizer step on the local shards.
@@ -101,6 +108,7 @@ class ShardedModel {
   std::vector<int64_t> module_offset_;  // element offset of each model unit in its runtime unit
   std::vector<int> first_block_, last_block_;  // per runtime unit: its block range (-1: none)
   Buffer inputs_, targets_;
+  bool backward_due_ = false;  // a TrainForward() awaits its Backward()
 };
 
 // The names the GPT-only API had.
