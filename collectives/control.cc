@@ -74,16 +74,15 @@ absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& s
   mine.resize(most + 1, 0);
   FSDP_ASSIGN_OR_RETURN(std::vector<uint64_t> all, internal::AllGatherU64(comm, mine));
   const size_t k = mine.size();
+  // Every rank sees the same fingerprints, so every rank takes the same path (and the same
+  // broadcasts) below. Per rank, the first setting that differs among those both ranks have
+  // is named, so that a setting which brings others with it (a flag that adds settings) is
+  // named itself rather than reported as a difference in the number of settings.
   for (int r = 1; r < comm.size(); ++r) {
-    for (size_t i = 0; i < k; ++i) {
-      if (all[r * k + i] == all[i]) continue;
-      if (i == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            context, "ranks were launched with different settings: rank 0 has ", counts[0],
-            " settings, rank ", r, " has ", counts[r], "; every rank must run the same program"));
-      }
+    const size_t common = static_cast<size_t>(std::min(counts[0], counts[r]));
+    for (size_t j = 0; j < common; ++j) {
+      if (all[r * k + 1 + j] == all[1 + j]) continue;
       // Fetch the two values to say what differs.
-      const size_t j = i - 1;
       const std::string name = j < settings.size() ? settings[j].name : "";
       const std::string value = j < settings.size() ? settings[j].value : "";
       FSDP_ASSIGN_OR_RETURN(std::string name0, internal::BroadcastString(comm, name, 0, 256));
@@ -99,6 +98,16 @@ absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& s
       return absl::InvalidArgumentError(absl::StrCat(
           context, "ranks were launched with different settings: ", name0, " is ", v_r,
           " on rank ", r, " but ", v0, " on rank 0; every rank must be given the same settings"));
+    }
+    if (counts[r] != counts[0]) {
+      // The same settings as far as both go: name the first one that only the longer has.
+      const int longer = counts[r] > counts[0] ? r : 0;
+      const std::string extra = common < settings.size() ? settings[common].name : "";
+      FSDP_ASSIGN_OR_RETURN(std::string name, internal::BroadcastString(comm, extra, longer, 256));
+      return absl::InvalidArgumentError(absl::StrCat(
+          context, "ranks were launched with different settings: rank 0 has ", counts[0],
+          " settings, rank ", r, " has ", counts[r], " (the first that only rank ", longer,
+          " has is '", name, "'); every rank must run the same program"));
     }
   }
   return absl::OkStatus();

@@ -1,7 +1,11 @@
 // DeviceMesh: the shard and replicate groups of HYBRID_SHARD, made with two splits.
 #include "fsdp/mesh.h"
 
+#include <algorithm>
 #include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -53,16 +57,32 @@ absl::StatusOr<HostLayout> DiscoverHostLayout(Communicator& world) {
 }
 
 absl::StatusOr<DeviceMesh> DeviceMesh::Create(Communicator& world, int replicate, int shard) {
-  // First make sure every rank asked for the same shape (every rank takes part, even one
-  // whose shape is wrong, so that the others get an error rather than a deadline).
-  float shape[4] = {static_cast<float>(replicate), static_cast<float>(shard),
-                    -static_cast<float>(replicate), -static_cast<float>(shard)};
-  FSDP_RETURN_IF_ERROR(world.AllReduce(shape, shape, 4, DType::kF32, ReduceOp::kMax));
-  if (shape[0] != -shape[2] || shape[1] != -shape[3]) {
+  // First make sure every rank asked for the same shape: every rank takes part, even one
+  // whose shape is wrong, so that the others get an error at once rather than a deadline, and
+  // every rank names every shape asked for.
+  const int64_t mine[2] = {replicate, shard};
+  std::vector<int64_t> shapes(2 * static_cast<size_t>(world.size()));
+  FSDP_RETURN_IF_ERROR(world.AllGather(mine, shapes.data(), 2, DType::kI64));
+  std::vector<std::pair<std::string, std::vector<int>>> asked;  // in order of first rank
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string shape = absl::StrFormat("%d x %d", shapes[2 * r], shapes[2 * r + 1]);
+    auto it = std::find_if(asked.begin(), asked.end(), [&](auto& a) { return a.first == shape; });
+    if (it == asked.end()) asked.push_back({shape, {r}}); else it->second.push_back(r);
+  }
+  if (asked.size() > 1) {
+    std::vector<std::string> parts;
+    for (const auto& [shape, ranks] : asked) {  // at most 8 ranks of each, in a big world
+      const size_t shown = std::min<size_t>(ranks.size(), 8);
+      const std::string more =
+          ranks.size() > shown ? absl::StrFormat(", ... %d more", ranks.size() - shown) : "";
+      parts.push_back(absl::StrFormat("%s on ranks [%s%s]", shape,
+                                      absl::StrJoin(ranks.begin(), ranks.begin() + shown, ", "),
+                                      more));
+    }
     return absl::InvalidArgumentError(absl::StrFormat(
-        "DeviceMesh: the ranks of group '%s' asked for different shapes (replicate from %g to %g, "
-        "shard from %g to %g); rank %d asked for %d x %d",
-        world.name(), -shape[2], shape[0], -shape[3], shape[1], world.rank(), replicate, shard));
+        "DeviceMesh: the ranks of group '%s' asked for different shapes (replicate x shard): "
+        "%s; every rank must ask for the same shape",
+        world.name(), absl::StrJoin(parts, "; ")));
   }
   if (replicate < 1 || shard < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -19,8 +19,9 @@ struct Setting {
 };
 
 // Collective. OK when every rank passed the same settings (names and values, in order).
-// Otherwise InvalidArgument on every rank, naming the first setting that differs, the first
-// rank that differs from rank 0 and both values, e.g. "train_gpt: ranks were launched with
+// Otherwise InvalidArgument on every rank, naming the first setting that differs (among those
+// both ranks have; else the first that only one of them has), the first rank that differs from
+// rank 0 and both values, e.g. "train_gpt: ranks were launched with
 // different settings: lr is 0.001 on rank 1 but 0.0003 on rank 0; every rank must be given
 // the same settings". `context` (if not empty) starts the message.
 absl::Status CheckSameSettings(Communicator& comm, const std::vector<Setting>& settings,

@@ -32,8 +32,9 @@ absl::StatusOr<HostLayout> DiscoverHostLayout(Communicator& world);
 class DeviceMesh {
  public:
   // Collective over `world`: every rank calls it with the same shape. `world` must outlive
-  // the mesh. Errors: a dimension < 1, replicate * shard != world.size(), ranks that disagree
-  // on the shape, or a failed world.
+  // the mesh. Errors, the same on every rank and at once (never a deadline): a dimension < 1,
+  // replicate * shard != world.size(), ranks that disagree on the shape (each shape asked for
+  // is named with its ranks), or a failed world.
   static absl::StatusOr<DeviceMesh> Create(Communicator& world, int replicate, int shard);
 
   int replicate_size() const { return replicate_; }

@@ -196,7 +196,9 @@ class ShardingRuntime {
  public:
   // Collective over `world`: builds the mesh of the strategy (NO_SHARD: world x 1,
   // FULL_SHARD / SHARD_GRAD_OP: 1 x world, HYBRID: world/S x S). `world` must outlive the
-  // runtime; `backend` holds every buffer.
+  // runtime; `backend` holds every buffer. Options that are invalid on any rank, or that
+  // differ between ranks, are InvalidArgument on every rank at once, naming the rank, or the
+  // option and both values.
   static absl::StatusOr<std::unique_ptr<ShardingRuntime>> Create(Backend* backend,
                                                                  Communicator& world,
                                                                  ShardingOptions options);

@@ -1,7 +1,9 @@
-// Rank agreement checks over the communicator (64-bit values through collectives/control.h).
+// Rank agreement checks over the communicator (64-bit values through collectives/control.h),
+// and the runtime's options as named settings.
 #include "src/fsdp/rank_agreement.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "collectives/control.h"
 
 namespace fsdp::internal {
@@ -30,6 +32,45 @@ absl::Status CheckUnitsAgree(Communicator& comm, const std::vector<uint64_t>& un
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<Setting> ShardingOptionSettings(const ShardingOptions& o) {
+  auto num = [](double v) { return absl::StrFormat("%.9g", v); };
+  const MixedPrecision& mp = o.mixed_precision;
+  std::vector<Setting> out = {
+      {"strategy", std::string(StrategyName(o.strategy))},
+      {"hybrid_shard_size", absl::StrCat(o.hybrid_shard_size)},
+      {"forward_prefetch", absl::StrCat(o.forward_prefetch)},
+      {"backward_prefetch", absl::StrCat(o.backward_prefetch)},
+      {"max_prefetch_units", absl::StrCat(o.max_prefetch_units)},
+      {"max_grad_norm", num(o.max_grad_norm)},
+      {"param_dtype", std::string(DTypeName(mp.param_dtype))},
+      {"reduce_dtype", std::string(DTypeName(mp.reduce_dtype))},
+      {"dynamic_loss_scale", absl::StrCat(mp.dynamic_loss_scale)},
+      {"nonfinite", o.nonfinite == NonFinitePolicy::kError ? "error" : "skip"},
+  };
+  if (mp.dynamic_loss_scale) {
+    out.push_back({"initial_loss_scale", num(mp.initial_loss_scale)});
+    out.push_back({"growth_factor", num(mp.growth_factor)});
+    out.push_back({"backoff_factor", num(mp.backoff_factor)});
+    out.push_back({"growth_interval", absl::StrCat(mp.growth_interval)});
+  }
+  if (o.optimizer == OptimizerKind::kAdamW) {
+    out.push_back({"optimizer", "AdamW"});
+    out.push_back({"adamw.lr", num(o.adamw.lr)});
+    out.push_back({"adamw.beta1", num(o.adamw.beta1)});
+    out.push_back({"adamw.beta2", num(o.adamw.beta2)});
+    out.push_back({"adamw.eps", num(o.adamw.eps)});
+    out.push_back({"adamw.weight_decay", num(o.adamw.weight_decay)});
+  } else {
+    out.push_back({"optimizer", "SGD"});
+    out.push_back({"sgd.lr", num(o.sgd.lr)});
+    out.push_back({"sgd.momentum", num(o.sgd.momentum)});
+    out.push_back({"sgd.dampening", num(o.sgd.dampening)});
+    out.push_back({"sgd.weight_decay", num(o.sgd.weight_decay)});
+    out.push_back({"sgd.nesterov", absl::StrCat(o.sgd.nesterov)});
+  }
+  return out;
 }
 
 }  // namespace fsdp::internal

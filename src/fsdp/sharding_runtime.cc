@@ -160,25 +160,17 @@ void ShardingRuntime::Impl::Quiesce() {
 ShardingRuntime::ShardingRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ShardingRuntime::~ShardingRuntime() { impl_->Quiesce(); }
 
-absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
-    Backend* backend, Communicator& world, ShardingOptions options) {
+namespace {
+
+// The checks of Create that need no other rank. The hybrid shard size 0 (a shard group per
+// host) is checked once the hosts are known.
+absl::Status CheckOptions(const Backend* backend, const ShardingOptions& options, int world_size) {
   if (backend == nullptr) return absl::InvalidArgumentError("ShardingRuntime: backend is null");
   const bool hybrid = options.strategy == ShardingStrategy::kHybridShard ||
                       options.strategy == ShardingStrategy::kHybridShardGradOp;
-  if (hybrid && options.hybrid_shard_size == 0) {  // the shard group is a host
-    FSDP_ASSIGN_OR_RETURN(HostLayout layout, DiscoverHostLayout(world));
-    options.hybrid_shard_size = layout.uniform_ranks_per_host();
-    if (options.hybrid_shard_size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          std::string(StrategyName(options.strategy)),
-          " with hybrid_shard_size 0 makes each host a shard group, which needs every host to "
-          "hold the same number of consecutive ranks; the ranks of group '", world.name(),
-          "' run as ", layout.Describe(),
-          ". Launch the ranks of a host one after another (mpirun --map-by slot) or set "
-          "hybrid_shard_size"));
-    }
+  if (!hybrid || options.hybrid_shard_size != 0) {
+    FSDP_RETURN_IF_ERROR(internal::StrategyMesh(options, world_size).status());
   }
-  FSDP_ASSIGN_OR_RETURN(internal::MeshShape shape, internal::StrategyMesh(options, world.size()));
   if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_grad_norm must be >= 0 (0 disables clipping), got ", options.max_grad_norm));
@@ -203,9 +195,39 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
         "dynamic loss scaling needs initial_loss_scale > 0, growth_factor >= 1, "
         "0 < backoff_factor < 1 and growth_interval >= 1");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
+    Backend* backend, Communicator& world, ShardingOptions options) {
+  // Pre-flight, before any collective of the mesh: options that are invalid on one rank, or
+  // that differ between ranks, fail every rank at once with the same error (naming the rank,
+  // or the option and both values), rather than leaving the others at the mesh's collectives
+  // until their deadline, or building meshes of different shapes.
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(world, CheckOptions(backend, options, world.size())));
+  FSDP_RETURN_IF_ERROR(CheckSameSettings(world, internal::ShardingOptionSettings(options),
+                                         "sharding options"));
+  const bool hybrid = options.strategy == ShardingStrategy::kHybridShard ||
+                      options.strategy == ShardingStrategy::kHybridShardGradOp;
+  if (hybrid && options.hybrid_shard_size == 0) {  // the shard group is a host
+    FSDP_ASSIGN_OR_RETURN(HostLayout layout, DiscoverHostLayout(world));
+    options.hybrid_shard_size = layout.uniform_ranks_per_host();
+    if (options.hybrid_shard_size == 0) {  // the same layout, so the same error, on every rank
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(StrategyName(options.strategy)),
+          " with hybrid_shard_size 0 makes each host a shard group, which needs every host to "
+          "hold the same number of consecutive ranks; the ranks of group '", world.name(),
+          "' run as ", layout.Describe(),
+          ". Launch the ranks of a host one after another (mpirun --map-by slot) or set "
+          "hybrid_shard_size"));
+    }
+  }
+  FSDP_ASSIGN_OR_RETURN(internal::MeshShape shape, internal::StrategyMesh(options, world.size()));
   SetTraceRank(world.rank());
   auto impl = std::make_unique<Impl>();
-  impl->scaler.Init(mp);
+  impl->scaler.Init(options.mixed_precision);
   impl->backend = backend;
   impl->world = &world;
   impl->options = options;
@@ -268,51 +290,6 @@ absl::StatusOr<int> ShardingRuntime::RegisterUnit(std::string name,
   return static_cast<int>(m.units.size()) - 1;
 }
 
-namespace {
-
-// The options that decide which collectives run and what the step computes: ranks that
-// disagree on any of them would diverge or deadlock.
-std::vector<Setting> OptionSettings(const ShardingOptions& o) {
-  auto num = [](double v) { return absl::StrFormat("%.9g", v); };
-  const MixedPrecision& mp = o.mixed_precision;
-  std::vector<Setting> out = {
-      {"strategy", std::string(StrategyName(o.strategy))},
-      {"hybrid_shard_size", absl::StrCat(o.hybrid_shard_size)},
-      {"forward_prefetch", absl::StrCat(o.forward_prefetch)},
-      {"backward_prefetch", absl::StrCat(o.backward_prefetch)},
-      {"max_prefetch_units", absl::StrCat(o.max_prefetch_units)},
-      {"max_grad_norm", num(o.max_grad_norm)},
-      {"param_dtype", std::string(DTypeName(mp.param_dtype))},
-      {"reduce_dtype", std::string(DTypeName(mp.reduce_dtype))},
-      {"dynamic_loss_scale", absl::StrCat(mp.dynamic_loss_scale)},
-      {"nonfinite", o.nonfinite == NonFinitePolicy::kError ? "error" : "skip"},
-  };
-  if (mp.dynamic_loss_scale) {
-    out.push_back({"initial_loss_scale", num(mp.initial_loss_scale)});
-    out.push_back({"growth_factor", num(mp.growth_factor)});
-    out.push_back({"backoff_factor", num(mp.backoff_factor)});
-    out.push_back({"growth_interval", absl::StrCat(mp.growth_interval)});
-  }
-  if (o.optimizer == OptimizerKind::kAdamW) {
-    out.push_back({"optimizer", "AdamW"});
-    out.push_back({"adamw.lr", num(o.adamw.lr)});
-    out.push_back({"adamw.beta1", num(o.adamw.beta1)});
-    out.push_back({"adamw.beta2", num(o.adamw.beta2)});
-    out.push_back({"adamw.eps", num(o.adamw.eps)});
-    out.push_back({"adamw.weight_decay", num(o.adamw.weight_decay)});
-  } else {
-    out.push_back({"optimizer", "SGD"});
-    out.push_back({"sgd.lr", num(o.sgd.lr)});
-    out.push_back({"sgd.momentum", num(o.sgd.momentum)});
-    out.push_back({"sgd.dampening", num(o.sgd.dampening)});
-    out.push_back({"sgd.weight_decay", num(o.sgd.weight_decay)});
-    out.push_back({"sgd.nesterov", absl::StrCat(o.sgd.nesterov)});
-  }
-  return out;
-}
-
-}  // namespace
-
 absl::Status ShardingRuntime::Finalize(const InitFn& init) {
   Impl& m = *impl_;
   if (!m.failure.ok()) return m.CheckUsable("Finalize");
@@ -330,8 +307,7 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
     names.push_back(u.name);
   }
   FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names));
-  FSDP_RETURN_IF_ERROR(
-      CheckSameSettings(*m.world, OptionSettings(m.options), "sharding options"));
+  // (The options were compared in Create.)
 
   // Allocate and initialise; a failure on one rank (out of memory) fails every rank.
   auto allocate = [&]() -> absl::Status {
