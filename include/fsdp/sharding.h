@@ -196,7 +196,9 @@ class ShardingRuntime {
  public:
   // Collective over `world`: builds the mesh of the strategy (NO_SHARD: world x 1,
   // FULL_SHARD / SHARD_GRAD_OP: 1 x world, HYBRID: world/S x S). `world` must outlive the
-  // runtime; `backend` holds every buffer.
+  // runtime; `backend` holds every buffer. Options that cannot work on any rank (a HYBRID
+  // shard size that does not divide the world, max_grad_norm < 0, ...) are an error on every
+  // rank at once, naming that rank, before the mesh is built.
   static absl::StatusOr<std::unique_ptr<ShardingRuntime>> Create(Backend* backend,
                                                                  Communicator& world,
                                                                  ShardingOptions options);

@@ -162,10 +162,45 @@ ShardingRuntime::~ShardingRuntime() { impl_->Quiesce(); }
 
 absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
     Backend* backend, Communicator& world, ShardingOptions options) {
-  if (backend == nullptr) return absl::InvalidArgumentError("ShardingRuntime: backend is null");
   const bool hybrid = options.strategy == ShardingStrategy::kHybridShard ||
                       options.strategy == ShardingStrategy::kHybridShardGradOp;
-  if (hybrid && options.hybrid_shard_size == 0) {  // the shard group is a host
+  const bool shard_per_host = hybrid && options.hybrid_shard_size == 0;
+  const MixedPrecision& mp = options.mixed_precision;
+  auto check = [&]() -> absl::Status {
+    if (backend == nullptr) return absl::InvalidArgumentError("ShardingRuntime: backend is null");
+    if (!shard_per_host) {
+      FSDP_RETURN_IF_ERROR(internal::StrategyMesh(options, world.size()).status());
+    }
+    if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_grad_norm must be >= 0 (0 disables clipping), got ", options.max_grad_norm));
+    }
+    if (options.max_prefetch_units < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_prefetch_units must be >= 0 (0 disables prefetching), got ",
+          options.max_prefetch_units));
+    }
+    for (DType d : {mp.param_dtype, mp.reduce_dtype}) {
+      if (!IsFloat16Or32(d)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mixed precision dtypes must be f32, bf16 or f16, got ", std::string(DTypeName(d))));
+      }
+    }
+    if (mp.dynamic_loss_scale &&
+        !(mp.initial_loss_scale > 0 && std::isfinite(mp.initial_loss_scale) &&
+          mp.growth_factor >= 1 && mp.backoff_factor > 0 && mp.backoff_factor < 1 &&
+          mp.growth_interval >= 1)) {
+      return absl::InvalidArgumentError(
+          "dynamic loss scaling needs initial_loss_scale > 0, growth_factor >= 1, "
+          "0 < backoff_factor < 1 and growth_interval >= 1");
+    }
+    return absl::OkStatus();
+  };
+  // Every rank takes part in the agreement, also one whose options cannot work (a shard size
+  // that does not divide the world): the others get its error at once, instead of waiting at
+  // the mesh's first collective for their deadline.
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(world, check()));
+  if (shard_per_host) {  // the shard group is a host
     FSDP_ASSIGN_OR_RETURN(HostLayout layout, DiscoverHostLayout(world));
     options.hybrid_shard_size = layout.uniform_ranks_per_host();
     if (options.hybrid_shard_size == 0) {
@@ -179,30 +214,6 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
     }
   }
   FSDP_ASSIGN_OR_RETURN(internal::MeshShape shape, internal::StrategyMesh(options, world.size()));
-  if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_grad_norm must be >= 0 (0 disables clipping), got ", options.max_grad_norm));
-  }
-  if (options.max_prefetch_units < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_prefetch_units must be >= 0 (0 disables prefetching), got ",
-        options.max_prefetch_units));
-  }
-  const MixedPrecision& mp = options.mixed_precision;
-  for (DType d : {mp.param_dtype, mp.reduce_dtype}) {
-    if (!IsFloat16Or32(d)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mixed precision dtypes must be f32, bf16 or f16, got ", std::string(DTypeName(d))));
-    }
-  }
-  if (mp.dynamic_loss_scale &&
-      !(mp.initial_loss_scale > 0 && std::isfinite(mp.initial_loss_scale) &&
-        mp.growth_factor >= 1 && mp.backoff_factor > 0 && mp.backoff_factor < 1 &&
-        mp.growth_interval >= 1)) {
-    return absl::InvalidArgumentError(
-        "dynamic loss scaling needs initial_loss_scale > 0, growth_factor >= 1, "
-        "0 < backoff_factor < 1 and growth_interval >= 1");
-  }
   SetTraceRank(world.rank());
   auto impl = std::make_unique<Impl>();
   impl->scaler.Init(mp);
