@@ -33,7 +33,7 @@
 
 namespace fsdp::testing::uneven {
 
-// ---- the model --------------------------------------------------------------------------------
+// ---- the model ---------------------------------------------------------------------------------
 
 enum class OpKind {
   kLinear,      // y = W x (+ b): W [out, in], b [out]
@@ -143,7 +143,7 @@ inline float InitValue(const ParamInfo& p, int64_t i) {
   return u / std::sqrt(static_cast<float>(p.shape[1]));
 }
 
-// ---- forward and backward of the ops, over B samples (row-major B x dim) --------------------
+// ---- forward and backward of the ops, over B samples (row-major B x dim) -----------------------
 
 // Where a stage's tensors are: parameters (read) and gradients (accumulated into, +=).
 struct StagePtrs {
@@ -159,7 +159,8 @@ inline void OpForward(const Op& op, const StagePtrs& t, const float* x, float* y
       case OpKind::kLinear:
         for (int k = 0; k < op.out; ++k) {
           float s = op.b >= 0 ? t.p[op.b][k] : 0.0f;
-          for (int j = 0; j < op.in; ++j) s += t.p[op.w][static_cast<size_t>(k) * op.in + j] * xi[j];
+          const float* w = t.p[op.w] + static_cast<size_t>(k) * op.in;
+          for (int j = 0; j < op.in; ++j) s += w[j] * xi[j];
           yi[k] = s;
         }
         break;
@@ -248,7 +249,7 @@ inline std::vector<const Op*> AllOps(const Model& m) {
   return ops;
 }
 
-// ---- data ---------------------------------------------------------------------------------------
+// ---- data --------------------------------------------------------------------------------------
 
 struct Spec {
   int global_batch = 840;  // divisible by every world size 1..8
@@ -289,7 +290,7 @@ inline float MseLoss(const std::vector<float>& y, const std::vector<float>& targ
   return static_cast<float>(loss / static_cast<double>(y.size()));
 }
 
-// ---- results ------------------------------------------------------------------------------------
+// ---- results -----------------------------------------------------------------------------------
 
 struct Result {
   std::vector<float> losses;                     // the global batch's mean loss, per step
@@ -331,14 +332,16 @@ inline void ExpectParity(const Result& got, const Result& ref, const std::string
   }
 }
 
-// ---- the sharded run: the framework's side of the hooks ------------------------------------------
+// ---- the sharded run: the framework's side of the hooks ----------------------------------------
 
 inline absl::StatusOr<std::unique_ptr<ShardingRuntime>> BuildRuntime(Backend* backend,
                                                                      Communicator& comm,
                                                                      const Model& m,
                                                                      ShardingOptions options) {
   FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(backend, comm, options));
-  for (const Stage& s : m.stages) FSDP_RETURN_IF_ERROR(rt->RegisterUnit(s.unit, s.params).status());
+  for (const Stage& s : m.stages) {
+    FSDP_RETURN_IF_ERROR(rt->RegisterUnit(s.unit, s.params).status());
+  }
   FSDP_RETURN_IF_ERROR(rt->Finalize(
       [](int, const ParamInfo& p, int64_t begin, int64_t end, float* out) {
         for (int64_t j = begin; j < end; ++j) out[j - begin] = InitValue(p, j);
@@ -513,7 +516,7 @@ inline void ExpectExportHolds(const std::string& path, const Model& m,
   EXPECT_EQ(file->tensors.size(), tensors);
 }
 
-// ---- the reference ------------------------------------------------------------------------------
+// ---- the reference -----------------------------------------------------------------------------
 
 inline absl::StatusOr<Result> TrainReference(const Model& m, const Spec& spec) {
   FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));

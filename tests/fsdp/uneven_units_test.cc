@@ -47,7 +47,7 @@ const Reference& ReferenceOf(const std::string& model) {
   return it->second;
 }
 
-// ---- parity ---------------------------------------------------------------------------------------
+// ---- parity ------------------------------------------------------------------------------------
 
 struct Case {
   std::string model;
@@ -117,7 +117,7 @@ std::vector<Case> ParityCases() {
 
 INSTANTIATE_TEST_SUITE_P(Grid, UnevenParityTest, ::testing::ValuesIn(ParityCases()), CaseName);
 
-// ---- checkpoints across world sizes, and the export ------------------------------------------
+// ---- checkpoints across world sizes, and the export --------------------------------------------
 
 struct ChainCase {
   std::string model;
@@ -213,7 +213,7 @@ std::vector<ChainCase> ChainCases() {
 INSTANTIATE_TEST_SUITE_P(Worlds, UnevenCheckpointTest, ::testing::ValuesIn(ChainCases()),
                          ChainName);
 
-// ---- a unit past 2^31 bytes: the layout math alone -------------------------------------------
+// ---- a unit past 2^31 bytes: the layout math alone ---------------------------------------------
 
 // The pieces of every shard of `l` tile each tensor exactly once, in rank order, at the right
 // places of the padded buffer, and agree with the checkpoints' count of data elements.
