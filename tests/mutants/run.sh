@@ -10,7 +10,8 @@
 #
 # A patch starts with four header lines, then a unified diff (git apply ignores the header):
 #   Mutant: what the bug is
-#   Kind: scale | range | ordering | memory | overlap | dtype | wait | kernel | checkpoint | comm
+#   Kind: scale | range | ordering | memory | overlap | dtype | wait | kernel | checkpoint | comm |
+#         agreement
 #   Build: the CMake target to rebuild
 #   Run: the command to run in BUILD (a test binary and its --gtest_filter)
 #
