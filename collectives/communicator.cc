@@ -11,27 +11,6 @@
 
 namespace fsdp {
 
-std::string_view ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-  }
-  return "?";
-}
-
-std::string_view CollectiveName(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kBarrier: return "barrier";
-    case CollectiveKind::kSplit: return "split";
-  }
-  return "?";
-}
-
 absl::StatusOr<absl::Duration> ParseCommTimeoutSeconds(std::string_view text) {
   double seconds = 0;
   if (!absl::SimpleAtod(absl::string_view(text.data(), text.size()), &seconds) ||

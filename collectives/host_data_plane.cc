@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collectives/work_state.h"
+#include "fsdp/communicator.h"
 #include "fsdp/data_plane.h"
 
 namespace fsdp {

@@ -41,24 +41,13 @@
 #include <string_view>
 
 #include "absl/time/time.h"
+#include "fsdp/collective_types.h"
 #include "fsdp/dtype.h"
 #include "fsdp/status.h"
 
 namespace fsdp {
 
-enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
-std::string_view ReduceOpName(ReduceOp op);
-
-enum class CollectiveKind : uint8_t {
-  kAllGather = 0,
-  kReduceScatter = 1,
-  kAllReduce = 2,
-  kBroadcast = 3,
-  kBarrier = 4,
-  kSplit = 5,
-};
-inline constexpr int kNumCollectiveKinds = 6;
-std::string_view CollectiveName(CollectiveKind kind);
+// ReduceOp, CollectiveKind and their names: fsdp/collective_types.h.
 
 // The deadline used when none is given: $FSDP_COMM_TIMEOUT_S seconds (a decimal number > 0)
 // when set and valid, else 60 s. It never fails: programs should call CommTimeoutFromEnv()

@@ -15,9 +15,11 @@
 #include <string>
 
 #include "fsdp/backend.h"
-#include "fsdp/communicator.h"
+#include "fsdp/collective_types.h"
 
 namespace fsdp {
+
+class Communicator;
 
 class DataPlane {
  public:

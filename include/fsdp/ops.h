@@ -15,7 +15,7 @@
 #include <span>
 
 #include "fsdp/backend.h"
-#include "fsdp/communicator.h"
+#include "fsdp/collective_types.h"
 
 namespace fsdp {
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "src/fsdp/schedule.h"
 
 namespace fsdp {
 namespace {
@@ -170,14 +171,16 @@ absl::StatusOr<double> ShapeSeconds(CollectiveKind kind, int64_t bytes, int elem
 
 // ---- the replay ----------------------------------------------------------------------------
 
-enum class State { kIdle, kForward, kForwardDone, kBackward, kBackwardDone };
-
+// The runtime's unit schedule (src/fsdp/schedule.h) on a clock: Replay is its executor, whose
+// collectives take the times of the described link on rank 0's groups (every rank's look
+// alike), and whose compute takes the profile's times.
 class Replay {
  public:
   Replay(const StepProfile& p, const LinkSpec& l, const ProjectionRun& run, int S, int R)
-      : p_(p), link_(l), run_(run), S_(S), R_(R) {
+      : p_(p), link_(l), run_(run), S_(S), R_(R), schedule_(this, Options(run, S, R)) {
     const int U = static_cast<int>(p.unit_numel.size());
     units_.resize(U);
+    for (int u = 0; u < U; ++u) schedule_.AddUnit();
     // Rank 0's groups (ranks r = replicate index x S + shard index); every rank's look alike.
     std::vector<int> group;
     for (int i = 0; i < S; ++i) group.push_back(i);
@@ -185,44 +188,36 @@ class Replay {
     group.clear();
     for (int i = 0; i < R; ++i) group.push_back(i * S);
     replicate_.shape = ShapeOf(group, l);
-    for (int u = 0; u < U; ++u) forward_order_.push_back(u);
-    backward_order_.push_back(0);
-    for (int u = U - 1; u >= 1; --u) backward_order_.push_back(u);
-    // Where each unit is in each order (the runtime's std::find, without its cost per use).
-    forward_pos_.resize(U);
-    backward_pos_.resize(U);
-    for (int i = 0; i < U; ++i) {
-      forward_pos_[forward_order_[i]] = i;
-      backward_pos_[backward_order_[i]] = i;
-    }
+    // A step after the first: the orders ShardedModel's first step records.
+    std::vector<int> forward, backward = {0};
+    for (int u = 0; u < U; ++u) forward.push_back(u);
+    for (int u = U - 1; u >= 1; --u) backward.push_back(u);
+    schedule_.AssumeRecorded(forward, backward);
   }
 
   absl::StatusOr<Projection> Run() {
     const int L = p_.num_blocks();
     // Forward.
-    FSDP_RETURN_IF_ERROR(PreForward(0));
+    FSDP_RETURN_IF_ERROR(schedule_.PreForward(0));
     Compute(p_.before_blocks_s);
     for (int i = 0; i < L; ++i) {
-      FSDP_RETURN_IF_ERROR(PreForward(i + 1));
+      FSDP_RETURN_IF_ERROR(schedule_.PreForward(i + 1));
       Compute(p_.forward_gaps_s / L + p_.block_forward_s[i]);
-      PostForward(i + 1);
+      schedule_.PostForward(i + 1);
     }
     // The head: its forward (a third) before PostForward(root), its backward after.
     Compute(p_.head_s / 3);
-    PostForward(0);
-    in_backward_ = true;
-    forward_recorded_ = true;
-    scanned_ = 0;  // the backward pass's scans
-    FSDP_RETURN_IF_ERROR(PreBackward(0));
+    schedule_.PostForward(0);
+    FSDP_RETURN_IF_ERROR(schedule_.PreBackward(0));
     Compute(p_.head_s * 2 / 3);
     for (int i = L - 1; i >= 0; --i) {
-      FSDP_RETURN_IF_ERROR(PreBackward(i + 1));
+      FSDP_RETURN_IF_ERROR(schedule_.PreBackward(i + 1));
       Compute(p_.backward_gaps_s / L + p_.block_recompute_s[i] + p_.block_backward_s[i]);
-      FSDP_RETURN_IF_ERROR(PostBackward(i + 1));
+      FSDP_RETURN_IF_ERROR(schedule_.PostBackward(i + 1, /*sync=*/true));
     }
     Compute(p_.after_blocks_s);
-    FSDP_RETURN_IF_ERROR(PostBackward(0));
-    FSDP_RETURN_IF_ERROR(Progress(true));
+    FSDP_RETURN_IF_ERROR(schedule_.PostBackward(0, /*sync=*/true));
+    FSDP_RETURN_IF_ERROR(schedule_.FinishBackward());
     // The optimizer step: the gradient norm's all_gather (an f32 pair per rank) over the
     // shard group, then the update.
     if (S_ > 1) {
@@ -264,13 +259,74 @@ class Replay {
     return out;
   }
 
+ // ---- the executor of the unit schedule, on a host backend ------------------------------------
+  bool is_host() const { return true; }
+  bool Gathered(int u) const { return units_[u].gathered; }
+  absl::Status IssueGather(int u) {
+    Unit& unit = units_[u];
+    if (unit.gathered || S_ == 1) return absl::OkStatus();
+    unit.gathered = true;
+    const int e = static_cast<int>(DTypeSize(p_.param_dtype));
+    FSDP_ASSIGN_OR_RETURN(unit.gather, Issue(true, CollectiveKind::kAllGather, Padded(u) * e, e, u));
+    return absl::OkStatus();
+  }
+  absl::Status WaitGather(int u, bool /*prefetched*/) {
+    Wait(units_[u].gather);
+    units_[u].gather = -1;
+    return absl::OkStatus();
+  }
+  void FreeGathered(int u) {
+    units_[u].gathered = false;
+    units_[u].gather = -1;
+  }
+  absl::Status PrepareGradient(int /*u*/) { return absl::OkStatus(); }
+  absl::StatusOr<bool> IssueReduction(int u) {
+    if (S_ == 1 && R_ == 1) return false;
+    const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
+    if (S_ > 1) {
+      FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
+                            Issue(true, CollectiveKind::kReduceScatter, Padded(u) * e, e, u));
+    } else {
+      FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
+                            Issue(false, CollectiveKind::kAllReduce, Padded(u) * e, e, u));
+    }
+    return true;
+  }
+  bool ReductionDone(int u) const { return Done(units_[u].reduce); }
+  absl::Status WaitReduction(int u) {
+    Wait(units_[u].reduce);
+    return absl::OkStatus();
+  }
+  absl::Status ReductionStatus(int /*u*/) { return absl::OkStatus(); }
+  // On a host backend, moving a reduction on waits for it (the stream waits block the host);
+  // HYBRID then all-reduces the reduced shard across replicas.
+  absl::Status AdvanceReduction(int u, internal::Reduction /*stage*/, bool to_replicas) {
+    Wait(units_[u].reduce);
+    units_[u].reduce = -1;
+    if (!to_replicas) return absl::OkStatus();
+    const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
+    FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
+                          Issue(false, CollectiveKind::kAllReduce, Padded(u) / S_ * e, e, u));
+    return absl::OkStatus();
+  }
+  void Collect() {}
+
  private:
   struct Unit {
     bool gathered = false;
     int gather = -1;  // the collective of its gather in flight, until waited for
-    bool prefetched = false;
-    State state = State::kIdle;
+    int reduce = -1;  // the collective of its reduction in flight
   };
+
+  static internal::ScheduleOptions Options(const ProjectionRun& run, int S, int R) {
+    internal::ScheduleOptions so;
+    so.strategy = run.strategy;
+    so.forward_prefetch = so.backward_prefetch = run.prefetch > 0;
+    so.max_prefetch_units = std::max(1, run.prefetch);
+    so.shard_size = S;
+    so.replicate_size = R;
+    return so;
+  }
 
   int64_t Padded(int u) const {
     const int64_t n = p_.unit_numel[u];
@@ -349,117 +405,6 @@ class Replay {
   }
   bool Done(int c) const { return c < 0 || colls_[c].end_s <= t_; }
 
-  absl::Status IssueGather(int u) {
-    Unit& unit = units_[u];
-    if (unit.gathered || S_ == 1) return absl::OkStatus();
-    unit.gathered = true;
-    const int e = static_cast<int>(DTypeSize(p_.param_dtype));
-    FSDP_ASSIGN_OR_RETURN(unit.gather, Issue(true, CollectiveKind::kAllGather, Padded(u) * e, e, u));
-    return absl::OkStatus();
-  }
-  absl::Status Acquire(int u, const std::vector<int>& order, const std::vector<int>& pos_of) {
-    Unit& unit = units_[u];
-    if (unit.prefetched) {
-      unit.prefetched = false;
-      --prefetched_;
-    }
-    FSDP_RETURN_IF_ERROR(IssueGather(u));
-    if (run_.prefetch > 0 && S_ > 1) {
-      // From the unit after this one, or from where this pass's last scan stopped: the units
-      // it passed over are still gathered (as the memory planner's replay, src/plan/plan.cc).
-      size_t i = std::max<size_t>(pos_of[u] + 1, scanned_);
-      for (; i < order.size() && prefetched_ < run_.prefetch; ++i) {
-        Unit& next = units_[order[i]];
-        const State want = in_backward_ ? State::kForwardDone : State::kIdle;
-        if (next.gathered || next.state != want) continue;
-        FSDP_RETURN_IF_ERROR(IssueGather(order[i]));
-        next.prefetched = true;
-        ++prefetched_;
-      }
-      scanned_ = i;
-    }
-    Wait(unit.gather);
-    unit.gather = -1;
-    return absl::OkStatus();
-  }
-  void Free(int u) {
-    Unit& unit = units_[u];
-    if (!unit.gathered) return;
-    unit.gathered = false;
-    unit.gather = -1;
-    if (unit.prefetched) {
-      unit.prefetched = false;
-      --prefetched_;
-    }
-  }
-  bool ReshardAfterForward() const {
-    return run_.strategy == ShardingStrategy::kFullShard ||
-           run_.strategy == ShardingStrategy::kHybridShard;
-  }
-  bool NeededFirstInBackward(int u) const {
-    return u == forward_order_.front() || (forward_recorded_ && u == forward_order_.back());
-  }
-
-  absl::Status PreForward(int u) {
-    in_backward_ = false;
-    FSDP_RETURN_IF_ERROR(Acquire(u, forward_order_, forward_pos_));
-    units_[u].state = State::kForward;
-    return absl::OkStatus();
-  }
-  void PostForward(int u) {
-    // The replay is of a step after the first: the order has been recorded.
-    if (ReshardAfterForward() && !NeededFirstInBackward(u)) Free(u);
-    units_[u].state = State::kForwardDone;
-  }
-  absl::Status PreBackward(int u) {
-    FSDP_RETURN_IF_ERROR(Acquire(u, backward_order_, backward_pos_));
-    units_[u].state = State::kBackward;
-    return absl::OkStatus();
-  }
-  absl::Status PostBackward(int u) {
-    Free(u);
-    if (S_ > 1 || R_ > 1) {
-      const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
-      int c = -1;
-      if (S_ > 1) {
-        FSDP_ASSIGN_OR_RETURN(c, Issue(true, CollectiveKind::kReduceScatter, Padded(u) * e, e, u));
-      } else {
-        FSDP_ASSIGN_OR_RETURN(c, Issue(false, CollectiveKind::kAllReduce, Padded(u) * e, e, u));
-      }
-      shard_reductions_.push_back({u, c});
-    }
-    FSDP_RETURN_IF_ERROR(Progress(false));
-    units_[u].state = State::kBackwardDone;
-    return absl::OkStatus();
-  }
-  // ProgressReductions of src/fsdp/reduce.cc on a host backend, at most max(1, prefetch)
-  // reductions in flight beyond the newest.
-  absl::Status Progress(bool drain) {
-    const size_t in_flight = drain ? 0 : static_cast<size_t>(std::max(1, run_.prefetch));
-    const bool collective_next = S_ > 1 && R_ > 1;
-    while (!shard_reductions_.empty()) {
-      auto [u, c] = shard_reductions_.front();
-      const bool done = Done(c);
-      const bool move_now = collective_next ? false : done;
-      if (!move_now && !drain && shard_reductions_.size() <= in_flight) break;
-      Wait(c);
-      shard_reductions_.pop_front();
-      if (collective_next) {
-        const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
-        FSDP_ASSIGN_OR_RETURN(int ar, Issue(false, CollectiveKind::kAllReduce,
-                                            Padded(u) / S_ * e, e, u));
-        replica_reductions_.push_back({u, ar});
-      }
-    }
-    while (!replica_reductions_.empty()) {
-      auto [u, c] = replica_reductions_.front();
-      if (!drain && !Done(c) && replica_reductions_.size() <= in_flight) break;
-      Wait(c);
-      replica_reductions_.pop_front();
-    }
-    return absl::OkStatus();
-  }
-
   const StepProfile& p_;
   const LinkSpec& link_;
   const ProjectionRun& run_;
@@ -473,14 +418,10 @@ class Replay {
     double free = 0;
   };
   Queue shard_, replicate_;
-  std::vector<int> forward_order_, backward_order_, forward_pos_, backward_pos_;
   std::vector<Unit> units_;
   std::vector<ProjectedCollective> colls_;
-  std::deque<std::pair<int, int>> shard_reductions_, replica_reductions_;
   double t_ = 0, exposed_ = 0;
-  int prefetched_ = 0;
-  size_t scanned_ = 0;  // prefetch: where this pass's last scan of its order stopped
-  bool in_backward_ = false, forward_recorded_ = true;
+  internal::UnitSchedule<Replay> schedule_;  // last: it runs on the members above
 };
 
 }  // namespace

@@ -1,17 +1,15 @@
-// Parameter gathers: issuing a unit's in-place all-gather (after staging its fp32 master
-// shard, cast to the param dtype, into its slot on the compute stream), prefetching the next
-// unit in the recorded order within the rate limit, the compute stream waiting for a gather,
+// Parameter gathers, as the unit schedule (schedule.h) asks for them: issuing a unit's
+// in-place all-gather (after staging its fp32 master shard, cast to the param dtype, into its
+// slot on the compute stream) within the rate limit, the compute stream waiting for a gather,
 // and giving gathered parameters back once the device is done with them.
-#include <algorithm>
-
 #include "src/fsdp/runtime_impl.h"
 
 namespace fsdp {
 
 using internal::Unit;
-using internal::UnitState;
 
-absl::Status ShardingRuntime::Impl::IssueGather(Unit& unit) {
+absl::Status ShardingRuntime::Impl::IssueGather(int u) {
+  Unit& unit = units[u];
   const DType pd = param_dtype();
   // In f32 with a shard group of one, the shard is the unit: nothing to gather.
   if (unit.gathered.allocated() || (S() == 1 && pd == DType::kF32)) return absl::OkStatus();
@@ -44,50 +42,8 @@ absl::Status ShardingRuntime::Impl::IssueGather(Unit& unit) {
   return absl::OkStatus();
 }
 
-// Prefetch keeps up to max_prefetch_units gathers issued ahead of the unit in use: each use
-// tops the queue up, so a block that computes late (or a transfer that finishes early) does not
-// leave the link idle while more than one unit could already be on its way. Prefetch decisions
-// depend only on the recorded order and the units' states, so every rank issues the same
-// collectives.
-absl::Status ShardingRuntime::Impl::Acquire(int u, std::vector<int>& order, bool recording,
-                                            bool prefetch) {
+absl::Status ShardingRuntime::Impl::WaitGather(int u, bool prefetched) {
   Unit& unit = units[u];
-  if (recording) order.push_back(u);
-  const bool was_prefetched = unit.prefetched;
-  if (unit.prefetched) {
-    unit.prefetched = false;
-    --prefetched_units;
-  }
-  FSDP_RETURN_IF_ERROR(IssueGather(unit));
-  if (prefetch && !recording && S() > 1) {
-    auto pos = std::find(order.begin(), order.end(), u);
-    for (auto it = pos == order.end() ? pos : pos + 1;
-         it != order.end() && prefetched_units < options.max_prefetch_units; ++it) {
-      Unit& next = units[*it];
-      if (next.gathered.allocated() || next.state != NextState()) continue;
-      FSDP_RETURN_IF_ERROR(IssueGather(next));
-      next.prefetched = true;
-      ++prefetched_units;
-    }
-  }
-  return WaitGather(unit, was_prefetched);
-}
-
-// FULL_SHARD keeps two units gathered from forward into backward, as FSDP does with the root
-// and FSDP2 recommends for the last block: the first unit of the forward order (the root,
-// which runs again at the head and starts backward) and the last one (whose backward comes
-// first). Regathering them would be exposed: nothing runs to overlap with.
-bool ShardingRuntime::Impl::NeededFirstInBackward(int u) const {
-  if (forward_order.empty()) return false;
-  return u == forward_order.front() || (forward_recorded && u == forward_order.back());
-}
-
-// The state a unit is in right before the hook that the current direction calls next.
-UnitState ShardingRuntime::Impl::NextState() const {
-  return in_backward ? UnitState::kForwardDone : UnitState::kIdle;
-}
-
-absl::Status ShardingRuntime::Impl::WaitGather(Unit& unit, bool prefetched) {
   if (!unit.gather_event.valid()) return absl::OkStatus();
   const absl::Status s =
       StreamWait(Stream::kCompute, unit.gather_event, "all_gather", unit.name);
@@ -97,7 +53,8 @@ absl::Status ShardingRuntime::Impl::WaitGather(Unit& unit, bool prefetched) {
   return s;
 }
 
-void ShardingRuntime::Impl::FreeGathered(Unit& unit) {
+void ShardingRuntime::Impl::FreeGathered(int u) {
+  Unit& unit = units[u];
   if (!unit.gathered.allocated()) return;
   // Free once the gather (a prefetch nobody claimed may still be in flight) and the compute
   // that read the parameters are done.
@@ -105,10 +62,6 @@ void ShardingRuntime::Impl::FreeGathered(Unit& unit) {
   if (unit.gather_event.valid()) users.push_back(unit.gather_event);
   pending.Add(std::move(unit.gathered), std::move(users));
   unit.gather_event = Event();
-  if (unit.prefetched) {
-    unit.prefetched = false;
-    --prefetched_units;
-  }
 }
 
 }  // namespace fsdp

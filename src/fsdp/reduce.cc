@@ -1,7 +1,8 @@
-// Gradient reductions: issued per unit in PostBackward (reduce-scatter in the shard group, or
-// NO_SHARD's all-reduce), moved on in issue order as they complete (HYBRID: the reduced shard's
-// all-reduce across replicas), and added into the gradient shard on the compute stream. A
-// unit's unsharded gradient is given back as soon as its reduction has read it.
+// Gradient reductions, as the unit schedule (schedule.h) moves them on: issued per unit in
+// PostBackward (reduce-scatter in the shard group, or NO_SHARD's all-reduce), moved on in issue
+// order as they complete (HYBRID: the reduced shard's all-reduce across replicas), and added
+// into the gradient shard on the compute stream. A unit's unsharded gradient is given back as
+// soon as its reduction has read it.
 #include "fsdp/trace.h"
 #include "src/fsdp/runtime_impl.h"
 
@@ -10,18 +11,26 @@ namespace fsdp {
 using internal::Reduction;
 using internal::Unit;
 
-absl::Status ShardingRuntime::Impl::IssueReduction(Unit& unit) {
+absl::Status ShardingRuntime::Impl::PrepareGradient(int u) {
+  Unit& unit = units[u];
+  if (unit.full_grad.allocated()) return absl::OkStatus();  // no_sync accumulation goes on
+  FSDP_ASSIGN_OR_RETURN(unit.full_grad, Alloc(book.grad_buffers, "the unsharded gradient", &unit,
+                                              unit.layout.padded_numel));
+  return backend->Memset(unit.full_grad.view(), 0);
+}
+
+absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
+  Unit& unit = units[u];
   const fsdp::View full = unit.full_grad.view();
   for (auto [b, e] : unit.frozen) {
     FSDP_RETURN_IF_ERROR(backend->Memset(full.Slice(b, e - b), 0, Stream::kCompute));
   }
   const DType rd = reduce_dtype();
   const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
-  unit.unsynced = false;
   if (S() == 1 && R() == 1) {  // a single rank: nothing to reduce
     AccumulateShard(unit, full);
     pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
-    return absl::OkStatus();
+    return false;
   }
   fsdp::View send = full;
   if (rd != DType::kF32) {  // reduce the low-precision copy; the f32 gradient is done
@@ -42,9 +51,22 @@ absl::Status ShardingRuntime::Impl::IssueReduction(Unit& unit) {
     FSDP_ASSIGN_OR_RETURN(unit.reduce_event, replicate_plane->AllReduce(send, send, ReduceOp::kAvg,
                                                                         Stream::kCompute));
   }
-  unit.reduction = Reduction::kShardGroup;
-  shard_reductions.push_back(static_cast<int>(&unit - units.data()));
+  return true;
+}
+
+absl::Status ShardingRuntime::Impl::WaitReduction(int u) {
+  Unit& unit = units[u];
+  TraceSpan span(schedule->reduction(u) == Reduction::kShardGroup ? "reduce"
+                                                                   : "replica all_reduce",
+                 kWaitStream, {{"unit", unit.name}});
+  unit.reduce_event.Wait().IgnoreError();  // its status is read when it is moved on
+  ++throttle_waits;
   return absl::OkStatus();
+}
+
+absl::Status ShardingRuntime::Impl::ReductionStatus(int u) {
+  Event& e = units[u].reduce_event;
+  return e.Done() ? e.Wait() : absl::OkStatus();
 }
 
 void ShardingRuntime::Impl::AccumulateShard(Unit& unit, fsdp::View add) {
@@ -55,10 +77,10 @@ void ShardingRuntime::Impl::AccumulateShard(Unit& unit, fsdp::View add) {
 // The reduced shard of the unit in reduce_dtype (the reduce-scatter output, or for NO_SHARD
 // the all-reduced buffer), widened to f32 if needed, added into grad_shard once the compute
 // stream has waited for the reduction; then every gradient buffer of the unit goes back.
-absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit) {
+absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit, Reduction stage) {
   FSDP_RETURN_IF_ERROR(StreamWait(Stream::kCompute, unit.reduce_event,
-                                  unit.reduction == Reduction::kShardGroup ? "reduce"
-                                                                           : "replica all_reduce",
+                                  stage == Reduction::kShardGroup ? "reduce"
+                                                                  : "replica all_reduce",
                                   unit.name));
   const DType rd = reduce_dtype();
   const int64_t sn = unit.layout.shard_numel;
@@ -79,15 +101,15 @@ absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit) {
   pending.Add(std::move(unit.lowp_grad), {done});
   pending.Add(std::move(unit.full_grad), {done});
   unit.reduce_event = Event();
-  unit.reduction = Reduction::kNone;
   return absl::OkStatus();
 }
 
-// The reduction of `unit` in its current group has been issued; move it on (the events order
-// the work, the host does not wait here): to the replica all-reduce (HYBRID) or into the
+// The reduction of the unit in its current group has been issued; move it on (the events
+// order the work, the host does not wait here): to the replica all-reduce (HYBRID) or into the
 // gradient shard. The unsharded gradient goes back as soon as the shard group is done with it.
-absl::Status ShardingRuntime::Impl::AdvanceReduction(Unit& unit) {
-  const bool shard_step = unit.reduction == Reduction::kShardGroup;
+absl::Status ShardingRuntime::Impl::AdvanceReduction(int u, Reduction stage, bool to_replicas) {
+  Unit& unit = units[u];
+  const bool shard_step = stage == Reduction::kShardGroup;
   internal::RecordInflight(unit.reduce_event,
                            shard_step ? (S() > 1 ? "reduce_scatter" : "all_reduce")
                                       : "replica all_reduce",
@@ -95,61 +117,14 @@ absl::Status ShardingRuntime::Impl::AdvanceReduction(Unit& unit) {
   if (shard_step && S() > 1) {
     pending.Add(std::move(unit.full_grad), {unit.reduce_event});
     pending.Add(std::move(unit.lowp_grad), {unit.reduce_event});
-    if (R() > 1) {
-      // The replicas all-reduce the reduced shard once the reduce-scatter wrote it.
-      FSDP_RETURN_IF_ERROR(StreamWait(Stream::kComm, unit.reduce_event, "reduce", unit.name));
-      unit.reduce_issued_ns = internal::NowIfTracing();
-      const fsdp::View shard = unit.reduced.view(reduce_dtype());
-      FSDP_ASSIGN_OR_RETURN(unit.reduce_event, replicate_plane->AllReduce(
-                                                   shard, shard, ReduceOp::kAvg, Stream::kComm));
-      unit.reduction = Reduction::kReplicaGroup;
-      replica_reductions.push_back(static_cast<int>(&unit - units.data()));
-      return absl::OkStatus();
-    }
   }
-  return FinishReduction(unit);
-}
-
-absl::Status ShardingRuntime::Impl::ProgressReductions(bool drain) {
-  const size_t in_flight =
-      drain ? 0 : static_cast<size_t>(std::max(1, options.max_prefetch_units));
-  // HYBRID moves a reduction on by issuing the replica all-reduce: every rank must do that at
-  // the same point of its program (the collectives of the two groups share the communication
-  // stream), so when depends on counts, never on timing. A device moves it on at once (its
-  // stream orders the all-reduce after the reduce-scatter); a host backend, whose stream waits
-  // block the host, when more than `in_flight` are held.
-  const bool collective_next = S() > 1 && R() > 1;
-  while (!shard_reductions.empty()) {
-    Unit& unit = units[shard_reductions.front()];
-    const bool done = unit.reduce_event.Done();
-    const bool move_now = collective_next ? !backend->is_host() : done;
-    if (!move_now && !drain) {
-      if (shard_reductions.size() <= in_flight) break;
-      if (!done) {
-        // Too many unsharded gradients held: wait for the oldest reduction (on the host, which
-        // issues the next unit's gradient; a host backend's compute thread is blocked).
-        TraceSpan span("reduce", kWaitStream, {{"unit", unit.name}});
-        unit.reduce_event.Wait().IgnoreError();  // its status is read when it is moved on
-        ++throttle_waits;
-      }
-    }
-    FSDP_RETURN_IF_ERROR(unit.reduce_event.Done() ? unit.reduce_event.Wait() : absl::OkStatus());
-    shard_reductions.pop_front();
-    FSDP_RETURN_IF_ERROR(AdvanceReduction(unit));
-  }
-  while (!replica_reductions.empty()) {
-    Unit& unit = units[replica_reductions.front()];
-    if (!drain && !unit.reduce_event.Done()) {
-      if (replica_reductions.size() <= in_flight) break;
-      TraceSpan span("replica all_reduce", kWaitStream, {{"unit", unit.name}});
-      unit.reduce_event.Wait().IgnoreError();  // its status is read when it is moved on
-      ++throttle_waits;
-    }
-    FSDP_RETURN_IF_ERROR(unit.reduce_event.Done() ? unit.reduce_event.Wait() : absl::OkStatus());
-    replica_reductions.pop_front();
-    FSDP_RETURN_IF_ERROR(AdvanceReduction(unit));
-  }
-  pending.Collect();
+  if (!to_replicas) return FinishReduction(unit, stage);
+  // The replicas all-reduce the reduced shard once the reduce-scatter wrote it.
+  FSDP_RETURN_IF_ERROR(StreamWait(Stream::kComm, unit.reduce_event, "reduce", unit.name));
+  unit.reduce_issued_ns = internal::NowIfTracing();
+  const fsdp::View shard = unit.reduced.view(reduce_dtype());
+  FSDP_ASSIGN_OR_RETURN(unit.reduce_event,
+                        replicate_plane->AllReduce(shard, shard, ReduceOp::kAvg, Stream::kComm));
   return absl::OkStatus();
 }
 

@@ -1,6 +1,9 @@
 // The sharding runtime's state, shared by the files that implement it:
 //   unit.h           the unit record, the memory book, deferred frees (the bottom);
-//   gather.cc        parameter gathers, prefetch and its rate limit;
+//   schedule.h       the unit schedule (hook states, prefetch, reduction queues), which this
+//                    Impl executes on the backend, as the planner and the projection execute
+//                    it on byte counts and clocks;
+//   gather.cc        parameter gathers and their rate limit;
 //   reduce.cc        gradient reductions, from PostBackward until they land in the shards;
 //   loss_scaler.h    dynamic loss scaling;
 //   strategy.cc      strategy names and meshes;
@@ -25,6 +28,7 @@
 #include "fsdp/ops.h"
 #include "fsdp/sharding.h"
 #include "src/fsdp/loss_scaler.h"
+#include "src/fsdp/schedule.h"
 #include "src/fsdp/unit.h"
 
 namespace fsdp {
@@ -43,15 +47,8 @@ struct ShardingRuntime::Impl {
   bool sync_gradients = true;
   absl::Status failure;  // set once a hook failed: the runtime is then unusable
   int64_t passes_since_step = 0;
-  // Unit order of the first forward and backward pass, for prefetching.
-  std::vector<int> forward_order, backward_order;
-  bool forward_recorded = false, backward_recorded = false;
-  bool in_backward = false;
-  int prefetched_units = 0;
-  // Units whose gradient reduction is in flight, in the order issued: first in the shard
-  // group, then (HYBRID) across replicas. Both advance strictly in order, so every rank issues
-  // the replica all-reduces in the same order whatever the timing.
-  std::deque<int> shard_reductions, replica_reductions;
+  // The unit schedule, executed by this Impl (made in Create, once the mesh is known).
+  std::optional<internal::UnitSchedule<Impl>> schedule;
   internal::LossScaler scaler;
   int64_t steps = 0;
   std::vector<std::pair<std::string, std::string>> model_description;
@@ -63,10 +60,6 @@ struct ShardingRuntime::Impl {
   Ops& ops() const { return backend->ops(); }
   DType param_dtype() const { return options.mixed_precision.param_dtype; }
   DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
-  bool reshard_after_forward() const {
-    return options.strategy == ShardingStrategy::kFullShard ||
-           options.strategy == ShardingStrategy::kHybridShard;
-  }
 
   // ---- errors and checks (sharding_runtime.cc) ----------------------------------------------
   // Fails the runtime and every group, so that peers blocked in (or later entering) a
@@ -74,7 +67,7 @@ struct ShardingRuntime::Impl {
   absl::Status Fail(absl::Status s);
   absl::Status CheckUsable(absl::string_view what) const;
   absl::StatusOr<internal::Unit*> GetUnit(int u, absl::string_view what);
-  absl::Status ExpectState(const internal::Unit& unit, absl::string_view what,
+  absl::Status ExpectState(int u, absl::string_view what,
                            std::initializer_list<internal::UnitState> allowed) const;
   // Every buffer of the runtime comes from here: counted in `category` while it lives. An
   // allocation that fails names what it was for.
@@ -94,27 +87,26 @@ struct ShardingRuntime::Impl {
   absl::Status StreamWait(Stream s, const Event& e, absl::string_view name,
                           const std::string& unit);
 
-  // ---- gathers (gather.cc) -------------------------------------------------------------------
-  // Starts the all-gather of a unit's parameters unless they are gathered or on their way.
-  absl::Status IssueGather(internal::Unit& unit);
-  // Makes unit `u` gathered for use now, and prefetches the next unit of `order` within the
-  // rate limit.
-  absl::Status Acquire(int u, std::vector<int>& order, bool recording, bool prefetch);
+  // ---- the executor of the unit schedule (schedule.h): gather.cc, reduce.cc ------------------
+  bool is_host() const { return backend->is_host(); }
+  bool Gathered(int u) const { return units[u].gathered.allocated(); }
+  // Starts the all-gather of a unit's parameters unless they are gathered or on their way
+  // (or need none: f32 in a shard group of one), within the rate limit.
+  absl::Status IssueGather(int u);
   // The compute stream waits for the unit's all-gather.
-  absl::Status WaitGather(internal::Unit& unit, bool prefetched);
+  absl::Status WaitGather(int u, bool prefetched);
   // Gives the gathered parameters back (once the device is done with them).
-  void FreeGathered(internal::Unit& unit);
-  bool NeededFirstInBackward(int u) const;
-  internal::UnitState NextState() const;
+  void FreeGathered(int u);
+  // The unsharded gradient, zeroed, unless it holds an earlier micro-batch's accumulation.
+  absl::Status PrepareGradient(int u);
+  absl::StatusOr<bool> IssueReduction(int u);
+  bool ReductionDone(int u) const { return units[u].reduce_event.Done(); }
+  absl::Status WaitReduction(int u);
+  absl::Status ReductionStatus(int u);
+  absl::Status AdvanceReduction(int u, internal::Reduction stage, bool to_replicas);
+  void Collect() { pending.Collect(); }
 
-  // ---- reductions (reduce.cc) ----------------------------------------------------------------
-  absl::Status IssueReduction(internal::Unit& unit);
-  // Moves the queues on: without `drain`, what has completed, waiting (on the host) for the
-  // oldest when more than max(1, max_prefetch_units) are in flight in the shard group; with
-  // `drain`, every reduction, ordered by events (the compute stream waits, not the host).
-  absl::Status ProgressReductions(bool drain);
-  absl::Status AdvanceReduction(internal::Unit& unit);
-  absl::Status FinishReduction(internal::Unit& unit);
+  absl::Status FinishReduction(internal::Unit& unit, internal::Reduction stage);
   void AccumulateShard(internal::Unit& unit, fsdp::View add);
 };
 

@@ -71,14 +71,15 @@ absl::StatusOr<Unit*> ShardingRuntime::Impl::GetUnit(int u, absl::string_view wh
   return &units[u];
 }
 
-absl::Status ShardingRuntime::Impl::ExpectState(const Unit& unit, absl::string_view what,
+absl::Status ShardingRuntime::Impl::ExpectState(int u, absl::string_view what,
                                                 std::initializer_list<UnitState> allowed) const {
+  const UnitState state = schedule->state(u);
   for (UnitState s : allowed) {
-    if (unit.state == s) return absl::OkStatus();
+    if (state == s) return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      what, "(unit '", unit.name, "') called out of order: the unit is ",
-      internal::StateName(unit.state),
+      what, "(unit '", units[u].name, "') called out of order: the unit is ",
+      internal::StateName(state),
       "; each micro-batch must call PreForward, PostForward, PreBackward, PostBackward per "
       "unit, then FinishBackward"));
 }
@@ -237,6 +238,9 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
   FSDP_ASSIGN_OR_RETURN(impl->replicate_plane,
                         backend->CreateDataPlane(impl->mesh->replicate_group()));
   impl->host_syncs_at_step = backend->host_syncs();
+  impl->schedule.emplace(impl.get(),
+                         internal::ScheduleOptions::From(options, impl->mesh->shard_size(),
+                                                         impl->mesh->replicate_size()));
   return std::unique_ptr<ShardingRuntime>(new ShardingRuntime(std::move(impl)));
 }
 
@@ -287,6 +291,7 @@ absl::StatusOr<int> ShardingRuntime::RegisterUnit(std::string name,
     if (!t.requires_grad) unit.frozen.emplace_back(t.offset, t.offset + t.numel);
   }
   m.units.push_back(std::move(unit));
+  m.schedule->AddUnit();
   return static_cast<int>(m.units.size()) - 1;
 }
 
@@ -357,104 +362,60 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
 
 absl::StatusOr<UnitView> ShardingRuntime::PreForward(int u) {
   Impl& m = *impl_;
-  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PreForward"));
-  absl::Status s = m.ExpectState(*unit, "PreForward", {UnitState::kIdle});
-  m.in_backward = false;
-  m.pending.Collect();
-  if (s.ok()) {
-    s = m.Acquire(u, m.forward_order, !m.forward_recorded, m.options.forward_prefetch);
-  }
+  FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PreForward").status());
+  absl::Status s = m.ExpectState(u, "PreForward", {UnitState::kIdle});
+  if (s.ok()) s = m.schedule->PreForward(u);
   if (!s.ok()) return m.Fail(s);
-  unit->state = UnitState::kForward;
   return m.MakeView(u, false);
 }
 
 absl::Status ShardingRuntime::PostForward(int u) {
   Impl& m = *impl_;
-  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PostForward"));
-  FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(*unit, "PostForward", {UnitState::kForward})));
-  if (m.reshard_after_forward() && !m.NeededFirstInBackward(u)) m.FreeGathered(*unit);
-  unit->state = UnitState::kForwardDone;
+  FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PostForward").status());
+  FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(u, "PostForward", {UnitState::kForward})));
+  m.schedule->PostForward(u);
   return absl::OkStatus();
 }
 
 absl::StatusOr<UnitView> ShardingRuntime::PreBackward(int u) {
   Impl& m = *impl_;
-  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PreBackward"));
-  absl::Status s = m.ExpectState(*unit, "PreBackward", {UnitState::kForwardDone});
-  if (!m.in_backward) {
-    m.in_backward = true;
-    m.forward_recorded = true;
-  }
-  m.pending.Collect();
-  if (s.ok()) {
-    s = m.Acquire(u, m.backward_order, !m.backward_recorded, m.options.backward_prefetch);
-  }
-  if (s.ok() && !unit->full_grad.allocated()) {
-    const int64_t padded = unit->layout.padded_numel;
-    auto b = m.Alloc(m.book.grad_buffers, "the unsharded gradient", unit, padded);
-    s = b.status();
-    if (s.ok()) {
-      unit->full_grad = std::move(*b);
-      s = m.backend->Memset(unit->full_grad.view(), 0);
-    }
-  }
+  FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PreBackward").status());
+  absl::Status s = m.ExpectState(u, "PreBackward", {UnitState::kForwardDone});
+  if (s.ok()) s = m.schedule->PreBackward(u);
   if (!s.ok()) return m.Fail(s);
-  unit->state = UnitState::kBackward;
   return m.MakeView(u, true);
 }
 
 absl::Status ShardingRuntime::PostBackward(int u) {
   Impl& m = *impl_;
-  FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "PostBackward"));
-  FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(*unit, "PostBackward", {UnitState::kBackward})));
-  m.FreeGathered(*unit);
-  if (m.sync_gradients) {
-    FSDP_RETURN_IF_ERROR(m.Fail(m.IssueReduction(*unit)));
-    // Earlier units whose reduction completed give their unsharded gradients back now.
-    FSDP_RETURN_IF_ERROR(m.Fail(m.ProgressReductions(false)));
-  } else {
-    unit->unsynced = true;
-  }
-  unit->state = UnitState::kBackwardDone;
-  return absl::OkStatus();
+  FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PostBackward").status());
+  FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(u, "PostBackward", {UnitState::kBackward})));
+  return m.Fail(m.schedule->PostBackward(u, m.sync_gradients));
 }
 
 absl::Status ShardingRuntime::FinishBackward() {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.CheckUsable("FinishBackward"));
-  for (const Unit& unit : m.units) {
+  for (int u = 0; u < static_cast<int>(m.units.size()); ++u) {
     FSDP_RETURN_IF_ERROR(
-        m.Fail(m.ExpectState(unit, "FinishBackward: every unit must have run PostBackward; "
-                                   "PostBackward",
+        m.Fail(m.ExpectState(u, "FinishBackward: every unit must have run PostBackward; "
+                                "PostBackward",
                              {UnitState::kBackwardDone})));
   }
-  // The reductions still in flight land in their gradient shards (ordered by events).
-  FSDP_RETURN_IF_ERROR(m.Fail(m.ProgressReductions(true)));
-  for (Unit& unit : m.units) {
-    unit.state = UnitState::kIdle;
-    m.FreeGathered(unit);  // a prefetch that no hook claimed
-  }
+  FSDP_RETURN_IF_ERROR(m.Fail(m.schedule->FinishBackward()));
   ++m.passes_since_step;
-  m.backward_recorded = true;
-  m.in_backward = false;
   return absl::OkStatus();
 }
 
 absl::Status ShardingRuntime::FinishForwardOnly() {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.CheckUsable("FinishForwardOnly"));
-  for (const Unit& unit : m.units) {
+  for (int u = 0; u < static_cast<int>(m.units.size()); ++u) {
     FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(
-        unit, "FinishForwardOnly: every unit must have run PostForward; PostForward",
+        u, "FinishForwardOnly: every unit must have run PostForward; PostForward",
         {UnitState::kForwardDone})));
   }
-  for (Unit& unit : m.units) {
-    m.FreeGathered(unit);
-    unit.state = UnitState::kIdle;
-  }
-  m.pending.Collect();
-  m.forward_recorded = true;
+  m.schedule->FinishForwardOnly();
   return absl::OkStatus();
 }
 
@@ -463,13 +424,14 @@ absl::Status ShardingRuntime::FinishForwardOnly() {
 absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.CheckUsable("Step"));
-  for (const Unit& unit : m.units) {
-    if (unit.state != UnitState::kIdle) {
+  for (int u = 0; u < static_cast<int>(m.units.size()); ++u) {
+    const Unit& unit = m.units[u];
+    if (m.schedule->state(u) != UnitState::kIdle) {
       return m.Fail(absl::FailedPreconditionError(absl::StrCat(
-          "Step(): unit '", unit.name, "' is ", internal::StateName(unit.state),
+          "Step(): unit '", unit.name, "' is ", internal::StateName(m.schedule->state(u)),
           "; finish the backward pass (PostBackward for every unit, then FinishBackward)")));
     }
-    if (unit.unsynced) {
+    if (m.schedule->unsynced(u)) {
       return m.Fail(absl::FailedPreconditionError(absl::StrCat(
           "Step(): unit '", unit.name,
           "' holds gradients accumulated with sync_gradients off that were never reduced; "

@@ -127,12 +127,9 @@ struct Unit {
   Accounted lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
   Accounted reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)
   std::unique_ptr<Optimizer> optimizer;
-  UnitState state = UnitState::kIdle;
+  // (Its state in the hooks, prefetch and reduction stage are the schedule's: schedule.h.)
   Event gather_event;       // all-gather in flight into `gathered`
   int64_t gather_issued_ns = 0;
-  bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
-  bool unsynced = false;    // full_grad holds no_sync accumulation not yet reduced
-  Reduction reduction = Reduction::kNone;
   Event reduce_event;
   int64_t reduce_issued_ns = 0;
 };

@@ -1,9 +1,10 @@
-// The memory planner's core: a replay of the sharding runtime's allocations over plain unit
-// sizes. Each function of Replay below mirrors the runtime function of the same name
-// (src/fsdp/gather.cc, reduce.cc, sharding_runtime.cc, unit.cc) as it runs on a host backend:
-// the same buffers, allocated and freed at the same points, in the same categories. What the
-// runtime decides from timing (whether a collective has completed when it looks) is taken as
-// "not yet" until the runtime waits for it, the most memory any rank can see.
+// The memory planner's core: the sharding runtime's own unit schedule (src/fsdp/schedule.h)
+// executed over plain unit sizes. Replay below is its executor: each of its functions mirrors
+// the runtime's executor function of the same name (src/fsdp/gather.cc, reduce.cc) as it runs
+// on a host backend: the same buffers, allocated and freed at the same points, in the same
+// categories. What the runtime decides from timing (whether a collective has completed when it
+// looks) is taken as "not yet" until the runtime waits for it, the most memory any rank can
+// see.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "fsdp/plan.h"
 #include "src/core/checked.h"
 #include "src/fsdp/strategy.h"
+#include "src/fsdp/schedule.h"
 #include "src/fsdp/unit.h"
 
 namespace fsdp {
@@ -39,47 +41,24 @@ struct Buf {
 
 constexpr int kEmptyEvent = -1;  // Event(): complete (the CPU backend's Record)
 
-enum class State { kIdle, kForward, kForwardDone, kBackward, kBackwardDone };
-enum class Reduction { kNone, kShardGroup, kReplicaGroup };
-
 struct SimUnit {
   int64_t numel = 0, shard_numel = 0, padded_numel = 0;
-  State state = State::kIdle;
   Buf gathered, full_grad, lowp_grad, reduced;
   int gather_event = kEmptyEvent;
-  bool prefetched = false;
-  Reduction reduction = Reduction::kNone;
   int reduce_event = kEmptyEvent;
-};
-
-// The order units were used in, as the runtime records it, and where each unit first appears
-// in it: the runtime's std::find over the order, without its cost per use (a replay of many
-// units would take their number squared).
-struct Order {
-  std::vector<int> units;
-  std::vector<int> first;  // per unit: its first index in `units`, or -1
-  size_t scanned = 0;      // prefetch: where this pass's last scan stopped (Replay::Acquire)
-  void Record(int u) {
-    if (first.size() <= static_cast<size_t>(u)) first.resize(u + 1, -1);
-    if (first[u] < 0) first[u] = static_cast<int>(units.size());
-    units.push_back(u);
-  }
-  std::vector<int>::const_iterator Find(int u) const {
-    const bool seen = static_cast<size_t>(u) < first.size() && first[u] >= 0;
-    return seen ? units.begin() + first[u] : units.end();
-  }
 };
 
 class Replay {
  public:
   Replay(const std::vector<int64_t>& numel, int S, int R, const PlanRequest& o)
-      : S_(S), R_(R), o_(o) {
+      : S_(S), R_(R), o_(o), schedule_(this, Options(o, S, R)) {
     for (int64_t n : numel) {
       SimUnit u;
       u.numel = n;
       u.shard_numel = (n + S - 1) / S;  // FlatLayout::Build
       u.padded_numel = u.shard_numel * S;
       units_.push_back(u);
+      schedule_.AddUnit();
     }
   }
 
@@ -94,23 +73,23 @@ class Replay {
     }
   }
 
-  // One micro-batch and the optimizer step, with the hooks in ShardedModel's order.
+  // One micro-batch and the optimizer step, with the hooks in ShardedModel's order. (The
+  // replay's executor never fails: its functions return OK.)
   void TrainStep() {
     const int n = static_cast<int>(units_.size());
-    forward_order_.scanned = backward_order_.scanned = 0;  // a new pass of each
-    PreForward(0);
+    schedule_.PreForward(0).IgnoreError();
     for (int u = 1; u < n; ++u) {
-      PreForward(u);
-      PostForward(u);
+      schedule_.PreForward(u).IgnoreError();
+      schedule_.PostForward(u);
     }
-    PostForward(0);
-    PreBackward(0);
+    schedule_.PostForward(0);
+    schedule_.PreBackward(0).IgnoreError();
     for (int u = n - 1; u >= 1; --u) {
-      PreBackward(u);
-      PostBackward(u);
+      schedule_.PreBackward(u).IgnoreError();
+      schedule_.PostBackward(u, /*sync=*/true).IgnoreError();
     }
-    PostBackward(0);
-    FinishBackward();
+    schedule_.PostBackward(0, /*sync=*/true).IgnoreError();
+    schedule_.FinishBackward().IgnoreError();
     Step();
   }
 
@@ -121,13 +100,104 @@ class Replay {
   // went on without that buffer).
   bool overflowed() const { return overflowed_; }
 
+  // ---- the executor of the unit schedule (src/fsdp/schedule.h) on a host backend ---------------
+  bool is_host() const { return true; }
+  bool Gathered(int u) const { return units_[u].gathered.allocated(); }
+
+  // gather.cc
+  absl::Status IssueGather(int u) {
+    SimUnit& unit = units_[u];
+    if (unit.gathered.allocated() || (S_ == 1 && pd() == DType::kF32)) return absl::OkStatus();
+    WaitUntilAtMost(kGathered, 1);
+    unit.gathered =
+        Alloc(kGathered, unit.padded_numel * static_cast<int64_t>(DTypeSize(pd())));
+    if (S_ == 1) return absl::OkStatus();
+    unit.gather_event = NewCollective();
+    return absl::OkStatus();
+  }
+  absl::Status WaitGather(int u, bool /*prefetched*/) {
+    SimUnit& unit = units_[u];
+    if (unit.gather_event == kEmptyEvent) return absl::OkStatus();
+    Wait(unit.gather_event);
+    unit.gather_event = kEmptyEvent;
+    return absl::OkStatus();
+  }
+  void FreeGathered(int u) {
+    SimUnit& unit = units_[u];
+    if (!unit.gathered.allocated()) return;
+    std::vector<int> users = {kEmptyEvent};
+    if (unit.gather_event != kEmptyEvent) users.push_back(unit.gather_event);
+    PendingAdd(unit.gathered, std::move(users));
+    unit.gather_event = kEmptyEvent;
+  }
+
+  // reduce.cc
+  absl::Status PrepareGradient(int u) {
+    SimUnit& unit = units_[u];
+    if (!unit.full_grad.allocated()) unit.full_grad = Alloc(kGradBuffers, unit.padded_numel * 4);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> IssueReduction(int u) {
+    SimUnit& unit = units_[u];
+    if (S_ == 1 && R_ == 1) {
+      PendingAdd(unit.full_grad, {kEmptyEvent});
+      return false;
+    }
+    const int64_t rsize = static_cast<int64_t>(DTypeSize(rd()));
+    if (rd() != DType::kF32) {
+      unit.lowp_grad = Alloc(kGradBuffers, unit.padded_numel * rsize, /*comm=*/true);
+      PendingAdd(unit.full_grad, {kEmptyEvent});
+    }
+    if (S_ > 1) {
+      unit.reduced = Alloc(kGradBuffers, unit.shard_numel * rsize, /*comm=*/true);
+    }
+    unit.reduce_event = NewCollective();
+    return true;
+  }
+  bool ReductionDone(int u) const { return Done(units_[u].reduce_event); }
+  absl::Status WaitReduction(int u) {
+    Wait(units_[u].reduce_event);
+    return absl::OkStatus();
+  }
+  absl::Status ReductionStatus(int /*u*/) { return absl::OkStatus(); }
+  absl::Status AdvanceReduction(int u, internal::Reduction stage, bool to_replicas) {
+    SimUnit& unit = units_[u];
+    if (stage == internal::Reduction::kShardGroup && S_ > 1) {
+      PendingAdd(unit.full_grad, {unit.reduce_event});
+      PendingAdd(unit.lowp_grad, {unit.reduce_event});
+    }
+    if (!to_replicas) {
+      FinishReduction(unit);
+      return absl::OkStatus();
+    }
+    Wait(unit.reduce_event);  // the comm stream waits for the reduce-scatter
+    unit.reduce_event = NewCollective();
+    return absl::OkStatus();
+  }
+  void Collect() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (EntryDone(*it)) {
+        Free(it->buffer);
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
  private:
+  static internal::ScheduleOptions Options(const PlanRequest& o, int S, int R) {
+    internal::ScheduleOptions so;
+    so.strategy = o.strategy;
+    so.forward_prefetch = o.forward_prefetch;
+    so.backward_prefetch = o.backward_prefetch;
+    so.max_prefetch_units = o.max_prefetch_units;
+    so.shard_size = S;
+    so.replicate_size = R;
+    return so;
+  }
   DType pd() const { return o_.param_dtype; }
   DType rd() const { return o_.reduce_dtype; }
-  bool reshard_after_forward() const {
-    return o_.strategy == ShardingStrategy::kFullShard ||
-           o_.strategy == ShardingStrategy::kHybridShard;
-  }
 
   // ---- the memory book ------------------------------------------------------------------------
   // Every category and the communication gauge are parts of the total: checking the total
@@ -181,16 +251,6 @@ class Replay {
     pending_.push_back({buffer, std::move(events)});
     buffer = Buf{};
   }
-  void Collect() {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (EntryDone(*it)) {
-        Free(it->buffer);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
   int Count(int category) const {
     return static_cast<int>(std::count_if(pending_.begin(), pending_.end(), [&](const Entry& e) {
       return e.buffer.category == category;
@@ -208,90 +268,6 @@ class Replay {
     }
   }
 
-  // ---- gather.cc ------------------------------------------------------------------------------
-  void IssueGather(SimUnit& unit) {
-    if (unit.gathered.allocated() || (S_ == 1 && pd() == DType::kF32)) return;
-    WaitUntilAtMost(kGathered, 1);
-    unit.gathered =
-        Alloc(kGathered, unit.padded_numel * static_cast<int64_t>(DTypeSize(pd())));
-    if (S_ == 1) return;
-    unit.gather_event = NewCollective();
-  }
-
-  void Acquire(int u, Order& order, bool recording, bool prefetch) {
-    SimUnit& unit = units_[u];
-    if (recording) order.Record(u);
-    if (unit.prefetched) {
-      unit.prefetched = false;
-      --prefetched_units_;
-    }
-    IssueGather(unit);
-    if (prefetch && !recording && S_ > 1) {
-      // The runtime scans the order from the unit after this one. The units an earlier scan of
-      // this pass passed over are still gathered (within a pass only a unit's own hooks free
-      // it), so this scan goes on from where that one stopped: a pass scans each unit once,
-      // not once per use (a replay of many units, all prefetched, would take their number
-      // squared).
-      const std::vector<int>& seq = order.units;
-      auto pos = order.Find(u);
-      size_t i = pos == seq.end() ? seq.size()
-                                  : std::max<size_t>(pos - seq.begin() + 1, order.scanned);
-      for (; i < seq.size() && prefetched_units_ < o_.max_prefetch_units; ++i) {
-        SimUnit& next = units_[seq[i]];
-        if (next.gathered.allocated() || next.state != NextState()) continue;
-        IssueGather(next);
-        next.prefetched = true;
-        ++prefetched_units_;
-      }
-      order.scanned = i;
-    }
-    WaitGather(unit);
-  }
-
-  bool NeededFirstInBackward(int u) const {
-    const std::vector<int>& f = forward_order_.units;
-    if (f.empty()) return false;
-    return u == f.front() || (forward_recorded_ && u == f.back());
-  }
-  State NextState() const { return in_backward_ ? State::kForwardDone : State::kIdle; }
-
-  void WaitGather(SimUnit& unit) {
-    if (unit.gather_event == kEmptyEvent) return;
-    Wait(unit.gather_event);
-    unit.gather_event = kEmptyEvent;
-  }
-
-  void FreeGathered(SimUnit& unit) {
-    if (!unit.gathered.allocated()) return;
-    std::vector<int> users = {kEmptyEvent};
-    if (unit.gather_event != kEmptyEvent) users.push_back(unit.gather_event);
-    PendingAdd(unit.gathered, std::move(users));
-    unit.gather_event = kEmptyEvent;
-    if (unit.prefetched) {
-      unit.prefetched = false;
-      --prefetched_units_;
-    }
-  }
-
-  // ---- reduce.cc ------------------------------------------------------------------------------
-  void IssueReduction(SimUnit& unit) {
-    if (S_ == 1 && R_ == 1) {
-      PendingAdd(unit.full_grad, {kEmptyEvent});
-      return;
-    }
-    const int64_t rsize = static_cast<int64_t>(DTypeSize(rd()));
-    if (rd() != DType::kF32) {
-      unit.lowp_grad = Alloc(kGradBuffers, unit.padded_numel * rsize, /*comm=*/true);
-      PendingAdd(unit.full_grad, {kEmptyEvent});
-    }
-    if (S_ > 1) {
-      unit.reduced = Alloc(kGradBuffers, unit.shard_numel * rsize, /*comm=*/true);
-    }
-    unit.reduce_event = NewCollective();
-    unit.reduction = Reduction::kShardGroup;
-    shard_reductions_.push_back(static_cast<int>(&unit - units_.data()));
-  }
-
   void FinishReduction(SimUnit& unit) {
     Wait(unit.reduce_event);
     Buf wide;
@@ -301,89 +277,8 @@ class Replay {
     PendingAdd(unit.lowp_grad, {kEmptyEvent});
     PendingAdd(unit.full_grad, {kEmptyEvent});
     unit.reduce_event = kEmptyEvent;
-    unit.reduction = Reduction::kNone;
   }
 
-  void AdvanceReduction(SimUnit& unit) {
-    const bool shard_step = unit.reduction == Reduction::kShardGroup;
-    if (shard_step && S_ > 1) {
-      PendingAdd(unit.full_grad, {unit.reduce_event});
-      PendingAdd(unit.lowp_grad, {unit.reduce_event});
-      if (R_ > 1) {
-        Wait(unit.reduce_event);  // the comm stream waits for the reduce-scatter
-        unit.reduce_event = NewCollective();
-        unit.reduction = Reduction::kReplicaGroup;
-        replica_reductions_.push_back(static_cast<int>(&unit - units_.data()));
-        return;
-      }
-    }
-    FinishReduction(unit);
-  }
-
-  void ProgressReductions(bool drain) {
-    const size_t in_flight = drain ? 0 : static_cast<size_t>(std::max(1, o_.max_prefetch_units));
-    const bool collective_next = S_ > 1 && R_ > 1;
-    while (!shard_reductions_.empty()) {
-      SimUnit& unit = units_[shard_reductions_.front()];
-      const bool done = Done(unit.reduce_event);
-      const bool move_now = collective_next ? false : done;  // a host backend
-      if (!move_now && !drain) {
-        if (shard_reductions_.size() <= in_flight) break;
-        if (!done) Wait(unit.reduce_event);
-      }
-      shard_reductions_.pop_front();
-      AdvanceReduction(unit);
-    }
-    while (!replica_reductions_.empty()) {
-      SimUnit& unit = units_[replica_reductions_.front()];
-      if (!drain && !Done(unit.reduce_event)) {
-        if (replica_reductions_.size() <= in_flight) break;
-        Wait(unit.reduce_event);
-      }
-      replica_reductions_.pop_front();
-      AdvanceReduction(unit);
-    }
-    Collect();
-  }
-
-  // ---- the hooks (sharding_runtime.cc) --------------------------------------------------------
-  void PreForward(int u) {
-    in_backward_ = false;
-    Collect();
-    Acquire(u, forward_order_, !forward_recorded_, o_.forward_prefetch);
-    units_[u].state = State::kForward;
-  }
-  void PostForward(int u) {
-    if (reshard_after_forward() && !NeededFirstInBackward(u)) FreeGathered(units_[u]);
-    units_[u].state = State::kForwardDone;
-  }
-  void PreBackward(int u) {
-    if (!in_backward_) {
-      in_backward_ = true;
-      forward_recorded_ = true;
-    }
-    Collect();
-    Acquire(u, backward_order_, !backward_recorded_, o_.backward_prefetch);
-    SimUnit& unit = units_[u];
-    if (!unit.full_grad.allocated()) unit.full_grad = Alloc(kGradBuffers, unit.padded_numel * 4);
-    unit.state = State::kBackward;
-  }
-  void PostBackward(int u) {
-    SimUnit& unit = units_[u];
-    FreeGathered(unit);
-    IssueReduction(unit);
-    ProgressReductions(false);
-    unit.state = State::kBackwardDone;
-  }
-  void FinishBackward() {
-    ProgressReductions(true);
-    for (SimUnit& unit : units_) {
-      unit.state = State::kIdle;
-      FreeGathered(unit);
-    }
-    backward_recorded_ = true;
-    in_backward_ = false;
-  }
   void Step() {
     // The global norm's scratch: this rank's and the total f64 sums, the S ranks' f32 pairs
     // (all-gathered), this rank's pair and the clip factor.
@@ -399,11 +294,8 @@ class Replay {
   Gauge total_, comm_;
   std::vector<bool> done_;
   std::deque<Entry> pending_;
-  Order forward_order_, backward_order_;
-  bool forward_recorded_ = false, backward_recorded_ = false, in_backward_ = false;
-  int prefetched_units_ = 0;
-  std::deque<int> shard_reductions_, replica_reductions_;
   bool overflowed_ = false;
+  internal::UnitSchedule<Replay> schedule_;  // last: it runs on the members above
 };
 
 absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }

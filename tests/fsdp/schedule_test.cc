@@ -1,0 +1,286 @@
+// The unit schedule (src/fsdp/schedule.h) on its own, with a fake executor that logs what it
+// is asked to do: which gathers are issued at which hook, which units are given back, when
+// reductions are issued, waited for and moved on, for each strategy and prefetch depth. The
+// executor behaves as a host backend: a collective completes when it is waited for.
+#include "src/fsdp/schedule.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fsdp::internal {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+class FakeExec {
+ public:
+  explicit FakeExec(int units, bool host = true) : gathered_(units), reduce_(units), host_(host) {}
+
+  bool is_host() const { return host_; }
+  bool Gathered(int u) const { return gathered_[u]; }
+  absl::Status IssueGather(int u) {
+    if (gathered_[u]) return absl::OkStatus();
+    gathered_[u] = true;
+    Log("gather", u);
+    return absl::OkStatus();
+  }
+  absl::Status WaitGather(int u, bool prefetched) {
+    Log(prefetched ? "use-prefetched" : "use", u);
+    return absl::OkStatus();
+  }
+  void FreeGathered(int u) {
+    if (!gathered_[u]) return;
+    gathered_[u] = false;
+    Log("free", u);
+  }
+  absl::Status PrepareGradient(int u) {
+    Log("grad", u);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> IssueReduction(int u) {
+    if (single_rank_) {
+      Log("accumulate", u);
+      return false;
+    }
+    reduce_[u] = kInFlight;
+    Log("reduce", u);
+    return true;
+  }
+  bool ReductionDone(int u) const { return reduce_[u] == kDone; }
+  absl::Status WaitReduction(int u) {
+    reduce_[u] = kDone;
+    Log("wait-reduce", u);
+    return absl::OkStatus();
+  }
+  absl::Status ReductionStatus(int) { return absl::OkStatus(); }
+  absl::Status AdvanceReduction(int u, Reduction stage, bool to_replicas) {
+    if (to_replicas) {
+      reduce_[u] = kInFlight;
+      Log("replica-reduce", u);
+    } else {
+      reduce_[u] = kNone;
+      Log(stage == Reduction::kShardGroup ? "land" : "land-replica", u);
+    }
+    return absl::OkStatus();
+  }
+  void Collect() {}
+
+  // What happened since the last call, e.g. "gather 1,use 0".
+  std::string Take() {
+    std::string s = absl::StrJoin(log_, ",");
+    log_.clear();
+    return s;
+  }
+  // Completes every collective in flight (a device that has caught up).
+  void CompleteAll() {
+    for (int& r : reduce_) {
+      if (r == kInFlight) r = kDone;
+    }
+  }
+  void set_single_rank() { single_rank_ = true; }
+
+ private:
+  enum { kNone, kInFlight, kDone };
+  void Log(const char* what, int u) { log_.push_back(absl::StrCat(what, " ", u)); }
+  std::vector<bool> gathered_;
+  std::vector<int> reduce_;
+  bool host_;
+  bool single_rank_ = false;
+  std::vector<std::string> log_;
+};
+
+ScheduleOptions Opts(ShardingStrategy s, int prefetch, int S, int R) {
+  ScheduleOptions o;
+  o.strategy = s;
+  o.forward_prefetch = o.backward_prefetch = prefetch > 0;
+  o.max_prefetch_units = std::max(1, prefetch);
+  o.shard_size = S;
+  o.replicate_size = R;
+  return o;
+}
+
+// ShardedModel's order over a root (unit 0) and L blocks, recording what each hook did.
+struct StepLog {
+  std::vector<std::string> forward, backward;  // per hook pair, root first
+  std::string finish;
+};
+
+StepLog Step(UnitSchedule<FakeExec>& s, FakeExec& e, int units, bool sync = true) {
+  StepLog log;
+  e.Take();
+  EXPECT_TRUE(s.PreForward(0).ok());
+  log.forward.push_back(e.Take());
+  for (int u = 1; u < units; ++u) {
+    EXPECT_TRUE(s.PreForward(u).ok());
+    s.PostForward(u);
+    log.forward.push_back(e.Take());
+  }
+  s.PostForward(0);
+  EXPECT_TRUE(s.PreBackward(0).ok());
+  log.backward.push_back(e.Take());
+  for (int u = units - 1; u >= 1; --u) {
+    EXPECT_TRUE(s.PreBackward(u).ok());
+    EXPECT_TRUE(s.PostBackward(u, sync).ok());
+    log.backward.push_back(e.Take());
+  }
+  EXPECT_TRUE(s.PostBackward(0, sync).ok());
+  EXPECT_TRUE(s.FinishBackward().ok());
+  log.finish = e.Take();
+  return log;
+}
+
+UnitSchedule<FakeExec> Make(FakeExec* e, const ScheduleOptions& o, int units) {
+  UnitSchedule<FakeExec> s(e, o);
+  for (int u = 0; u < units; ++u) s.AddUnit();
+  return s;
+}
+
+// FULL_SHARD, a root and 3 blocks, one unit ahead. The first step records the order and
+// prefetches nothing; from the second on, each use tops the queue up to one unit ahead. The
+// root and the last block stay gathered from forward into backward; every other block is
+// given back after its forward and gathered again (prefetched) in backward.
+TEST(UnitScheduleTest, FullShardPrefetchesOneUnitAheadFromTheSecondStep) {
+  FakeExec e(4);
+  auto s = Make(&e, Opts(ShardingStrategy::kFullShard, 1, 2, 1), 4);
+  const StepLog first = Step(s, e, 4);
+  // The last block is not known to be last yet: it is given back too.
+  EXPECT_THAT(first.forward, ElementsAre("gather 0,use 0", "gather 1,use 1,free 1",
+                                         "gather 2,use 2,free 2", "gather 3,use 3,free 3"));
+  // Backward, recording its order: the root is still gathered, the blocks gathered on use.
+  // The reduction queue holds up to one unit: the second one waits for the first.
+  EXPECT_THAT(first.backward,
+              ElementsAre("use 0,grad 0", "gather 3,use 3,grad 3,free 3,reduce 3",
+                          "gather 2,use 2,grad 2,free 2,reduce 2,wait-reduce 3,land 3",
+                          "gather 1,use 1,grad 1,free 1,reduce 1,wait-reduce 2,land 2"));
+  EXPECT_EQ(first.finish, "free 0,reduce 0,wait-reduce 1,land 1,land 0");
+  const StepLog second = Step(s, e, 4);
+  EXPECT_THAT(second.forward,
+              ElementsAre("gather 0,gather 1,use 0", "gather 2,use-prefetched 1,free 1",
+                          "gather 3,use-prefetched 2,free 2", "use-prefetched 3"));
+  // The root's PreBackward prefetches block 2 (block 3 was kept); block 2's use, block 1.
+  EXPECT_THAT(second.backward,
+              ElementsAre("gather 2,use 0,grad 0", "use 3,grad 3,free 3,reduce 3",
+                          "gather 1,use-prefetched 2,grad 2,free 2,reduce 2,wait-reduce 3,land 3",
+                          "use-prefetched 1,grad 1,free 1,reduce 1,wait-reduce 2,land 2"));
+}
+
+// Two units ahead: the queue is topped up to two gathers in flight.
+TEST(UnitScheduleTest, TwoUnitsAhead) {
+  FakeExec e(5);
+  auto s = Make(&e, Opts(ShardingStrategy::kFullShard, 2, 2, 1), 5);
+  Step(s, e, 5);
+  const StepLog second = Step(s, e, 5);
+  EXPECT_THAT(second.forward,
+              ElementsAre("gather 0,gather 1,gather 2,use 0", "gather 3,use-prefetched 1,free 1",
+                          "gather 4,use-prefetched 2,free 2", "use-prefetched 3,free 3",
+                          "use-prefetched 4"));
+  // Backward: 0 and 4 were kept; 3 and 2 are prefetched at the root's use, 1 when 3 is used.
+  // Two reductions may be in flight.
+  EXPECT_EQ(second.backward[0], "gather 3,gather 2,use 0,grad 0");
+  EXPECT_EQ(second.backward[1], "use 4,grad 4,free 4,reduce 4");
+  EXPECT_EQ(second.backward[2], "gather 1,use-prefetched 3,grad 3,free 3,reduce 3");
+  EXPECT_EQ(second.backward[3],
+            "use-prefetched 2,grad 2,free 2,reduce 2,wait-reduce 4,land 4");
+}
+
+// Without prefetch, every gather happens at its use.
+TEST(UnitScheduleTest, NoPrefetchGathersAtUse) {
+  FakeExec e(3);
+  auto s = Make(&e, Opts(ShardingStrategy::kFullShard, 0, 4, 1), 3);
+  Step(s, e, 3);
+  const StepLog second = Step(s, e, 3);
+  EXPECT_THAT(second.forward,
+              ElementsAre("gather 0,use 0", "gather 1,use 1,free 1", "gather 2,use 2"));
+}
+
+// SHARD_GRAD_OP keeps every unit gathered from forward to the end of backward: nothing is
+// gathered in backward.
+TEST(UnitScheduleTest, ShardGradOpGathersOnlyInForward) {
+  FakeExec e(4);
+  auto s = Make(&e, Opts(ShardingStrategy::kShardGradOp, 1, 2, 1), 4);
+  Step(s, e, 4);
+  const StepLog second = Step(s, e, 4);
+  for (const std::string& b : second.backward) {
+    EXPECT_EQ(b.find("gather"), std::string::npos) << b;
+  }
+  EXPECT_EQ(second.forward[1], "gather 2,use-prefetched 1");  // no free after forward
+}
+
+// A shard group of one (NO_SHARD, or one rank): nothing is prefetched.
+TEST(UnitScheduleTest, NoShardNeverPrefetches) {
+  FakeExec e(3);
+  auto s = Make(&e, Opts(ShardingStrategy::kNoShard, 1, 1, 4), 3);
+  Step(s, e, 3);
+  const StepLog second = Step(s, e, 3);
+  EXPECT_THAT(second.forward, ElementsAre("gather 0,use 0", "gather 1,use 1", "gather 2,use 2"));
+}
+
+// HYBRID: a reduction goes on to the replica group. On a host backend it moves on when the
+// shard group's queue is over its limit; on a device at once (its streams order the work).
+TEST(UnitScheduleTest, HybridMovesReductionsToTheReplicas) {
+  FakeExec host(3);
+  auto s = Make(&host, Opts(ShardingStrategy::kHybridShard, 1, 2, 2), 3);
+  Step(s, host, 3);
+  const StepLog h = Step(s, host, 3);
+  EXPECT_EQ(h.backward[1], "use 2,grad 2,free 2,reduce 2");
+  EXPECT_EQ(h.backward[2],
+            "use-prefetched 1,grad 1,free 1,reduce 1,wait-reduce 2,replica-reduce 2");
+  EXPECT_EQ(h.finish,
+            "free 0,reduce 0,wait-reduce 1,replica-reduce 1,wait-reduce 2,land-replica 2,"
+            "replica-reduce 0,land-replica 1,land-replica 0");
+  FakeExec device(3, /*host=*/false);
+  auto d = Make(&device, Opts(ShardingStrategy::kHybridShard, 1, 2, 2), 3);
+  Step(d, device, 3);
+  const StepLog dl = Step(d, device, 3);
+  EXPECT_EQ(dl.backward[1], "use 2,grad 2,free 2,reduce 2,replica-reduce 2");
+}
+
+// no_sync: backward passes accumulate locally; the last one with sync reduces.
+TEST(UnitScheduleTest, AccumulationReducesOnlyWithSync) {
+  FakeExec e(3);
+  auto s = Make(&e, Opts(ShardingStrategy::kFullShard, 1, 2, 1), 3);
+  const StepLog local = Step(s, e, 3, /*sync=*/false);
+  for (const std::string& b : local.backward) {
+    EXPECT_EQ(b.find("reduce"), std::string::npos) << b;
+  }
+  EXPECT_TRUE(s.unsynced(0) && s.unsynced(1) && s.unsynced(2));
+  const StepLog synced = Step(s, e, 3);
+  EXPECT_FALSE(s.unsynced(0) || s.unsynced(1) || s.unsynced(2));
+  EXPECT_NE(synced.finish.find("land 0"), std::string::npos) << synced.finish;
+}
+
+// A single rank reduces nothing: the gradient lands in the shard at once.
+TEST(UnitScheduleTest, SingleRankAccumulatesAtOnce) {
+  FakeExec e(2);
+  e.set_single_rank();
+  auto s = Make(&e, Opts(ShardingStrategy::kFullShard, 1, 1, 1), 2);
+  const StepLog log = Step(s, e, 2);
+  EXPECT_EQ(log.backward[1], "gather 1,use 1,grad 1,free 1,accumulate 1");
+  EXPECT_EQ(s.reduction(1), Reduction::kNone);
+}
+
+// A forward without backward (evaluation) gives everything back and keeps the order.
+TEST(UnitScheduleTest, ForwardOnlyGivesEverythingBack) {
+  FakeExec e(3);
+  auto s = Make(&e, Opts(ShardingStrategy::kShardGradOp, 1, 2, 1), 3);
+  for (int u = 0; u < 3; ++u) {
+    ASSERT_TRUE(s.PreForward(u).ok());
+    s.PostForward(u);
+  }
+  e.Take();
+  s.FinishForwardOnly();
+  EXPECT_EQ(e.Take(), "free 0,free 1,free 2");
+  EXPECT_TRUE(s.forward_recorded());
+  for (int u = 0; u < 3; ++u) EXPECT_EQ(s.state(u), UnitState::kIdle);
+  ASSERT_TRUE(s.PreForward(0).ok());
+  EXPECT_EQ(e.Take(), "gather 0,gather 1,use 0");  // the recorded order prefetches
+}
+
+}  // namespace
+}  // namespace fsdp::internal
