@@ -5,8 +5,10 @@
 // memory peaks: how many reductions a rank holds depends on when they complete; the planner's
 // tests bound them.)
 //
-// Bits depend on the kernels the CPU runs (the ISA oneDNN and libfsdp dispatch to), so the
-// file records the platform it was made on, and a run on another is skipped, saying so.
+// Bits depend on the kernels the CPU runs (the ISA oneDNN and libfsdp dispatch to) and on the
+// build (type, compiler, -march=native, a sanitizer: the optimiser may contract or reorder
+// floating-point work differently), so the file records both, and a run on another platform or
+// build is skipped, saying so.
 // To write the file (from the binary before a change): FSDP_WRITE_GOLDEN=PATH.
 #include <cstdio>
 #include <cstdlib>
@@ -24,8 +26,8 @@
 #include "gtest/gtest.h"
 #include "tests/fsdp/parity_util.h"
 
-#ifndef FSDP_SOURCE_DIR
-#error "FSDP_SOURCE_DIR must be defined"
+#if !defined(FSDP_SOURCE_DIR) || !defined(FSDP_GOLDEN_BUILD)
+#error "FSDP_SOURCE_DIR and FSDP_GOLDEN_BUILD must be defined"
 #endif
 
 namespace fsdp::testing {
@@ -117,15 +119,15 @@ std::string Platform() {
   const char* isa = std::getenv("FSDP_CPU_ISA");
   if (isa != nullptr && std::string(isa) == "baseline") avx512 = false;
   return absl::StrCat("platform ", model, "; element-wise kernels ",
-                      avx512 ? "avx512" : "baseline", "\n");
+                      avx512 ? "avx512" : "baseline", "; build ", FSDP_GOLDEN_BUILD, "\n");
 }
 
 const std::string kGolden = std::string(FSDP_SOURCE_DIR) + "/tests/fsdp/golden/bitwise.txt";
 
 TEST(BitwiseGoldenTest, CpuResultsEqualTheRecordedOnes) {
-  std::string now = Platform();
-  for (const GoldenCase& c : Cases()) now += RunCase(c);
   if (const char* path = std::getenv("FSDP_WRITE_GOLDEN"); path != nullptr && *path != '\0') {
+    std::string now = Platform();
+    for (const GoldenCase& c : Cases()) now += RunCase(c);
     std::ofstream(path) << now;
     GTEST_SKIP() << "skipped: wrote " << path << " (FSDP_WRITE_GOLDEN)";
   }
@@ -134,13 +136,16 @@ TEST(BitwiseGoldenTest, CpuResultsEqualTheRecordedOnes) {
   std::stringstream golden;
   golden << in.rdbuf();
   const std::vector<std::string> want = absl::StrSplit(golden.str(), '\n');
-  const std::vector<std::string> got = absl::StrSplit(now, '\n');
   ASSERT_FALSE(want.empty());
-  if (want[0] + "\n" != Platform()) {
+  const std::string platform = Platform();
+  if (want[0] + "\n" != platform) {
     GTEST_SKIP() << "skipped: " << kGolden << " was recorded on '" << want[0]
-                 << "', and this run's kernels are '" << Platform().substr(0, Platform().size() - 1)
-                 << "': their bits differ";
+                 << "', and this run's kernels and build are '"
+                 << platform.substr(0, platform.size() - 1) << "': their bits differ";
   }
+  std::string now = platform;
+  for (const GoldenCase& c : Cases()) now += RunCase(c);
+  const std::vector<std::string> got = absl::StrSplit(now, '\n');
   ASSERT_EQ(got.size(), want.size()) << now;
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "line " << i + 1;
 }
