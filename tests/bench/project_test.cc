@@ -17,6 +17,7 @@
 #include "fsdp/bench.h"
 #include "gtest/gtest.h"
 #include "tests/bench/cli_util.h"
+#include "tests/sanitizer.h"
 
 namespace fsdp {
 namespace {
@@ -26,6 +27,7 @@ using testing::Ran;
 using testing::ExpectUsageError;
 using testing::RunCli;
 #endif
+using testing::UnderSanitizer;
 
 // Two blocks, every unit 400 f32 elements (divisible by 2 and 4: no padding), forward 2 s and
 // backward 3 s per block, optimizer 0.5 s, nothing else.
@@ -523,17 +525,6 @@ TEST(ProfileFromBench, IsTheMeasuredSplit) {
 }
 
 // ---- sizes: bounded work, or an error -------------------------------------------------------
-
-bool UnderSanitizer() {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  return true;
-#endif
-#endif
-  return false;
-}
 
 // Seconds ProjectStep takes, and its answer.
 double TimedProject(const StepProfile& p, const LinkSpec& l, const ProjectionRun& run,
