@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/fsdp/parity_util.h"
+#include "tests/sanitizer.h"
 
 namespace fsdp {
 namespace {
@@ -313,6 +314,13 @@ TEST(SimBackendTest, PrefetchOverlapsTheDeviceStreams) {
               100.0 * overlapped_ns[0] / std::max<int64_t>(1, gather_ns[0]));
   EXPECT_GT(gather_ns[1], 0) << "no all-gather on the device's communication stream";
   EXPECT_GE(overlapped_ns[1] * 2, gather_ns[1]) << "the device streams did not overlap";
+  if (testing::UnderSanitizer()) {
+    // Instrumented host code, not the simulated device, sets the step time here: the overlap
+    // above is checked, the step times are only printed.
+    std::printf("step times not compared under a sanitizer: the instrumented host threads, "
+                "not the simulated device, set them (the plain stage compares them)\n");
+    return;
+  }
   EXPECT_LT(step_ms[1], 0.9 * step_ms[0]) << "prefetch did not shorten the step";
 }
 
