@@ -291,8 +291,8 @@ void BM_AdamW(benchmark::State& state) {
   for (float& x : v) x = x * x;
   int64_t step = 1;
   for (auto _ : state) {
-    k::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                    step++);
+    k::adamw_update(p.data(), g.data(), m.data(), v.data(), n,
+                    fsdp::AdamWStepScalars(3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step++));
     benchmark::DoNotOptimize(p.data());
   }
   SetBytes(state, 7.0 * n * sizeof(float));

@@ -31,12 +31,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "fsdp/backend.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_gpt.h"
-#include "fsdp/sim_backend.h"
+#include "fsdp/registry.h"
 #include "fsdp/trace.h"
 
 namespace {
@@ -70,16 +71,12 @@ int Usage() {
 
 // The rank's backend: the CPU, or a sim device whose data plane carries the simulated link.
 absl::StatusOr<std::unique_ptr<fsdp::Backend>> MakeBackend(const Params& p, double link) {
+  fsdp::BackendOptions o = {{"threads", "1"}};
   if (p.backend == "sim") {
-    fsdp::SimBackendOptions o;
-    o.op_latency = absl::Microseconds(p.op_latency_us);
-    o.data_plane.link_bytes_per_second = link;
-    FSDP_ASSIGN_OR_RETURN(auto b, fsdp::SimBackend::Create(o));
-    return std::unique_ptr<fsdp::Backend>(std::move(b));
+    o["op_latency_us"] = absl::StrCat(p.op_latency_us);
+    o["link_bytes_per_second"] = absl::StrCat(link);
   }
-  FSDP_ASSIGN_OR_RETURN(auto b, fsdp::CpuBackend::Create({.num_threads = 1}));
-  b->BindCurrentThread();
-  return std::unique_ptr<fsdp::Backend>(std::move(b));
+  return fsdp::CreateBackend(p.backend, o);
 }
 
 Result Run(const Params& p, double link_bytes_per_second, bool prefetch, bool write_trace) {

@@ -46,13 +46,7 @@
 #include "fsdp/cpu_backend.h"
 #include "fsdp/files.h"
 #include "fsdp/plan.h"
-#include "fsdp/sim_backend.h"
-#ifdef FSDP_TRAIN_WITH_PJRT
-#include "backends/pjrt/pjrt_backend.h"
-#endif
-#ifdef FSDP_TRAIN_WITH_CUDA
-#include "backends/cuda/cuda_backend.h"
-#endif
+#include "fsdp/registry.h"
 #include "fsdp/local_world.h"
 #include "fsdp/mpi_world.h"
 #include "fsdp/nn/data.h"
@@ -162,12 +156,8 @@ struct Settings {
   fsdp::nn::ShardedModelOptions model;
   int micro_batches = 1, steps = 0, warmup = 0, log_every = 1, eval_every = 0, threads = 0;
   int ranks_on_host = 1;
-  bool sim = false;  // --backend=sim
-  bool pjrt = false;  // --backend=pjrt
-  bool cuda = false;  // --backend=cuda
-#ifdef FSDP_TRAIN_WITH_PJRT
-  std::shared_ptr<fsdp::pjrt::Client> pjrt_client;  // shared by the rank threads
-#endif
+  std::string backend = "cpu";          // --backend: a name in the registry
+  fsdp::BackendOptions backend_options;  // its options, from the flags
   int sample_tokens = 0, checkpoint_every = 0;
   Schedule schedule = Schedule::kCosine;
   float max_lr = 0, temperature = 0;
@@ -613,61 +603,6 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   s.seed = absl::GetFlag(FLAGS_seed);
   s.model.seed = s.seed;
 
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "cpu" && backend != "sim" && backend != "pjrt" && backend != "cuda") {
-    return BadFlag("backend", backend, "allowed: cpu, sim, pjrt or cuda");
-  }
-  s.sim = backend == "sim";
-  s.pjrt = backend == "pjrt";
-  s.cuda = backend == "cuda";
-  if (s.cuda) {
-#ifdef FSDP_TRAIN_WITH_CUDA
-    const std::string why = fsdp::CudaUnavailableReason();
-    if (!why.empty()) return BadFlag("backend", backend, why);
-#else
-    return BadFlag("backend", backend,
-                   "this build has no CUDA backend (it needs the CUDA toolkit and NCCL, "
-                   "FSDP_WITH_CUDA=ON, and no sanitizer)");
-#endif
-  }
-  if ((s.sim || s.pjrt) && !ranks_share_process) {
-    return BadFlag("backend", backend,
-                   absl::StrCat("the ", backend, " backend connects ranks as threads of one "
-                                "process, not under mpirun"));
-  }
-  const std::string plugin = absl::GetFlag(FLAGS_pjrt_plugin);
-  if (!plugin.empty() && !s.pjrt) {
-    return BadFlag("pjrt_plugin", plugin, "only with --backend pjrt");
-  }
-  if (s.pjrt) {
-#ifdef FSDP_TRAIN_WITH_PJRT
-    // One client for the process, a device per rank. The XLA CPU plugin makes as many devices
-    // as it is asked for; an accelerator plugin has its chips.
-    fsdp::pjrt::PjrtClientOptions o;
-    o.plugin_path = plugin;
-    const char* env = std::getenv(fsdp::pjrt::kPluginEnv);
-    const std::string path = !plugin.empty() ? plugin : env != nullptr ? env : "";
-    if (absl::StrContains(std::filesystem::path(path).filename().string(), "cpu")) {
-      o.create_options["cpu_device_count"] = int64_t{world_size};
-    }
-    auto client = fsdp::pjrt::Client::Create(o);
-    if (!client.ok()) {
-      return BadFlag("pjrt_plugin", path.empty() ? "(none)" : path,
-                     std::string(client.status().message()));
-    }
-    if ((*client)->num_devices() < world_size) {
-      return BadFlag("ranks", world_size,
-                     absl::StrCat("the PJRT plugin ", path, " has ", (*client)->num_devices(),
-                                  " device(s): at most that many ranks"));
-    }
-    s.pjrt_client = *std::move(client);
-#else
-    return BadFlag("backend", backend,
-                   "this build has no PJRT backend (configure with FSDP_WITH_PJRT=ON after "
-                   "scripts/fetch_pjrt_plugin.sh <build>/pjrt)");
-#endif
-  }
-
   // Threads per rank: never more than this process may use.
   const int hw = fsdp::HardwareThreads();
   s.threads = absl::GetFlag(FLAGS_threads);
@@ -684,6 +619,39 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
         " threads on ", hw, " hardware threads: the ranks compete for the cores and every "
         "step is slower",
         s.threads > 0 ? "; use --threads 0 (automatic)" : "; use fewer --ranks"));
+  }
+
+  // The backend, from the registry: it exists in this build, can run here, and gives each
+  // rank of this process one (a PJRT plugin's devices).
+  s.backend = absl::GetFlag(FLAGS_backend);
+  const std::string plugin = absl::GetFlag(FLAGS_pjrt_plugin);
+  if (!plugin.empty() && s.backend != "pjrt") {
+    return BadFlag("pjrt_plugin", plugin, "only with --backend pjrt");
+  }
+  if (s.device_memory_bytes > 0) {
+    s.backend_options["memory_limit_bytes"] = absl::StrCat(s.device_memory_bytes);
+  }
+  if (s.backend == "cpu" || s.backend == "sim") {
+    s.backend_options["threads"] = absl::StrCat(s.threads);
+    s.backend_options["ranks_sharing_cores"] = absl::StrCat(ranks_on_host);
+  }
+  if (s.backend == "pjrt") {
+    if (!plugin.empty()) s.backend_options["plugin"] = plugin;
+    // The XLA CPU plugin makes as many devices as it is asked for; an accelerator has its chips.
+    const char* env = std::getenv("FSDP_PJRT_PLUGIN");
+    const std::string path = !plugin.empty() ? plugin : env != nullptr ? env : "";
+    if (absl::StrContains(std::filesystem::path(path).filename().string(), "cpu")) {
+      s.backend_options["devices"] = absl::StrCat(std::max(1, world_size));
+    }
+  }
+  if (absl::Status ok = fsdp::CheckBackend(s.backend, s.backend_options, world_size,
+                                           ranks_share_process);
+      !ok.ok()) {
+    const bool about_plugin = s.backend == "pjrt" && !plugin.empty() &&
+                              absl::StrContains(ok.message(), "plugin");
+    return absl::Status(ok.code(), absl::StrCat("--", about_plugin ? "pjrt_plugin" : "backend", "=",
+                                                about_plugin ? plugin : s.backend, ": ",
+                                                ok.message()));
   }
 
   // The data: read once, both splits large enough for one sequence.
@@ -748,7 +716,7 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   if (rank == 0) {  // rank 0 holds the lock, cleans up, saves the metadata and exports
     FSDP_RETURN_IF_ERROR(PrepareOutputs(s, world_size, path));
   }
-  FSDP_RETURN_IF_ERROR(CheckFitsMemory(s, world_size, backend));
+  FSDP_RETURN_IF_ERROR(CheckFitsMemory(s, world_size, s.backend));
   return s;
 }
 
@@ -851,35 +819,8 @@ absl::Status InTrainGptTerms(const absl::Status& s) {
 // Everything one rank does. Rank 0 prints.
 absl::Status RunRank(Communicator& world, const Settings& s) {
   const bool lead = world.rank() == 0;
-  std::unique_ptr<fsdp::Backend> backend;
-  int threads = 0;  // of this rank's kernels
-  if (s.sim) {
-    fsdp::SimBackendOptions o;
-    o.num_threads = std::max(1, s.threads > 0 ? s.threads
-                                              : fsdp::HardwareThreads() / s.ranks_on_host);
-    o.memory_limit_bytes = s.device_memory_bytes;
-    FSDP_ASSIGN_OR_RETURN(backend, fsdp::SimBackend::Create(o));
-    threads = o.num_threads;
-  } else if (s.pjrt) {
-#ifdef FSDP_TRAIN_WITH_PJRT
-    FSDP_ASSIGN_OR_RETURN(backend, fsdp::PjrtBackend::Create(s.pjrt_client, world.rank()));
-#endif
-  } else if (s.cuda) {
-#ifdef FSDP_TRAIN_WITH_CUDA
-    FSDP_ASSIGN_OR_RETURN(backend,
-                          fsdp::CudaBackend::Create(
-                              {.device = world.rank() % std::max(1, fsdp::CudaDeviceCount()),
-                               .memory_limit_bytes = s.device_memory_bytes}));
-#endif
-  } else {
-    FSDP_ASSIGN_OR_RETURN(auto cpu,
-                          fsdp::CpuBackend::Create({.num_threads = s.threads,
-                                                    .ranks_sharing_cores = s.ranks_on_host,
-                                                    .memory_limit_bytes = s.device_memory_bytes}));
-    cpu->BindCurrentThread();
-    threads = cpu->num_threads();
-    backend = std::move(cpu);
-  }
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<fsdp::Backend> backend,
+                        fsdp::CreateBackend(s.backend, s.backend_options, world.rank()));
   const int B = s.model.batch_size, T = s.model.seq_len, N = world.size();
   // Each micro-batch is one loader step, so the data order is that of B*N-row batches.
   FSDP_ASSIGN_OR_RETURN(auto train, fsdp::nn::DataLoader::Create(
@@ -996,20 +937,7 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
             ? absl::StrCat("H=", s.config.gpt().num_heads)
             : absl::StrCat("H=", s.config.llama().num_heads, " Hkv=", s.config.llama().num_kv_heads,
                            " F=", s.config.llama().mlp_hidden);
-    std::string device =
-        absl::StrCat(std::string(backend->name()), " backend, ", threads, " threads per rank");
-#ifdef FSDP_TRAIN_WITH_CUDA
-    if (s.cuda) {
-      device = absl::StrCat("cuda backend, ", fsdp::CudaDeviceCount(), " GPU(s), rank r on GPU r mod ",
-                            fsdp::CudaDeviceCount());
-    }
-#endif
-#ifdef FSDP_TRAIN_WITH_PJRT
-    if (s.pjrt) {  // the plugin runs the programs on its own threads
-      device = absl::StrCat("pjrt backend, a ", s.pjrt_client->platform_name(),
-                            " device per rank");
-    }
-#endif
+    const std::string device = "rank 0: " + backend->description();
     std::printf("train_gpt: %s %s L=%d %s C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
                 "%d units | batch %d x %d per step | %d steps, lr %.2e %s, warmup %d | "
                 "%s%s\n",

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "fsdp/cpu_backend.h"
+#include "fsdp/registry.h"
 #include "fsdp/sim_backend.h"
 #ifdef FSDP_TEST_PJRT
 #include "backends/pjrt/pjrt_backend.h"
@@ -68,72 +69,44 @@ inline std::string CudaUnavailable() {
 #endif
 }
 
-#ifdef FSDP_TEST_PJRT
-// One client per process, kPjrtTestDevices CPU devices, shared by every rank's backend.
-inline absl::StatusOr<std::shared_ptr<pjrt::Client>> PjrtTestClient() {
-  static std::mutex mu;
-  static std::shared_ptr<pjrt::Client>* client = nullptr;
-  std::lock_guard<std::mutex> lock(mu);
-  if (client == nullptr) {
-    pjrt::PjrtClientOptions o;
-    o.plugin_path = PjrtTestPlugin();
-    o.create_options["cpu_device_count"] = int64_t{kPjrtTestDevices};
-    FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> c, pjrt::Client::Create(o));
-    client = new std::shared_ptr<pjrt::Client>(std::move(c));
-  }
-  return *client;
-}
-#endif
-
-// A backend of the test's kind for one rank, its kernels on `threads` threads (bound to the
-// calling thread on the CPU; a sim device's compute stream uses them). On pjrt, every rank
-// gets a device of the process's client: `device`, or (< 0) the calling thread's, taken in
-// turn by the threads that ask, so the ranks of a test, each a new thread, get distinct ones.
+// A backend of the test's kind for one rank, from the registry (fsdp/registry.h), its kernels on
+// `threads` threads (bound to the calling thread on the CPU; a sim device's compute stream uses
+// them). On pjrt, every rank gets a device of the process's client of kPjrtTestDevices devices:
+// `device`, or (< 0) the calling thread's, taken in turn by the threads that ask, so the ranks of
+// a test, each a new thread, get distinct ones. On cuda every rank takes `device` (default 0).
 inline absl::StatusOr<std::unique_ptr<Backend>> MakeTestBackend(
     int threads, int64_t memory_limit = 0, const std::string& name = TestBackendName(),
     int device = -1) {
+  BackendOptions o;
+  if (memory_limit != 0) o["memory_limit_bytes"] = std::to_string(memory_limit);
+  if (name == "cpu" || name == "sim") o["threads"] = std::to_string(threads);
+  if (name == "sim") {
+    // Every collective lands a while after the compute stream could have run on: work that
+    // reads its result without waiting for its event reads stale memory, and the suites fail.
+    o["link_latency_us"] = "300";
+  }
   if (name == "pjrt") {
-#ifdef FSDP_TEST_PJRT
+    const std::string why = PjrtUnavailable();
+    if (!why.empty()) return absl::FailedPreconditionError(why);
     if (device < 0) {
       static std::atomic<int> next{0};
       thread_local const int mine = next.fetch_add(1) % kPjrtTestDevices;
       device = mine;
     }
-    FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> client, PjrtTestClient());
-    FSDP_ASSIGN_OR_RETURN(auto b, PjrtBackend::Create(std::move(client), device,
-                                                      {.memory_limit_bytes = memory_limit}));
-    return std::unique_ptr<Backend>(std::move(b));
-#else
-    return absl::FailedPreconditionError(PjrtUnavailable());
-#endif
+    o["plugin"] = PjrtTestPlugin();
+    o["devices"] = std::to_string(kPjrtTestDevices);
+    o["device"] = std::to_string(device);
   }
   if (name == "cuda") {
-#ifdef FSDP_TEST_CUDA
-    FSDP_ASSIGN_OR_RETURN(auto b, CudaBackend::Create({.device = device < 0 ? 0 : device,
-                                                       .memory_limit_bytes = memory_limit}));
-    return std::unique_ptr<Backend>(std::move(b));
-#else
-    return absl::FailedPreconditionError(CudaUnavailable());
-#endif
+    const std::string why = CudaUnavailable();
+    if (!why.empty()) return absl::FailedPreconditionError(why);
+    o["device"] = std::to_string(device < 0 ? 0 : device);
   }
-  if (name == "sim") {
-    SimBackendOptions options;
-    options.num_threads = threads;
-    options.memory_limit_bytes = memory_limit;
-    // Every collective lands a while after the compute stream could have run on: work that
-    // reads its result without waiting for its event reads stale memory, and the suites fail.
-    options.data_plane.link_latency = absl::Microseconds(300);
-    FSDP_ASSIGN_OR_RETURN(auto b, SimBackend::Create(options));
-    return std::unique_ptr<Backend>(std::move(b));
+  if (name != "cpu" && name != "sim" && name != "pjrt" && name != "cuda") {
+    return absl::InvalidArgumentError("FSDP_TEST_BACKEND must be cpu, sim, pjrt or cuda, got '" +
+                                      name + "'; this program has: " + BackendNames());
   }
-  if (name != "cpu") {
-    return absl::InvalidArgumentError("FSDP_TEST_BACKEND must be cpu, sim, pjrt or cuda, got '" + name +
-                                      "'");
-  }
-  FSDP_ASSIGN_OR_RETURN(auto b, CpuBackend::Create({.num_threads = threads,
-                                                    .memory_limit_bytes = memory_limit}));
-  b->BindCurrentThread();
-  return std::unique_ptr<Backend>(std::move(b));
+  return CreateBackend(name, o);
 }
 
 // The bytes of a device view, on the host.

@@ -82,6 +82,10 @@ CpuBackend::CpuBackend(int num_threads, int64_t limit)
 
 CpuBackend::~CpuBackend() = default;
 
+std::string CpuBackend::description() const {
+  return absl::StrCat("cpu backend, ", num_threads_, num_threads_ == 1 ? " thread" : " threads");
+}
+
 absl::StatusOr<Allocation> CpuBackend::Allocate(size_t bytes) {
   if (bytes == 0) return Allocation{};
   const auto n = static_cast<int64_t>(bytes);
@@ -151,7 +155,8 @@ Event CpuBackend::Record(Stream) { return Event(); }
 
 absl::Status CpuBackend::Wait(Stream, const Event& e) { return e.Wait(); }
 
-Ops& CpuBackend::ops() { return *ops_; }
+RuntimeOps& CpuBackend::runtime_ops() { return *ops_; }
+Ops* CpuBackend::model_ops() { return ops_.get(); }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> CpuBackend::CreateDataPlane(Communicator& group) {
   return MakeHostDataPlane(this, group);

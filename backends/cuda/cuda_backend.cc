@@ -362,6 +362,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
 
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+std::string CudaBackend::description() const {
+  return absl::StrCat("cuda backend, GPU ", impl_->device, " of ", CudaDeviceCount());
+}
+
 CudaBackend::~CudaBackend() {
   (void)impl_->Use();
   for (cudaStream_t s : impl_->streams) {
@@ -507,7 +511,8 @@ absl::Status CudaBackend::Wait(Stream s, const Event& e) {
   return impl_->failure->Get();
 }
 
-Ops& CudaBackend::ops() { return *impl_->ops; }
+RuntimeOps& CudaBackend::runtime_ops() { return *impl_->ops; }
+Ops* CudaBackend::model_ops() { return impl_->ops.get(); }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> CudaBackend::CreateDataPlane(Communicator& group) {
   return cuda_internal::CreateCudaDataPlane(*this, group);

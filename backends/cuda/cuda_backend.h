@@ -54,6 +54,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
+  std::string description() const override;
   bool is_host() const override { return false; }
   absl::StatusOr<Allocation> Allocate(size_t bytes) override;
   void Free(const Allocation& allocation) override;
@@ -64,7 +65,8 @@ class CudaBackend final : public Backend {
   absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
   Event Record(Stream s) override;
   absl::Status Wait(Stream s, const Event& e) override;
-  Ops& ops() override;
+  RuntimeOps& runtime_ops() override;
+  Ops* model_ops() override;
   absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) override;
 
   int device() const;

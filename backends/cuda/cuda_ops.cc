@@ -264,11 +264,9 @@ class CudaOps final : public Ops {
   }
 
   // ---- optimizers ------------------------------------------------------------------------------
-  void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int64_t step) override {
+  void AdamW(Stream s, View param, View grad, View m, View v, const AdamWScalars& c) override {
     if (!Begin(__func__, s, {param, grad, m, v})) return;
-    k::adamw_update(stream(s), F32(param), F32(grad), F32(m), F32(v), param.count, lr, beta1,
-                    beta2, eps, weight_decay, step);
+    k::adamw_update(stream(s), F32(param), F32(grad), F32(m), F32(v), param.count, c);
     End(__func__);
   }
   void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,

@@ -13,7 +13,7 @@
 #include "collectives/reduce.h"
 #include "fsdp/kernels_cpu.h"
 #include "fsdp/ops.h"
-#include "fsdp/optim.h"
+#include "fsdp/optim_scalars.h"
 
 namespace fsdp::internal {
 
@@ -229,14 +229,11 @@ class HostOps final : public Ops {
                           static_cast<int>(srcs.size()));
     });
   }
-  void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int64_t step) override {
+  void AdamW(Stream s, View param, View grad, View m, View v, const AdamWScalars& k) override {
     float *p = F32(param), *mm = F32(m), *vv = F32(v);
     const float* g = F32(grad);
     const int64_t n = param.count;
-    exec_->Run(s, __func__, [=] {
-      kernels::cpu::adamw_update(p, g, mm, vv, n, lr, beta1, beta2, eps, weight_decay, step);
-    });
+    exec_->Run(s, __func__, [=] { kernels::cpu::adamw_update(p, g, mm, vv, n, k); });
   }
   void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
            float dampening, float weight_decay, bool nesterov, bool first_step) override {

@@ -470,6 +470,11 @@ PjrtBackend::PjrtBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
   impl_->backend = this;
 }
 
+std::string PjrtBackend::description() const {
+  return absl::StrCat("pjrt backend, ", impl_->client->platform_name(), " device ", impl_->device,
+                      " of ", impl_->client->num_devices());
+}
+
 PjrtBackend::~PjrtBackend() {
   impl_->compute.reset();  // drain, then stop
   impl_->comm.reset();
@@ -647,7 +652,8 @@ absl::Status PjrtBackend::Wait(Stream s, const Event& e) {
   return absl::OkStatus();
 }
 
-Ops& PjrtBackend::ops() { return *impl_->ops; }
+RuntimeOps& PjrtBackend::runtime_ops() { return *impl_->ops; }
+Ops* PjrtBackend::model_ops() { return impl_->ops.get(); }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communicator& group) {
   // The ranks must be threads of this process on distinct devices of the same client.

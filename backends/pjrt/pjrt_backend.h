@@ -46,6 +46,7 @@ class PjrtBackend final : public Backend {
   ~PjrtBackend() override;
 
   std::string_view name() const override { return "pjrt"; }
+  std::string description() const override;
   bool is_host() const override { return false; }
   absl::StatusOr<Allocation> Allocate(size_t bytes) override;
   void Free(const Allocation& allocation) override;
@@ -56,7 +57,8 @@ class PjrtBackend final : public Backend {
   absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
   Event Record(Stream s) override;
   absl::Status Wait(Stream s, const Event& e) override;
-  Ops& ops() override;
+  RuntimeOps& runtime_ops() override;
+  Ops* model_ops() override;
   absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) override;
 
   pjrt::Client& client() const;

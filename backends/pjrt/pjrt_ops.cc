@@ -446,25 +446,19 @@ class PjrtOps final : public Ops {
     launch_(s, std::move(p));
   }
 
-  void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int64_t step) override {
+  void AdamW(Stream s, View param, View grad, View m, View v, const AdamWScalars& k) override {
     const int64_t n = param.count;
     if (n == 0) return;
-    // The scalars as the CPU kernel computes them (kernels/cpu/optimizers.cc).
-    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
-    const auto decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-    const auto step_size = static_cast<float>(lr / bc1);
-    const auto inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
     auto p = New("adamw");
     const Value g = p->Load(grad, {n});
     const auto S = [&](float x) { return Bcast(*p, p->Scalar(x), g); };
-    const Value mi = p->Add(p->Mul(S(beta1), p->Load(m, {n})), p->Mul(S(1.0f - beta1), g));
+    const Value mi =
+        p->Add(p->Mul(S(k.beta1), p->Load(m, {n})), p->Mul(S(k.one_minus_beta1), g));
     const Value vi =
-        p->Add(p->Mul(S(beta2), p->Load(v, {n})), p->Mul(p->Mul(S(1.0f - beta2), g), g));
-    const Value denom = p->Add(p->Mul(p->Unary("sqrt", vi), S(inv_bc2_sqrt)), S(eps));
-    const Value np =
-        p->Sub(p->Mul(p->Load(param, {n}), S(decay)), p->Div(p->Mul(S(step_size), mi), denom));
+        p->Add(p->Mul(S(k.beta2), p->Load(v, {n})), p->Mul(p->Mul(S(k.one_minus_beta2), g), g));
+    const Value denom = p->Add(p->Mul(p->Unary("sqrt", vi), S(k.inv_bc2_sqrt)), S(k.eps));
+    const Value np = p->Sub(p->Mul(p->Load(param, {n}), S(k.decay)),
+                            p->Div(p->Mul(S(k.step_size), mi), denom));
     p->Store(m, mi);
     p->Store(v, vi);
     p->Store(param, np);
@@ -530,7 +524,7 @@ class PjrtOps final : public Ops {
       }
     }
     p->Store(total_sq.Slice(0, 1), sum);
-    // ClipCoefficient(sqrt(sum) / k, max_norm) / k (src/fsdp/optim.cc).
+    // ClipCoefficient(sqrt(sum) / k, max_norm) / k (fsdp/optim_scalars.h).
     const Value kk = p->Scalar(k, "f64");
     const Value mn = p->Scalar(max_norm, "f64");
     const Value norm = p->Div(p->Unary("sqrt", sum), kk);

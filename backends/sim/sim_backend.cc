@@ -364,6 +364,11 @@ absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions
 
 SimBackend::SimBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+std::string SimBackend::description() const {
+  return absl::StrCat("sim backend, ", impl_->options.num_threads,
+                      impl_->options.num_threads == 1 ? " thread" : " threads");
+}
+
 SimBackend::~SimBackend() {
   // The streams drain their queues before their workers stop.
   impl_->compute.reset();
@@ -500,7 +505,8 @@ absl::Status SimBackend::Wait(Stream s, const Event& e) {
   return absl::OkStatus();
 }
 
-Ops& SimBackend::ops() { return *impl_->ops; }
+RuntimeOps& SimBackend::runtime_ops() { return *impl_->ops; }
+Ops* SimBackend::model_ops() { return impl_->ops.get(); }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> SimBackend::CreateDataPlane(Communicator& group) {
   // The ranks of the group find each other by their backends' ids: they must be threads of

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "fsdp/dtype.h"
@@ -34,6 +35,7 @@ class Backend;
 class Communicator;
 class DataPlane;
 class Ops;
+class RuntimeOps;
 
 // The streams of a rank's device.
 enum class Stream : uint8_t { kCompute = 0, kComm = 1 };
@@ -145,6 +147,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // One line for logs: the backend and what it runs on ("cpu backend, 2 threads").
+  virtual std::string description() const { return std::string(name()) + " backend"; }
   // True when a buffer's bytes are host memory that the calling thread may read and write
   // directly (Buffer::data(), View::host()), and work on the streams runs synchronously.
   virtual bool is_host() const = 0;
@@ -181,7 +185,14 @@ class Backend {
   absl::Status Synchronize();
 
   // ---- compute and communication -------------------------------------------------------------
-  virtual Ops& ops() = 0;
+  // The runtime's ops (fsdp/ops.h RuntimeOps): every backend has them.
+  virtual RuntimeOps& runtime_ops() = 0;
+  // The bundled models' layers as well (fsdp/ops.h Ops; supports_op says which), or nullptr:
+  // a runtime-only backend, which trains a framework's own model through the hooks.
+  virtual Ops* model_ops() { return nullptr; }
+  // model_ops() of a backend that has them. On a runtime-only backend it aborts with a message:
+  // a program error, which the bundled models rule out by checking model_ops() at creation.
+  Ops& ops();
   // The data plane of `group` (a host communicator of the same ranks, each with a backend of
   // this kind): collectives on this backend's memory. Collective over `group`.
   virtual absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) = 0;

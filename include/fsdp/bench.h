@@ -21,13 +21,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "fsdp/backend.h"
 #include "fsdp/communicator.h"
 #include "fsdp/dtype.h"
 #include "fsdp/nn/model_config.h"
+#include "fsdp/registry.h"
 #include "fsdp/sharding.h"
 #include "fsdp/status.h"
 
@@ -62,6 +66,11 @@ struct BenchConfig {
   // The GEMM peak per core in GFLOP/s for MFU; 0 = measured in this run (PeakGflopsPerCore).
   double peak_gflops_per_core = 0;
   std::string peak_kind = "given";  // what the given peak is (BenchResult::peak_kind)
+  // The backend, by name from the registry (fsdp/registry.h), and its options (RunBench(config)
+  // and RunBench(config, world); the overloads with a factory ignore them). MFU is against the
+  // host CPU's GEMM peak, which is what the cpu and sim backends compute on.
+  std::string backend = "cpu";
+  BackendOptions backend_options;
 };
 
 // The GEMM peak of one core, as MODEL_SPEC.md "Figures" defines MFU's peak: oneDNN GEMM
@@ -158,11 +167,24 @@ struct BenchResult {
          after_blocks_s = 0, after_optimizer_s = 0;
 };
 
-// Runs the config with config.world_size ranks as threads of this process (LocalWorld).
+// Makes the backend of `rank`, on the thread that runs the rank.
+using BenchBackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(int rank)>;
+
+// Collective over `world`: every rank calls it with the same config and its backend factory;
+// every rank gets the same result. The communicator's own options (link, timeout) apply;
+// config.world_size is ignored.
+absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world,
+                                     const BenchBackendFactory& make_backend);
+// The same with config.world_size ranks as threads of this process (LocalWorld, config.link).
+absl::StatusOr<BenchResult> RunBench(const BenchConfig& config,
+                                     const BenchBackendFactory& make_backend);
+// Both with config.backend from the registry (RegistryBenchBackend).
 absl::StatusOr<BenchResult> RunBench(const BenchConfig& config);
-// Collective over `world`: every rank calls it with the same config; every rank gets the same
-// result. The communicator's own options (link, timeout) apply; config.world_size is ignored.
 absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world);
+// The factory of config.backend with config.backend_options, to which it adds, for cpu and sim
+// unless given, "threads" (config.threads_per_rank) and "ranks_sharing_cores"
+// (`ranks_sharing_cores`: the ranks on this host).
+BenchBackendFactory RegistryBenchBackend(const BenchConfig& config, int ranks_sharing_cores);
 
 // Weak-scaling efficiency for every result that has a 1-rank run of the same configuration
 // (model, B, T, dtypes, checkpointing, prefetch, threads per rank, pass; the same strategy

@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }
+  std::string description() const override;
   bool is_host() const override { return true; }
   absl::StatusOr<Allocation> Allocate(size_t bytes) override;
   void Free(const Allocation& allocation) override;
@@ -40,7 +41,8 @@ class CpuBackend final : public Backend {
   absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
   Event Record(Stream s) override;
   absl::Status Wait(Stream s, const Event& e) override;
-  Ops& ops() override;
+  RuntimeOps& runtime_ops() override;
+  Ops* model_ops() override;
   absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) override;
 
   int num_threads() const { return num_threads_; }

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "fsdp/dtype.h"
+#include "fsdp/optim_scalars.h"
 
 namespace fsdp::kernels::cpu {
 
@@ -130,8 +131,9 @@ void cast_f16_to_f32(float* out, const uint16_t* in, int64_t n);
 // ---- Optimizer element-wise updates (MODEL_SPEC.md; PyTorch semantics) ---------------------
 // AdamW, step >= 1:  p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //                    p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+// with the step's scalars from AdamWStepScalars (fsdp/optim_scalars.h).
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                  const AdamWScalars& k);
 // SGD with momentum (torch.optim.SGD): g' = g + wd*p; buf = g' on the first step, else
 // buf = momentum*buf + (1-dampening)*g'; d = nesterov ? g' + momentum*buf : buf; p -= lr*d.
 // momentum_buf may be nullptr when momentum == 0.

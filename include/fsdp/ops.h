@@ -1,5 +1,6 @@
-// The op table of a backend: the compute the runtime and the bundled models issue, on device
-// memory, in stream order. Every op takes the stream it runs on and Views; semantics are those
+// The op tables of a backend: the compute the runtime (RuntimeOps, which every backend has) and
+// the bundled models (Ops, optional: Backend::model_ops) issue, on device memory, in stream
+// order. Every op takes the stream it runs on and Views; semantics are those
 // of the CPU reference kernels (fsdp/kernels_cpu.h), which every backend is tested against op
 // by op (tests/backends/op_conformance_test.cc). Coarse on purpose (whole layers), so that a
 // backend running compiled programs can implement an op as one program.
@@ -13,15 +14,76 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "fsdp/backend.h"
 #include "fsdp/collective_types.h"
+#include "fsdp/optim_scalars.h"
 
 namespace fsdp {
 
-class Ops {
+// The runtime's ops: all the sharding runtime issues (casts for mixed precision, gradient
+// accumulation, the global norm and clipping, the optimizer update). Every backend implements
+// them; a runtime-only backend implements only these and trains a framework's own model
+// through the hooks.
+class RuntimeOps {
  public:
-  virtual ~Ops() = default;
+  virtual ~RuntimeOps() = default;
+
+  // out = in converted between f32 and bf16 / f16 (round to nearest even), by the views' dtypes.
+  virtual void Cast(Stream s, View out, View in) = 0;
+  virtual void Add(Stream s, View out, View a, View b) = 0;  // out = a + b (may alias)
+  // x *= factor[0] (a f32 scalar on the device).
+  virtual void ScaleBy(Stream s, View x, View factor) = 0;
+
+  // ---- optimizers over a flat shard (MODEL_SPEC.md; PyTorch semantics) ----------------------
+  // One AdamW step with the step's scalars (AdamWStepScalars, fsdp/optim_scalars.h).
+  virtual void AdamW(Stream s, View param, View grad, View m, View v, const AdamWScalars& k) = 0;
+  // momentum_buf may be empty when momentum == 0.
+  virtual void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
+                   float dampening, float weight_decay, bool nesterov, bool first_step) = 0;
+
+  // ---- reductions into device scalars -------------------------------------------------------
+  // out[0] (f64) += sum of x^2 over f32 x, accumulated in double.
+  virtual void SumSquares(Stream s, View out, View x) = 0;
+  // out (f32 pair) = the f64 in[0] as hi + lo: hi = float(in), lo = float(in - hi).
+  virtual void SplitF64(Stream s, View out, View in) = 0;
+  // The global gradient norm and the clip factor from the shard group's partial sums of
+  // squares (partials: n f32 pairs from SplitF64, one per rank, gathered in rank order):
+  // total_sq[0] (f64) = the sum over ranks, added in rank order in double;
+  // factor[0] (f32) = ClipCoefficient(sqrt(total_sq) / k, max_norm) / k (1/k without
+  // clipping, max_norm <= 0), where k undoes the accumulation and loss scaling.
+  virtual void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
+                              float max_norm) = 0;
+};
+
+// The layers of the bundled models (MODEL_SPEC.md) and the other ops they use, grouped as a
+// backend says which it supports (Ops::supports_op), as ggml's supports_op does.
+enum class ModelOp : uint8_t {
+  kMatmul,               // MatmulForward / MatmulBackward
+  kLayernorm,            // LayernormForward / Backward
+  kGelu,                 // GeluForward / Backward
+  kAttention,            // AttentionForward / Backward
+  kGqaAttention,         // GqaAttentionForward / Backward
+  kRmsnorm,              // RmsnormForward / Backward
+  kRope,                 // RopeForward / Backward
+  kSwiglu,               // SwigluForward / Backward
+  kSoftmaxCrossEntropy,  // SoftmaxCrossEntropyForward / Backward
+  kEmbedding,            // EmbeddingForward / Backward
+  kElementwise,          // AddBackward, Scale, Reduce, Mean
+};
+inline constexpr int kNumModelOps = 11;
+std::string_view ModelOpName(ModelOp op);  // "matmul", "layernorm", ...
+
+// The op table of a backend that runs the bundled models: the runtime's ops and the layers.
+class Ops : public RuntimeOps {
+ public:
+  // Whether this backend implements `op` (a backend may leave out, say, the Llama layers). The
+  // bundled models check the ops they use when they are created.
+  virtual bool supports_op(ModelOp op) const {
+    (void)op;
+    return true;
+  }
 
   // ---- Linear: out[M,N] = inp[M,K] . weight[N,K]^T + bias[N] --------------------------------
   // weight and bias are f32, or bf16 / f16 (mixed-precision compute: inp and dout are rounded
@@ -85,38 +147,13 @@ class Ops {
                                  int64_t C) = 0;
 
   // ---- element-wise (n = out.count) ---------------------------------------------------------
-  virtual void Add(Stream s, View out, View a, View b) = 0;  // out = a + b (may alias)
   virtual void AddBackward(Stream s, View da, View db, View dout) = 0;  // da += dout; db += dout
-  // out = in converted between f32 and bf16 / f16 (round to nearest even), by the views' dtypes.
-  virtual void Cast(Stream s, View out, View in) = 0;
   virtual void Scale(Stream s, View x, float factor) = 0;  // x *= factor
-  // x *= factor[0] (a f32 scalar on the device).
-  virtual void ScaleBy(Stream s, View x, View factor) = 0;
   // out = ins[0] op ins[1] op ... in order, in f32, rounded once to out's dtype; kAvg divides
   // the sum by ins.size(). out may be one of the inputs. f32, bf16, f16. (The device data plane
   // of a backend can reduce its peers' buffers with it.)
   virtual void Reduce(Stream s, View out, std::span<const View> ins, ReduceOp op) = 0;
-
-  // ---- optimizers over a flat shard (MODEL_SPEC.md; PyTorch semantics) ----------------------
-  virtual void AdamW(Stream s, View param, View grad, View m, View v, float lr, float beta1,
-                     float beta2, float eps, float weight_decay, int64_t step) = 0;
-  // momentum_buf may be empty when momentum == 0.
-  virtual void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
-                   float dampening, float weight_decay, bool nesterov, bool first_step) = 0;
-
-  // ---- reductions into device scalars -------------------------------------------------------
-  // out[0] (f64) += sum of x^2 over f32 x, accumulated in double.
-  virtual void SumSquares(Stream s, View out, View x) = 0;
-  // out (f32 pair) = the f64 in[0] as hi + lo: hi = float(in), lo = float(in - hi).
-  virtual void SplitF64(Stream s, View out, View in) = 0;
-  // The global gradient norm and the clip factor from the shard group's partial sums of
-  // squares (partials: n f32 pairs from SplitF64, one per rank, gathered in rank order):
-  // total_sq[0] (f64) = the sum over ranks, added in rank order in double;
-  // factor[0] (f32) = ClipCoefficient(sqrt(total_sq) / k, max_norm) / k (1/k without
-  // clipping, max_norm <= 0), where k undoes the accumulation and loss scaling.
-  virtual void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
-                              float max_norm) = 0;
-  // out[0] (f32) = mean of x (f32), summed in double.
+  // out[0] (f32) = mean of x (f32), summed in double (a device scalar).
   virtual void Mean(Stream s, View out, View x) = 0;
 };
 

@@ -148,8 +148,4 @@ class WarmupCosine final : public LrSchedule {
   float max_lr_, min_lr_;
 };
 
-// Gradient clipping by global norm (MODEL_SPEC.md): every gradient is multiplied by this.
-// max_norm / (total_norm + 1e-6) when total_norm > max_norm, else 1; max_norm <= 0 disables.
-float ClipCoefficient(double total_norm, float max_norm);
-
 }  // namespace fsdp

@@ -1,6 +1,6 @@
 // Element-wise optimizer updates on a flat f32 shard, with PyTorch's semantics (MODEL_SPEC.md).
-// Per-call scalars (bias corrections) are computed once in double; the element loop is f32,
-// as torch.optim's is for f32 parameters.
+// The per-call scalars (bias corrections) come computed (AdamWStepScalars, src/fsdp/optim.cc);
+// the element loop is f32, as torch.optim's is for f32 parameters.
 #include <cmath>
 
 #include "fsdp/kernels_cpu.h"
@@ -12,15 +12,11 @@ constexpr int64_t kParallelMin = 1 << 15;
 
 }  // namespace
 
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float one_minus_b1 = 1.0f - beta1;
-  const float one_minus_b2 = 1.0f - beta2;
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                  const AdamWScalars& k) {
+  const float beta1 = k.beta1, beta2 = k.beta2, eps = k.eps, decay = k.decay;
+  const float step_size = k.step_size, inv_bc2_sqrt = k.inv_bc2_sqrt;
+  const float one_minus_b1 = k.one_minus_beta1, one_minus_b2 = k.one_minus_beta2;
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "fsdp/optim_scalars.h"
+
 namespace fsdp::kernels::cuda {
 
 // ---- LayerNorm / RMSNorm over the last dimension -------------------------------------------
@@ -100,8 +102,7 @@ void bias_broadcast(cudaStream_t s, float* out, const void* bias, int dtype, int
 
 // ---- optimizers (PyTorch semantics, as the CPU kernels) -------------------------------------
 void adamw_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
-                  float lr, float beta1, float beta2, float eps, float weight_decay,
-                  int64_t step);
+                  const AdamWScalars& k);
 void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum_buf, int64_t n,
                 float lr, float momentum, float dampening, float weight_decay, bool nesterov,
                 bool first_step);
@@ -113,9 +114,8 @@ void sum_squares(cudaStream_t s, double* out, const float* x, int64_t n);
 void split_f64(cudaStream_t s, float* out, const double* in);
 // total_sq[0] = the sum over r < n, in rank order in double, of partials[r] when `wide`
 // (f64 partials), else of double(p[2r]) + p[2r+1] (f32 pairs from split_f64);
-// factor[0] = float(double(ClipCoefficient(sqrt(total_sq) / k, max_norm)) / k), where
-// ClipCoefficient(norm, max) = max <= 0 || !(norm > max) ? 1.0f : float(max / (norm + 1e-6))
-// (src/fsdp/optim.cc; backends/host/host_ops.h is the CPU op).
+// factor[0] = float(double(ClipCoefficient(sqrt(total_sq) / k, max_norm)) / k), with the
+// ClipCoefficient of fsdp/optim_scalars.h (backends/host/host_ops.h is the CPU op).
 void global_norm_clip(cudaStream_t s, double* total_sq, float* factor, const void* partials,
                       bool wide, int64_t n, double k, float max_norm);
 // out[0] = float(sum of x in double / n)

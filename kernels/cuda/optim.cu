@@ -4,8 +4,8 @@
 //
 // Design:
 // - adamw_update, sgd_update: one thread per element in grid-stride loops. The per-call
-//   scalars (bias corrections, decay, step size) are computed on the host by the launcher
-//   with the CPU kernel's expressions, and the element update follows the CPU's f32
+//   scalars (bias corrections, decay, step size) come computed on the host, once for every
+//   backend (AdamWStepScalars, src/fsdp/optim.cc), and the element update follows the CPU's f32
 //   operations one by one through the __f*_rn intrinsics (never contracted into FMAs): the
 //   results are bit-identical to the CPU loop evaluated without contraction (a CPU build with
 //   -ffp-contract=off). The default CPU build (GCC, -march=x86-64-v3) fuses some of these
@@ -120,12 +120,6 @@ __global__ void SplitF64Kernel(float* out, const double* in) {
   out[1] = static_cast<float>(__dsub_rn(v, static_cast<double>(hi)));
 }
 
-// ClipCoefficient of src/fsdp/optim.cc.
-__device__ float ClipCoefficient(double total_norm, float max_norm) {
-  if (max_norm <= 0 || !(total_norm > max_norm)) return 1.0f;
-  return static_cast<float>(__ddiv_rn(static_cast<double>(max_norm), __dadd_rn(total_norm, 1e-6)));
-}
-
 // One thread, as HostOps::GlobalNormClip.
 __global__ void GlobalNormClipKernel(double* total_sq, float* factor, const void* partials,
                                      bool wide, int64_t n, double k, float max_norm) {
@@ -147,20 +141,11 @@ __global__ void GlobalNormClipKernel(double* total_sq, float* factor, const void
 }  // namespace
 
 void adamw_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
-                  float lr, float beta1, float beta2, float eps, float weight_decay,
-                  int64_t step) {
+                  const AdamWScalars& k) {
   if (n <= 0) return;
-  // The per-call scalars exactly as cpu::adamw_update computes them (in double, then f32).
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float one_minus_b1 = 1.0f - beta1;
-  const float one_minus_b2 = 1.0f - beta2;
   FSDP_LAUNCH(AdamWKernel, GridFor(n), kThreads, 0, s)
-  (param, grad, m, v, n, beta1, beta2, eps, decay, step_size, inv_bc2_sqrt, one_minus_b1,
-   one_minus_b2);
+  (param, grad, m, v, n, k.beta1, k.beta2, k.eps, k.decay, k.step_size, k.inv_bc2_sqrt,
+   k.one_minus_beta1, k.one_minus_beta2);
 }
 
 void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum_buf, int64_t n,

@@ -293,6 +293,14 @@ void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, Ra
   f.comm_time.push_back(comm_time * ns);
 }
 
+// Ranks of this process's host under mpirun (Open MPI's local size), else 1.
+int RanksOnThisHost() {
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local != nullptr) {
+    return std::max(1, std::atoi(local));
+  }
+  return 1;
+}
+
 struct Prepared {
   nn::ModelConfig model;
   int seq_len = 0;
@@ -301,17 +309,16 @@ struct Prepared {
 
 // max_cores: the cores the ranks share (ranks as threads of this process), 0 when unknown.
 absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
-                                    Communicator& world, int ranks_sharing_cores, int max_cores) {
+                                    Communicator& world, int ranks_sharing_cores, int max_cores,
+                                    const BenchBackendFactory& make_backend) {
   TracerUse tracer_use;
   Tracer& tracer = Tracer::Global();
   SetTraceRank(world.rank());
   const nn::ModelConfig& mc = prep.model;
   const int B = c.batch_size, T = prep.seq_len, W = world.size(), rank = world.rank();
   const int shard = ResolveShardSize(c, W);
-  FSDP_ASSIGN_OR_RETURN(auto backend,
-                        CpuBackend::Create({.num_threads = c.threads_per_rank,
-                                            .ranks_sharing_cores = ranks_sharing_cores}));
-  backend->BindCurrentThread();
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(rank));
+  if (backend == nullptr) return absl::InvalidArgumentError("RunBench: the factory gave no backend");
   nn::ShardedModelOptions o;
   o.sharding.strategy = c.strategy;
   o.sharding.hybrid_shard_size = IsHybrid(c.strategy) ? shard : 0;
@@ -356,7 +363,13 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   // progress thread records a span before it runs the next collective.
   FSDP_RETURN_IF_ERROR(world.Barrier());
   f.memory = model->memory();
-  f.threads = backend->num_threads();
+  // The threads the rank computes with: the CPU backend's own; otherwise as the registry's sim
+  // resolves "threads" (threads_per_rank, or the cores divided among the ranks of the host).
+  const auto* cpu = dynamic_cast<const CpuBackend*>(backend.get());
+  f.threads = cpu != nullptr ? cpu->num_threads()
+              : c.threads_per_rank > 0
+                  ? c.threads_per_rank
+                  : std::max(1, HardwareThreads() / std::max(1, ranks_sharing_cores));
   f.loss = loss;
   {
     std::vector<Span> mine;
@@ -533,7 +546,25 @@ GemmPeak PeakGflopsPerCore(DType compute_dtype, int repeats) {
   return p;
 }
 
+BenchBackendFactory RegistryBenchBackend(const BenchConfig& config, int ranks_sharing_cores) {
+  BackendOptions options = config.backend_options;
+  if (config.backend == "cpu" || config.backend == "sim") {
+    options.emplace("threads", absl::StrCat(config.threads_per_rank));
+    options.emplace("ranks_sharing_cores", absl::StrCat(std::max(1, ranks_sharing_cores)));
+  }
+  return [name = config.backend, options](int rank) { return CreateBackend(name, options, rank); };
+}
+
 absl::StatusOr<BenchResult> RunBench(const BenchConfig& config) {
+  return RunBench(config, RegistryBenchBackend(config, config.world_size));
+}
+
+absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world) {
+  return RunBench(config, world, RegistryBenchBackend(config, RanksOnThisHost()));
+}
+
+absl::StatusOr<BenchResult> RunBench(const BenchConfig& config,
+                                     const BenchBackendFactory& make_backend) {
   FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, config.world_size, config.world_size));
   if (config.peak_gflops_per_core > 0) {
     prep.peak = {config.peak_gflops_per_core, config.peak_kind};
@@ -545,17 +576,15 @@ absl::StatusOr<BenchResult> RunBench(const BenchConfig& config) {
       config.world_size, config.link, [&](Communicator& world) -> absl::Status {
         FSDP_ASSIGN_OR_RETURN(results[world.rank()],
                               RunRank(config, prep, world, config.world_size,
-                                      HardwareThreads()));
+                                      HardwareThreads(), make_backend));
         return absl::OkStatus();
       }));
   return std::move(results[0]);
 }
 
-absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world) {
-  int sharing = 1;  // ranks on this host
-  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local != nullptr) {
-    sharing = std::max(1, std::atoi(local));
-  }
+absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& world,
+                                     const BenchBackendFactory& make_backend) {
+  const int sharing = RanksOnThisHost();
   FSDP_ASSIGN_OR_RETURN(Prepared prep, Prepare(config, world.size(), sharing));
   // The peak: rank 0 measures it alone, while the others wait, and tells them.
   double peak[2] = {config.peak_gflops_per_core, 0};
@@ -574,7 +603,7 @@ absl::StatusOr<BenchResult> RunBench(const BenchConfig& config, Communicator& wo
                         : absl::StrCat(std::string(DTypeName(config.param_dtype)), " GEMM");
   }
   prep.peak = {peak[0], kind};
-  return RunRank(config, prep, world, sharing, 0);
+  return RunRank(config, prep, world, sharing, 0, make_backend);
 }
 
 void SetScalingEfficiency(std::vector<BenchResult>& results) {

@@ -1,13 +1,45 @@
 // The generic parts of the device contract (fsdp/backend.h): views, buffers, events and the
 // counted host synchronisations.
 #include "fsdp/backend.h"
+#include "fsdp/ops.h"
 
 #include <cassert>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace fsdp {
 
 std::string_view StreamName(Stream s) { return s == Stream::kCompute ? "compute" : "comm"; }
+
+std::string_view ModelOpName(ModelOp op) {
+  switch (op) {
+    case ModelOp::kMatmul: return "matmul";
+    case ModelOp::kLayernorm: return "layernorm";
+    case ModelOp::kGelu: return "gelu";
+    case ModelOp::kAttention: return "attention";
+    case ModelOp::kGqaAttention: return "gqa_attention";
+    case ModelOp::kRmsnorm: return "rmsnorm";
+    case ModelOp::kRope: return "rope";
+    case ModelOp::kSwiglu: return "swiglu";
+    case ModelOp::kSoftmaxCrossEntropy: return "softmax_cross_entropy";
+    case ModelOp::kEmbedding: return "embedding";
+    case ModelOp::kElementwise: return "elementwise";
+  }
+  return "unknown";
+}
+
+Ops& Backend::ops() {
+  Ops* o = model_ops();
+  if (o == nullptr) {
+    std::fprintf(stderr,
+                 "fsdp: Backend::ops() on the %s backend, which is runtime-only (no model ops): "
+                 "check model_ops() first\n",
+                 std::string(name()).c_str());
+    std::abort();
+  }
+  return *o;
+}
 
 View View::Slice(int64_t begin, int64_t n) const {
   assert(begin >= 0 && n >= 0 && begin + n <= count);

@@ -99,13 +99,14 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(Backend* backend, int64_t n
 absl::Status AdamW::Step(View param, View grad) {
   FSDP_RETURN_IF_ERROR(CheckViews(param, grad));
   ++step_;
-  Ops& ops = backend_->ops();
+  RuntimeOps& ops = backend_->runtime_ops();
   const View m = m_.view(), v = v_.view();
   for (const DecayRange& r : ranges_) {
     const int64_t n = r.end - r.begin;
     ops.AdamW(Stream::kCompute, param.Slice(r.begin, n), grad.Slice(r.begin, n),
-              m.Slice(r.begin, n), v.Slice(r.begin, n), lr_, options_.beta1, options_.beta2,
-              options_.eps, r.weight_decay ? options_.weight_decay : 0.0f, step_);
+              m.Slice(r.begin, n), v.Slice(r.begin, n),
+              AdamWStepScalars(lr_, options_.beta1, options_.beta2, options_.eps,
+                               r.weight_decay ? options_.weight_decay : 0.0f, step_));
   }
   return absl::OkStatus();
 }
@@ -142,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Sgd>> Sgd::Create(Backend* backend, int64_t numel
 absl::Status Sgd::Step(View param, View grad) {
   FSDP_RETURN_IF_ERROR(CheckViews(param, grad));
   ++step_;
-  Ops& ops = backend_->ops();
+  RuntimeOps& ops = backend_->runtime_ops();
   const View buf = momentum_.view();
   for (const DecayRange& r : ranges_) {
     const int64_t n = r.end - r.begin;
@@ -172,9 +173,20 @@ float WarmupCosine::At(int64_t step) const {
   return static_cast<float>(min_lr_ + coeff * (max_lr_ - min_lr_));
 }
 
-float ClipCoefficient(double total_norm, float max_norm) {
-  if (max_norm <= 0 || !(total_norm > max_norm)) return 1.0f;
-  return static_cast<float>(max_norm / (total_norm + 1e-6));
+AdamWScalars AdamWStepScalars(float lr, float beta1, float beta2, float eps, float weight_decay,
+                              int64_t step) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  AdamWScalars k;
+  k.beta1 = beta1;
+  k.beta2 = beta2;
+  k.eps = eps;
+  k.one_minus_beta1 = 1.0f - beta1;
+  k.one_minus_beta2 = 1.0f - beta2;
+  k.decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+  k.step_size = static_cast<float>(lr / bc1);
+  k.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  return k;
 }
 
 }  // namespace fsdp

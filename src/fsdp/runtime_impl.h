@@ -57,7 +57,7 @@ struct ShardingRuntime::Impl {
 
   int S() const { return mesh->shard_size(); }
   int R() const { return mesh->replicate_size(); }
-  Ops& ops() const { return backend->ops(); }
+  RuntimeOps& ops() const { return backend->runtime_ops(); }
   DType param_dtype() const { return options.mixed_precision.param_dtype; }
   DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
 

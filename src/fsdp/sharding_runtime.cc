@@ -446,7 +446,7 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
     return m.Fail(absl::InvalidArgumentError(
         absl::StrCat("Step(): the learning rate must be finite and >= 0, got ", lr)));
   }
-  Ops& ops = m.ops();
+  RuntimeOps& ops = m.ops();
   const Stream cs = Stream::kCompute;
   TraceSpan span("optimizer step", kComputeStream);
   StepStats stats;

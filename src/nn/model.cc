@@ -2,6 +2,7 @@
 // bundled model shares; the families supply the Run* stages.
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,31 @@ absl::Status StagedModel::CheckCreate(const char* family, Backend* backend, int 
                                       int block_size, int L, const ModelOptions& options) {
   if (backend == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(family, "::Create: backend is null"));
+  }
+  // The layers this family runs, which the backend must have (Ops::supports_op).
+  const bool gpt = std::string_view(family) == "Gpt";
+  const std::vector<ModelOp> needed =
+      gpt ? std::vector<ModelOp>{ModelOp::kMatmul, ModelOp::kLayernorm, ModelOp::kGelu,
+                                 ModelOp::kAttention, ModelOp::kSoftmaxCrossEntropy,
+                                 ModelOp::kEmbedding, ModelOp::kElementwise}
+          : std::vector<ModelOp>{ModelOp::kMatmul, ModelOp::kRmsnorm, ModelOp::kRope,
+                                 ModelOp::kSwiglu, ModelOp::kGqaAttention,
+                                 ModelOp::kSoftmaxCrossEntropy, ModelOp::kEmbedding,
+                                 ModelOp::kElementwise};
+  const Ops* ops = backend->model_ops();
+  if (ops == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        family, "::Create: the ", std::string(backend->name()),
+        " backend is runtime-only (it has the runtime's ops, not the layers of the bundled "
+        "models); train a model of your own through the sharding runtime's hooks, or use a "
+        "backend with model ops (cpu, sim, pjrt, cuda)"));
+  }
+  for (ModelOp op : needed) {
+    if (!ops->supports_op(op)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          family, "::Create: the ", std::string(backend->name()), " backend does not support ",
+          std::string(ModelOpName(op)), ", which the model needs"));
+    }
   }
   if (B <= 0 || T <= 0 || T > block_size) {
     return absl::InvalidArgumentError(

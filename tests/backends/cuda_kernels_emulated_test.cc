@@ -495,10 +495,9 @@ TEST_F(CudaKernelsEmulated, AdamWAndSgd) {
     const Vec g = Rand(n);
     Vec p1 = Rand(n), m1 = Rand(n), v1 = Rand(n, 0, 1);
     Vec p2 = p1, m2 = m1, v2 = v1;
-    gpu::adamw_update(nullptr, p1.data(), g.data(), m1.data(), v1.data(), n, 1e-3f, 0.9f, 0.95f,
-                      1e-8f, 0.1f, 7);
-    cpu::adamw_update(p2.data(), g.data(), m2.data(), v2.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                      0.1f, 7);
+    const fsdp::AdamWScalars k = fsdp::AdamWStepScalars(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
+    gpu::adamw_update(nullptr, p1.data(), g.data(), m1.data(), v1.data(), n, k);
+    cpu::adamw_update(p2.data(), g.data(), m2.data(), v2.data(), n, k);
     EXPECT_TRUE(Near(p1, p2, 1e-5, 1e-7));
     EXPECT_TRUE(Near(m1, m2, 1e-5, 1e-7));
     EXPECT_TRUE(Near(v1, v2, 1e-5, 1e-9));

@@ -430,9 +430,9 @@ TEST_P(OpConformanceTest, OptimizersOnAShardSlice) {
   std::vector<float> p = p0, m(n, 0.1f), v(n, 0.2f);
   const View vp = dev_->In(p0).Slice(2, n), vm = dev_->In(m), vv = dev_->In(v), vg = dev_->In(g);
   for (int64_t step = 1; step <= 3; ++step) {
-    kernels::cpu::adamw_update(p.data() + 2, g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f,
-                               1e-8f, 0.1f, step);
-    ops().AdamW(cs, vp, vg, vm, vv, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    const AdamWScalars k = AdamWStepScalars(1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    kernels::cpu::adamw_update(p.data() + 2, g.data(), m.data(), v.data(), n, k);
+    ops().AdamW(cs, vp, vg, vm, vv, k);
   }
   Expect(dev_->Read(vp), std::vector<float>(p.begin() + 2, p.end()), DType::kF32, "adamw param");
   Expect(dev_->Read(vm), m, DType::kF32, "adamw m");

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/plan.h"
+#include "fsdp/registry.h"
 #include "gtest/gtest.h"
 #include "tests/bench/cli_util.h"
 #include "src/core/json.h"
@@ -203,6 +205,47 @@ TEST(BenchReport, TextFieldsAreEscaped) {
   EXPECT_EQ(v->Find("model")->str(), r.model);
   const std::string row = BenchCsvRow(r);
   EXPECT_EQ(row.rfind("\"a\"\"b,c\nd\x01e\",", 0), 0u) << row;
+}
+
+// RunBench makes each rank's backend through the factory it is given, on the rank's thread; by
+// default the registry's backend of config.backend, with the registry's errors.
+TEST(RunBench, BackendsComeFromTheFactoryOrTheRegistry) {
+  std::mutex mu;
+  std::vector<int> ranks;
+  BenchConfig c = Nano(2);
+  c.warmup_steps = 1;
+  c.steps = 1;
+  absl::StatusOr<BenchResult> r =
+      RunBench(c, [&](int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ranks.push_back(rank);
+        }
+        return CreateBackend("sim", {{"threads", "1"}});
+      });
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(r->world_size, 2);
+  EXPECT_TRUE(std::isfinite(r->final_loss));
+
+  c.backend = "sim";
+  c.backend_options = {{"link_latency_us", "5"}};
+  absl::StatusOr<BenchResult> sim = RunBench(c);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  // The same model, data and steps on another backend: f32 results are bitwise the CPU's.
+  EXPECT_EQ(sim->final_loss, r->final_loss);
+
+  c.backend = "tpu";
+  const absl::Status s = RunBench(c).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("no backend named 'tpu'"), std::string::npos) << s;
+  c.backend = "cpu";
+  c.backend_options = {{"link_latency_us", "5"}};
+  EXPECT_EQ(RunBench(c).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<BenchResult> none =
+      RunBench(Nano(1), [](int) -> absl::StatusOr<std::unique_ptr<Backend>> { return nullptr; });
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << none.status();
 }
 
 TEST(RunBench, RejectsBadConfigs) {

@@ -432,11 +432,18 @@ inline ShardingOptions Options(ShardingStrategy strategy, int hybrid_shard, cons
   return o;
 }
 
-// One rank's whole run: every step, then the parameters and the memory report.
-inline absl::StatusOr<Result> TrainSharded(Communicator& comm, const Model& m, const Spec& spec,
-                                           const ShardingOptions& options) {
-  FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1,
-                                                          .ranks_sharing_cores = comm.size()}));
+// One rank's whole run: every step, then the parameters and the memory report. On the CPU
+// backend, or on the backend `make_backend` makes (a host backend: the layers read its memory).
+inline absl::StatusOr<Result> TrainSharded(
+    Communicator& comm, const Model& m, const Spec& spec, const ShardingOptions& options,
+    const std::function<absl::StatusOr<std::unique_ptr<Backend>>()>& make_backend = nullptr) {
+  std::unique_ptr<Backend> backend;
+  if (make_backend) {
+    FSDP_ASSIGN_OR_RETURN(backend, make_backend());
+  } else {
+    FSDP_ASSIGN_OR_RETURN(backend, CpuBackend::Create({.num_threads = 1,
+                                                       .ranks_sharing_cores = comm.size()}));
+  }
   Result out;
   {
     FSDP_ASSIGN_OR_RETURN(auto rt, BuildRuntime(backend.get(), comm, m, options));

@@ -25,8 +25,8 @@ TEST_P(AdamWTest, MatchesDoubleReferenceOverSteps) {
   for (int64_t step = 1; step <= 6; ++step) {
     Vec g = Random(n, rng, -0.5f, 0.5f);
     if (step == 3) g.assign(n, 0.0f);  // a zero gradient still decays and moves by momentum
-    adamw_update(p.data(), g.data(), m.data(), v.data(), n, cfg.lr, cfg.beta1, cfg.beta2,
-                 cfg.eps, cfg.wd, step);
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n,
+                 AdamWStepScalars(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.wd, step));
     const double b1 = cfg.beta1, b2 = cfg.beta2;
     for (int64_t i = 0; i < n; ++i) {
       rp[i] -= double{cfg.lr} * cfg.wd * rp[i];
@@ -53,7 +53,7 @@ TEST(AdamW, StepOneIsSignTimesLr) {
   // With bias correction, the first step is lr * g / (|g| + eps) = ~lr * sign(g).
   const float g[3] = {0.3f, -2.0f, 1e-3f};
   float p[3] = {1.0f, 1.0f, 1.0f}, m[3] = {}, v[3] = {};
-  adamw_update(p, g, m, v, 3, 0.01f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
+  adamw_update(p, g, m, v, 3, AdamWStepScalars(0.01f, 0.9f, 0.95f, 1e-8f, 0.0f, 1));
   EXPECT_NEAR(p[0], 0.99f, 1e-6);
   EXPECT_NEAR(p[1], 1.01f, 1e-6);
   EXPECT_NEAR(p[2], 0.99f, 1e-5);
