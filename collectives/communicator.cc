@@ -2,11 +2,13 @@
 // entry points (all of which go through Enqueue -> Submit), Work handles and deadlines.
 #include "fsdp/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "collectives/work_state.h"
 
 namespace fsdp {
@@ -43,6 +45,28 @@ absl::StatusOr<bool> MpiSharedMemoryFromEnv() {
 absl::Duration DefaultCommTimeout() {
   const absl::StatusOr<absl::Duration> t = CommTimeoutFromEnv();
   return t.ok() ? *t : absl::Seconds(60);
+}
+
+absl::Status ScheduleMismatch(int64_t seq, std::string_view group,
+                              const std::vector<std::string>& calls, std::string_view where) {
+  std::vector<std::pair<std::string, std::vector<int>>> distinct;  // in order of first rank
+  for (int q = 0; q < static_cast<int>(calls.size()); ++q) {
+    auto it = std::find_if(distinct.begin(), distinct.end(),
+                           [&](const auto& c) { return c.first == calls[q]; });
+    if (it == distinct.end()) {
+      distinct.push_back({calls[q], {q}});
+    } else {
+      it->second.push_back(q);
+    }
+  }
+  std::vector<std::string> parts;
+  for (const auto& [d, ranks] : distinct) {
+    parts.push_back(absl::StrFormat("ranks [%s] called %s", absl::StrJoin(ranks, ", "), d));
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "schedule mismatch at sequence %d of group '%s'%s: %s; every rank must issue the same "
+      "collectives in the same order; the group failed",
+      seq, std::string(group), std::string(where), absl::StrJoin(parts, "; ")));
 }
 
 std::string DescribeCall(const CollectiveCall& c) {

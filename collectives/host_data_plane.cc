@@ -27,42 +27,28 @@ class WorkEvent final : public EventState {
 
 class HostDataPlane final : public DataPlane {
  public:
-  HostDataPlane(Backend* backend, Communicator& group) : backend_(backend), group_(group) {}
+  HostDataPlane(Backend* backend, Communicator& group) : DataPlane(backend, "host"), group_(group) {}
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
   const std::string& name() const override { return group_.name(); }
 
-  absl::StatusOr<Event> AllGather(View send, View recv, Stream) override {
-    FSDP_RETURN_IF_ERROR(Check(send, recv, "AllGather"));
-    return Wrap(group_.AllGatherAsync(ConstBufferView{send.host(), send.count, send.dtype},
-                                      BufferView{recv.host(), recv.count, recv.dtype}));
-  }
-  absl::StatusOr<Event> ReduceScatter(View send, View recv, ReduceOp op, Stream) override {
-    FSDP_RETURN_IF_ERROR(Check(send, recv, "ReduceScatter"));
-    return Wrap(group_.ReduceScatterAsync(ConstBufferView{send.host(), send.count, send.dtype},
-                                          BufferView{recv.host(), recv.count, recv.dtype}, op));
-  }
-  absl::StatusOr<Event> AllReduce(View send, View recv, ReduceOp op, Stream) override {
-    FSDP_RETURN_IF_ERROR(Check(send, recv, "AllReduce"));
-    return Wrap(group_.AllReduceAsync(ConstBufferView{send.host(), send.count, send.dtype},
-                                      BufferView{recv.host(), recv.count, recv.dtype}, op));
-  }
   void Abort(const absl::Status& reason) override { group_.Abort(reason); }
 
  private:
-  absl::Status Check(const View& send, const View& recv, const char* what) const {
-    for (const View* v : {&send, &recv}) {
-      if (v->count > 0 && (v->backend != backend_ || v->host() == nullptr)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "host data plane '", group_.name(), "' ", what,
-            ": a buffer is not host memory of this rank's backend"));
-      }
-    }
-    return absl::OkStatus();
+  absl::StatusOr<Event> EnqueueAllGather(View send, View recv, Stream) override {
+    return Wrap(group_.AllGatherAsync(ConstBufferView{send.host(), send.count, send.dtype},
+                                      BufferView{recv.host(), recv.count, recv.dtype}));
+  }
+  absl::StatusOr<Event> EnqueueReduceScatter(View send, View recv, ReduceOp op, Stream) override {
+    return Wrap(group_.ReduceScatterAsync(ConstBufferView{send.host(), send.count, send.dtype},
+                                          BufferView{recv.host(), recv.count, recv.dtype}, op));
+  }
+  absl::StatusOr<Event> EnqueueAllReduce(View send, View recv, ReduceOp op, Stream) override {
+    return Wrap(group_.AllReduceAsync(ConstBufferView{send.host(), send.count, send.dtype},
+                                      BufferView{recv.host(), recv.count, recv.dtype}, op));
   }
   static Event Wrap(Work work) { return Event(std::make_shared<WorkEvent>(std::move(work))); }
 
-  Backend* backend_;
   Communicator& group_;
 };
 

@@ -36,6 +36,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -54,91 +55,7 @@
 #include "fsdp/optim.h"
 #include "tools/command_line.h"
 
-ABSL_FLAG(std::string, model, "",
-          "the model: GPT nano, mini, gpt2, gpt2-medium, gpt2-xl; Llama 2 llama-nano, "
-          "llama-mini, llama2-7b, llama2-13b, llama2-70b (default: nano)");
-ABSL_FLAG(std::string, config, "", "the older name of --model (default: nano)");
-ABSL_FLAG(int, layers, 0, "override the config's number of layers L (0 = keep the config's)");
-ABSL_FLAG(int, channels, 0, "override the config's width C (0 = keep the config's)");
-ABSL_FLAG(int, heads, 0, "override the config's number of heads H (0 = keep the config's)");
-ABSL_FLAG(int, kv_heads, 0,
-          "Llama only: override the number of key/value heads Hkv (0 = keep the config's)");
-ABSL_FLAG(int, ranks, 2, "data-parallel ranks, as threads of this process (ignored under mpirun)");
-ABSL_FLAG(std::string, strategy, "FULL_SHARD",
-          "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP");
-ABSL_FLAG(int, hybrid_shard, 0,
-          "ranks per shard group, for the HYBRID strategies only (a divisor of the rank count); "
-          "0 = the ranks of one host (under mpirun: each host a shard group)");
-ABSL_FLAG(bool, prefetch, true, "prefetch the next units' all-gathers while a unit computes");
-ABSL_FLAG(int, prefetch_units, 1,
-          "with --prefetch: units gathered ahead of the one computing (FSDP's limit_all_gathers; "
-          "each raises the peak of gathered parameters by one unit)");
-ABSL_FLAG(int, batch, 16,
-          "sequences per step, over all ranks (a multiple of ranks x micro_batches)");
-ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
-ABSL_FLAG(int, seq, 64, "sequence length T (at most the config's block size)");
-ABSL_FLAG(int, steps, 1000, "optimizer steps (a resumed run continues up to this step)");
-ABSL_FLAG(double, lr, 3e-4, "peak learning rate (AdamW; MODEL_SPEC.md's default)");
-ABSL_FLAG(
-    std::string, schedule, "cosine",
-    "cosine: warmup, then a half cosine down to lr / 10 at --steps; constant: warmup, then lr");
-ABSL_FLAG(int, warmup, 50, "linear warmup steps (0 = none)");
-ABSL_FLAG(double, beta1, 0.9, "AdamW beta1");
-ABSL_FLAG(double, beta2, 0.95, "AdamW beta2");
-ABSL_FLAG(double, eps, 1e-8, "AdamW epsilon");
-ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay of weights and embeddings");
-ABSL_FLAG(double, clip, 1.0, "clip gradients to this global L2 norm (0 = off)");
-ABSL_FLAG(std::string, param_dtype, "f32",
-          "mixed precision: f32, bf16 or f16 for the gathered parameters and the matmuls");
-ABSL_FLAG(std::string, reduce_dtype, "f32",
-          "mixed precision: f32, bf16 or f16 for gradient reductions");
-ABSL_FLAG(double, loss_scaling, 0,
-          "dynamic loss scaling starting from this scale, e.g. 65536 (for f16; 0 = off)");
-ABSL_FLAG(int, checkpoint_every_blocks, 0,
-          "activation checkpointing: recompute block i in backward when i % K == 0 (1 = every "
-          "block; 0 = off)");
-ABSL_FLAG(uint64_t, seed, 1, "seed of the initialisation, the data order and the sampling");
-ABSL_FLAG(int, threads, 0,
-          "OpenMP threads per rank (0 = the cores divided among the ranks; at most the "
-          "machine's hardware threads)");
-ABSL_FLAG(std::string, data, "",
-          "token file (.bin of uint16) or text file; default: the embedded corpus");
-ABSL_FLAG(int64_t, max_data_bytes,
-          static_cast<int64_t>(fsdp::nn::TokenDataset::kDefaultMaxFileBytes),
-          "largest --data file read (it is held in memory, 2 bytes per token)");
-ABSL_FLAG(int, log_every, 50, "print a progress line every this many steps");
-ABSL_FLAG(int, eval_every, 250, "validation loss every this many steps (0 = only at the end)");
-ABSL_FLAG(int, sample_tokens, 300, "tokens to sample after training (0 = none)");
-ABSL_FLAG(double, temperature, 0.8, "sampling temperature (0 = greedy)");
-ABSL_FLAG(std::string, prompt, "This License", "text the samples start from");
-ABSL_FLAG(std::string, checkpoint_dir, "",
-          "sharded checkpoints go to DIR/step-N; training resumes from the latest intact one");
-ABSL_FLAG(int, checkpoint_every, 0,
-          "save a checkpoint every this many steps (0 = at the end); needs --checkpoint_dir");
-ABSL_FLAG(std::string, init_safetensors, "",
-          "start from the parameters of this .safetensors file (a checkpoint to resume from wins)");
-ABSL_FLAG(std::string, export_safetensors, "",
-          "write the trained model to this .safetensors file (a new file, or a safetensors "
-          "file it replaces)");
-ABSL_FLAG(bool, allow_model_change, false,
-          "resume from a checkpoint, or start from --init_safetensors, that records another "
-          "model configuration (e.g. another number of heads) with tensors of the same shapes; "
-          "without it such a file is refused");
-ABSL_FLAG(std::string, nonfinite, "error",
-          "when the gradients hold inf or NaN: error (stop, exit 1) or skip (skip the step on "
-          "every rank and count it)");
-ABSL_FLAG(std::string, backend, "cpu",
-          "cpu; sim: the strict simulated accelerator (device memory the host cannot read, "
-          "every op asynchronous on a stream; ranks as threads only), to check an integration "
-          "against the device contract; or pjrt: a PJRT plugin's devices, one per rank (ranks "
-          "as threads only; --pjrt_plugin); or cuda: NVIDIA GPUs, rank r on GPU r mod the GPUs "
-          "this process sees (ranks as threads may share one GPU)");
-ABSL_FLAG(std::string, pjrt_plugin, "",
-          "with --backend pjrt: the PJRT plugin to load (a .so exporting GetPjrtApi: the XLA CPU "
-          "plugin, libtpu, the Neuron plugin); empty: $FSDP_PJRT_PLUGIN");
-ABSL_FLAG(int64_t, device_memory_mib, 0,
-          "memory each rank's device may hold, in MiB (0 = what the system gives); past it an "
-          "allocation is an out-of-memory error naming the buffer, as on an accelerator");
+#include "examples/train_gpt_settings.h"
 
 namespace {
 
@@ -149,576 +66,10 @@ using fsdp::nn::ShardedModel;
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
-enum class Schedule { kCosine, kConstant };
+using train_gpt::Schedule;
+using train_gpt::Settings;
+using train_gpt::SettingsFromFlags;
 
-struct Settings {
-  ModelConfig config;
-  fsdp::nn::ShardedModelOptions model;
-  int micro_batches = 1, steps = 0, warmup = 0, log_every = 1, eval_every = 0, threads = 0;
-  int ranks_on_host = 1;
-  std::string backend = "cpu";          // --backend: a name in the registry
-  fsdp::BackendOptions backend_options;  // its options, from the flags
-  int sample_tokens = 0, checkpoint_every = 0;
-  Schedule schedule = Schedule::kCosine;
-  float max_lr = 0, temperature = 0;
-  uint64_t seed = 0;
-  std::string prompt;
-  std::string data_name;  // for messages: "--data=PATH" or "the embedded corpus"
-  std::shared_ptr<const fsdp::nn::TrainValSplit> data;  // read once, shared by the rank threads
-  std::string checkpoint_dir, init_safetensors, export_path;
-  bool allow_model_change = false;
-  int64_t device_memory_bytes = 0;
-  // Rank 0 holds the checkpoint directory's lock for the whole run (no second job saves there).
-  std::shared_ptr<fsdp::CheckpointDirLock> checkpoint_lock;
-  std::vector<std::string> warnings;  // printed once, before training (stderr)
-  std::vector<std::string> notes;     // ... (stdout): what the start-up cleaned up
-};
-
-// A bad flag value, naming the flag, the value and what is allowed, e.g.
-// "--steps=-1: allowed: 1 or more optimizer steps".
-template <typename T>
-absl::Status BadFlag(std::string_view flag, const T& value, std::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", std::string(flag), "=", value, ": ", std::string(what)));
-}
-// The same with a message from the library (its own status code).
-absl::Status FlagError(std::string_view flag, std::string_view value, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat("--", std::string(flag), "=", std::string(value),
-                                             ": ", s.message()));
-}
-
-bool Finite(double x) { return std::isfinite(x); }
-// A value that becomes an f32 of the optimizer: finite as a float too (1e308 is not), and
-// not flushed to zero when it is > 0 (1e-50 is).
-bool FiniteAsFloat(double x) {
-  const float f = static_cast<float>(x);
-  return std::isfinite(x) && std::isfinite(f) && (x <= 0 || f > 0);
-}
-
-// A flag naming a float dtype (f32, bf16 or f16).
-absl::StatusOr<fsdp::DType> FloatDTypeFlag(std::string_view flag, const std::string& value) {
-  const std::optional<fsdp::DType> d = fsdp::ParseDType(value);
-  if (d.has_value() && fsdp::IsFloat16Or32(*d)) return *d;
-  return BadFlag(flag, value, "allowed: f32, bf16 or f16");
-}
-
-// A file a flag names must be a regular file we can open.
-absl::Status CheckReadableFile(std::string_view flag, const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return BadFlag(flag, path, absl::StrCat("cannot open it: ", std::strerror(errno)));
-  struct stat st;
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  ::close(fd);
-  if (!regular) return BadFlag(flag, path, "not a regular file");
-  return absl::OkStatus();
-}
-
-// Smallest corpus whose last 10% (the validation split) and first 90% both hold `need` tokens.
-int64_t SmallestCorpus(int64_t need, double val_fraction) {
-  int64_t n = need;
-  while (static_cast<int64_t>(val_fraction * n) < need ||
-         n - static_cast<int64_t>(val_fraction * n) < need) {
-    ++n;
-  }
-  return n;
-}
-
-// Whether the run saves a checkpoint after step `n` (1-based), starting after step `start`.
-bool SavesAt(const Settings& s, int64_t n, int64_t start) {
-  return n > start && n <= s.steps &&
-         (n == s.steps || (s.checkpoint_every > 0 && n % s.checkpoint_every == 0));
-}
-
-// How many checkpoints a run from step `start` saves.
-int64_t SavesPlanned(const Settings& s, int64_t start) {
-  if (start >= s.steps) return 0;
-  if (s.checkpoint_every <= 0) return 1;
-  const int64_t every = s.checkpoint_every;
-  return s.steps / every - start / every + (s.steps % every != 0 ? 1 : 0);
-}
-
-// A cleaned-up entry as train_gpt says it: "removed PATH: why" or "PATH: what was done".
-std::string Said(const fsdp::CheckpointCleanup& c) {
-  constexpr std::string_view kRemoved = "removed: ";
-  if (c.action.starts_with(kRemoved)) {
-    return absl::StrCat("removed ", c.path, ": ", c.action.substr(kRemoved.size()));
-  }
-  return absl::StrCat(c.path, ": ", c.action);
-}
-
-// "step-N" with N in decimal as train_gpt names its saves: N, else 0.
-int64_t SaveStepOf(const std::string& name) {
-  if (!name.starts_with("step-") || name.size() < 6 || name.size() > 15 || name[5] == '0') {
-    return 0;
-  }
-  const std::string digits = name.substr(5);
-  if (!std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-    return 0;
-  }
-  return std::stoll(digits);
-}
-
-// Rank 0: takes the checkpoint directory's lock for the run (no second job saves there),
-// cleans up what crashed saves left, and finds any entry in the way of a save this run will
-// make. Returns the number of checkpoints the run saves.
-absl::StatusOr<int64_t> PrepareCheckpointDir(Settings& s) {
-  const std::string& dir = s.checkpoint_dir;
-  auto lock = fsdp::CheckpointDirLock::Acquire(dir);
-  if (!lock.ok()) return FlagError("checkpoint_dir", dir, lock.status());
-  s.checkpoint_lock = std::make_shared<fsdp::CheckpointDirLock>(*std::move(lock));
-  auto cleaned = fsdp::CleanUpCheckpointDirectory(dir);
-  if (!cleaned.ok()) return FlagError("checkpoint_dir", dir, cleaned.status());
-  for (const fsdp::CheckpointCleanup& c : *cleaned) s.notes.push_back(Said(c));
-  int64_t start = 0;  // the step the run resumes from
-  if (absl::StatusOr<std::string> latest = fsdp::LatestCheckpoint(dir); latest.ok()) {
-    start = fsdp::CheckpointStep(*latest).value_or(0);
-  }
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const int64_t n = SaveStepOf(name);
-    if (n == 0 || !SavesAt(s, n, start)) continue;
-    if (absl::Status in_the_way = fsdp::CheckCanSaveCheckpoint(e.path().string());
-        !in_the_way.ok()) {
-      return FlagError("checkpoint_dir", dir,
-                       absl::InvalidArgumentError(absl::StrCat("this run saves ", name,
-                                                               " after step ", n, ", but ",
-                                                               in_the_way.message())));
-    }
-  }
-  return SavesPlanned(s, start);
-}
-
-// Rank 0: the export is a new file or a safetensors file, not a file the run reads; the
-// temporary files of killed exports beside it are removed.
-absl::Status PrepareExport(Settings& s, const std::string& data_path) {
-  std::vector<std::string> inputs;
-  if (!data_path.empty()) inputs.push_back("--data=" + data_path);
-  if (!s.init_safetensors.empty()) inputs.push_back("--init_safetensors=" + s.init_safetensors);
-  if (absl::Status w = fsdp::CheckExportPathWritable(s.export_path, inputs); !w.ok()) {
-    return FlagError("export_safetensors", s.export_path, w);
-  }
-  auto removed = fsdp::RemoveDeadExportTemporaries(s.export_path);
-  if (!removed.ok()) return FlagError("export_safetensors", s.export_path, removed.status());
-  for (const std::string& r : *removed) {
-    s.notes.push_back(absl::StrCat("removed ", r, ": the temporary file of an export that was "
-                                   "killed"));
-  }
-  return absl::OkStatus();
-}
-
-// Rank 0, the rule for free space: refused when the first checkpoint (with the export, when
-// both are on one file system) cannot fit; a warning when not all the `saves` checkpoints of
-// the run can (train_gpt keeps every one).
-absl::Status CheckFreeSpace(Settings& s, int world_size, int64_t saves) {
-  const fsdp::nn::ModelConfig& c = s.config;
-  const int64_t tensors = static_cast<int64_t>(c.ParamSpecs().size());
-  const uint64_t ckpt = fsdp::CheckpointBytes(c.num_parameters(), tensors, 2, world_size);
-  const uint64_t exported =
-      fsdp::SafetensorsExportBytes(c.num_parameters(), tensors, fsdp::DType::kF32);
-  const bool to_ckpt = !s.checkpoint_dir.empty() && saves > 0, to_export = !s.export_path.empty();
-  const bool same_fs = to_ckpt && to_export && fsdp::SameFileSystem(s.checkpoint_dir,
-                                                                      s.export_path);
-  auto too_little = [](const std::string& flag, const std::string& where, uint64_t free,
-                       const std::string& what, uint64_t need) {
-    return FlagError(flag, where, absl::ResourceExhaustedError(absl::StrCat(
-        "the file system has ", fsdp::FormatBytes(free), " free, and ", what, " needs ",
-        fsdp::FormatBytes(need), ": free some space or write elsewhere")));
-  };
-  if (to_ckpt) {
-    const uint64_t extra = same_fs ? exported : 0;
-    absl::StatusOr<uint64_t> free = fsdp::FreeBytesAt(s.checkpoint_dir);
-    if (free.ok() && *free < ckpt + extra) {
-      return too_little("checkpoint_dir", s.checkpoint_dir, *free,
-                        same_fs ? "a checkpoint and the export" : "one checkpoint", ckpt + extra);
-    }
-    const uint64_t all = ckpt * static_cast<uint64_t>(saves) + extra;
-    if (free.ok() && *free < all) {
-      s.warnings.push_back(absl::StrCat(
-          "--checkpoint_dir=", s.checkpoint_dir, ": the file system has ",
-          fsdp::FormatBytes(*free), " free, less than the ", fsdp::FormatBytes(all), " that the ",
-          saves, " checkpoints of this run (", fsdp::FormatBytes(ckpt), " each, every one kept)",
-          same_fs ? " and the export" : "", " need: saves will fail when it is full"));
-    }
-  }
-  if (to_export && !same_fs) {
-    absl::StatusOr<uint64_t> free = fsdp::FreeBytesAt(s.export_path);
-    if (free.ok() && *free < exported) {
-      return too_little("export_safetensors", s.export_path, *free, "the export", exported);
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Rank 0, at start-up, for the files the run will write (each error is bad usage).
-absl::Status PrepareOutputs(Settings& s, int world_size, const std::string& data_path) {
-  int64_t saves = 0;
-  if (!s.checkpoint_dir.empty()) {
-    FSDP_ASSIGN_OR_RETURN(saves, PrepareCheckpointDir(s));
-  }
-  if (!s.export_path.empty()) FSDP_RETURN_IF_ERROR(PrepareExport(s, data_path));
-  return CheckFreeSpace(s, world_size, saves);
-}
-
-// Before anything is allocated: the memory planner's peak per rank against the device's
-// memory (--device_memory_mib) and, for the backends whose device memory is the host's, the
-// host's memory for the ranks on this host.
-absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::string& backend) {
-  fsdp::PlanRequest r;
-  r.model = s.config.name();
-  r.config = s.config;
-  r.world_size = world_size;
-  r.ranks_per_host = world_size % s.ranks_on_host == 0 ? s.ranks_on_host : 0;
-  r.strategy = s.model.sharding.strategy;
-  r.hybrid_shard_size = s.model.sharding.hybrid_shard_size;
-  r.param_dtype = s.model.sharding.mixed_precision.param_dtype;
-  r.reduce_dtype = s.model.sharding.mixed_precision.reduce_dtype;
-  r.checkpoint_every = s.model.checkpoint_every;
-  r.batch_size = s.model.batch_size;
-  r.seq_len = s.model.seq_len;
-  r.forward_prefetch = s.model.sharding.forward_prefetch;
-  r.backward_prefetch = s.model.sharding.backward_prefetch;
-  r.max_prefetch_units = s.model.sharding.max_prefetch_units;
-  const absl::StatusOr<fsdp::MemoryPlan> plan = fsdp::PlanMemory(r);
-  if (!plan.ok()) {
-    return absl::Status(plan.status().code(),
-                        absl::StrCat("the memory planner: ", plan.status().message()));
-  }
-  absl::Status fits = fsdp::CheckPlanFits(*plan, s.device_memory_bytes, s.ranks_on_host,
-                                          /*device_is_host=*/backend == "cpu" || backend == "sim");
-  if (!fits.ok() && s.device_memory_bytes > 0 && plan->peak_bytes > s.device_memory_bytes) {
-    return FlagError("device_memory_mib", absl::StrCat(s.device_memory_bytes >> 20), fits);
-  }
-  return fits;
-}
-
-// Every flag and FSDP_COMM_TIMEOUT_S, checked, and the data read, before any rank starts:
-// any error here is bad usage (exit code 2), reported before training. `rank` is this
-// process's rank under mpirun (0 for ranks as threads); `ranks_share_process`: ranks are
-// threads of this process, sharing its cores.
-absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, int rank,
-                                           bool ranks_share_process) {
-  Settings s;
-  FSDP_RETURN_IF_ERROR(fsdp::CommTimeoutFromEnv().status());
-
-  // The model: a named config means that config; --layers, --channels, --heads (and
-  // --kv_heads for Llama) override it. --model and --config are two names of one flag.
-  std::string config_flag = "config", config_name = absl::GetFlag(FLAGS_config);
-  if (const std::string m = absl::GetFlag(FLAGS_model); !m.empty()) {
-    if (!config_name.empty() && m != config_name) {
-      return BadFlag("model", m, absl::StrCat("--config=", config_name, " names another model; "
-                                              "give one of the two"));
-    }
-    config_flag = "model";
-    config_name = m;
-  }
-  if (config_name.empty()) config_name = "nano";
-  auto config = ModelConfig::FromName(config_name);
-  if (!config.ok()) return FlagError(config_flag, config_name, config.status());
-  const int layers = absl::GetFlag(FLAGS_layers), channels = absl::GetFlag(FLAGS_channels),
-            heads = absl::GetFlag(FLAGS_heads), kv_heads = absl::GetFlag(FLAGS_kv_heads);
-  if (layers < 0) return BadFlag("layers", layers, "allowed: 0 (keep the config's) or more");
-  if (channels < 0) return BadFlag("channels", channels, "allowed: 0 (keep the config's) or more");
-  if (heads < 0) return BadFlag("heads", heads, "allowed: 0 (keep the config's) or more");
-  if (kv_heads < 0) return BadFlag("kv_heads", kv_heads, "allowed: 0 (keep the config's) or more");
-  if (config->is_gpt()) {
-    if (kv_heads > 0) {
-      return BadFlag("kv_heads", kv_heads,
-                     absl::StrCat("only Llama models have key/value heads, not --", config_flag,
-                                  "=", config_name));
-    }
-    fsdp::nn::GptConfig c = config->gpt();
-    if (layers > 0) c.num_layers = layers;
-    if (channels > 0) c.channels = channels;
-    if (heads > 0) c.num_heads = heads;
-    s.config = c;
-  } else {
-    fsdp::nn::LlamaConfig c = config->llama();
-    if (layers > 0) c.num_layers = layers;
-    if (channels > 0) c.channels = channels;
-    if (heads > 0) c.num_heads = heads;
-    if (kv_heads > 0) c.num_kv_heads = kv_heads;
-    s.config = c;
-  }
-  if (absl::Status v = s.config.Validate(); !v.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", config_flag, "=", config_name, " with --layers=", layers, " --channels=", channels,
-        " --heads=", heads, config->is_llama() ? absl::StrCat(" --kv_heads=", kv_heads) : "",
-        ": ", v.message()));
-  }
-
-  // Ranks and sharding.
-  if (ranks_share_process && (world_size < 1 || world_size > 1024)) {
-    return BadFlag("ranks", world_size, "allowed: 1 to 1024 ranks as threads of this process");
-  }
-  const std::string strategy = absl::GetFlag(FLAGS_strategy);
-  auto parsed = fsdp::ParseStrategy(strategy);
-  if (!parsed.ok()) return FlagError("strategy", strategy, parsed.status());
-  s.model.sharding.strategy = *parsed;
-  const bool hybrid = *parsed == fsdp::ShardingStrategy::kHybridShard ||
-                      *parsed == fsdp::ShardingStrategy::kHybridShardGradOp;
-  const int hybrid_shard = absl::GetFlag(FLAGS_hybrid_shard);
-  if (!hybrid && hybrid_shard != 0) {
-    return BadFlag("hybrid_shard", hybrid_shard,
-                   absl::StrCat("only the HYBRID_SHARD and HYBRID_SHARD_GRAD_OP strategies use "
-                                "it, not --strategy=", std::string(fsdp::StrategyName(*parsed)),
-                                "; leave it out or choose a HYBRID strategy"));
-  }
-  if (hybrid && (hybrid_shard < 0 || hybrid_shard > world_size ||
-                 (hybrid_shard > 0 && world_size % hybrid_shard != 0))) {
-    return BadFlag("hybrid_shard", hybrid_shard,
-                   absl::StrCat("--strategy=", std::string(fsdp::StrategyName(*parsed)),
-                                " needs the ranks per shard group: a divisor of the ", world_size,
-                                " ranks, or 0 for the ranks of one host"));
-  }
-  s.model.sharding.hybrid_shard_size = hybrid_shard;
-  s.model.sharding.forward_prefetch = s.model.sharding.backward_prefetch =
-      absl::GetFlag(FLAGS_prefetch);
-  const int prefetch_units = absl::GetFlag(FLAGS_prefetch_units);
-  if (prefetch_units < 1 || prefetch_units > 64) {
-    return BadFlag("prefetch_units", prefetch_units,
-                   "allowed: 1 to 64 units (--noprefetch turns prefetching off)");
-  }
-  if (!absl::GetFlag(FLAGS_prefetch) && prefetch_units != 1) {
-    return BadFlag("prefetch_units", prefetch_units,
-                   "sets how far --prefetch looks ahead, and --noprefetch turns prefetching "
-                   "off; leave one of the two out");
-  }
-  s.model.sharding.max_prefetch_units = prefetch_units;
-
-  // Batch and sequence.
-  const int batch = absl::GetFlag(FLAGS_batch);
-  s.micro_batches = absl::GetFlag(FLAGS_micro_batches);
-  if (s.micro_batches < 1) return BadFlag("micro_batches", s.micro_batches, "allowed: 1 or more");
-  const int rows = world_size * s.micro_batches;
-  if (batch < 1 || batch % rows != 0) {
-    return BadFlag("batch", batch,
-                   absl::StrCat("allowed: a positive multiple of ", rows, " (", world_size,
-                                " ranks x ", s.micro_batches, " micro-batches)"));
-  }
-  s.model.batch_size = batch / rows;
-  s.model.seq_len = absl::GetFlag(FLAGS_seq);
-  if (s.model.seq_len < 1 || s.model.seq_len > s.config.block_size()) {
-    return BadFlag("seq", s.model.seq_len,
-                   absl::StrCat("allowed: 1 to the block size of --model=", s.config.name(),
-                                ", ", s.config.block_size()));
-  }
-
-  // Optimizer and schedule (MODEL_SPEC.md's AdamW defaults).
-  const double lr = absl::GetFlag(FLAGS_lr), beta1 = absl::GetFlag(FLAGS_beta1),
-               beta2 = absl::GetFlag(FLAGS_beta2), eps = absl::GetFlag(FLAGS_eps),
-               wd = absl::GetFlag(FLAGS_weight_decay), clip = absl::GetFlag(FLAGS_clip);
-  constexpr char kF32[] = " that an f32 holds (about 1.2e-38 to 3.4e+38)";
-  if (!FiniteAsFloat(lr) || lr <= 0) {
-    return BadFlag("lr", lr, absl::StrCat("allowed: a learning rate > 0", kF32));
-  }
-  if (!Finite(beta1) || beta1 < 0 || beta1 >= 1) return BadFlag("beta1", beta1, "allowed: [0, 1)");
-  if (!Finite(beta2) || beta2 < 0 || beta2 >= 1) return BadFlag("beta2", beta2, "allowed: [0, 1)");
-  if (!FiniteAsFloat(eps) || eps <= 0) {
-    return BadFlag("eps", eps, absl::StrCat("allowed: a number > 0", kF32));
-  }
-  if (!FiniteAsFloat(wd) || wd < 0) {
-    return BadFlag("weight_decay", wd, absl::StrCat("allowed: 0 or more", kF32));
-  }
-  if (!FiniteAsFloat(clip) || clip < 0) {
-    return BadFlag("clip", clip, absl::StrCat("allowed: 0 (off) or a norm > 0", kF32));
-  }
-  s.max_lr = static_cast<float>(lr);
-  s.model.sharding.adamw = {.lr = s.max_lr,
-                            .beta1 = static_cast<float>(beta1),
-                            .beta2 = static_cast<float>(beta2),
-                            .eps = static_cast<float>(eps),
-                            .weight_decay = static_cast<float>(wd)};
-  s.model.sharding.max_grad_norm = static_cast<float>(clip);
-  const std::string schedule = absl::GetFlag(FLAGS_schedule);
-  if (schedule == "cosine") {
-    s.schedule = Schedule::kCosine;
-  } else if (schedule == "constant") {
-    s.schedule = Schedule::kConstant;
-  } else {
-    return BadFlag("schedule", schedule, "allowed: cosine or constant");
-  }
-  s.warmup = absl::GetFlag(FLAGS_warmup);
-  if (s.warmup < 0) return BadFlag("warmup", s.warmup, "allowed: 0 (no warmup) or more steps");
-
-  // Mixed precision and activation checkpointing.
-  fsdp::MixedPrecision& mp = s.model.sharding.mixed_precision;
-  FSDP_ASSIGN_OR_RETURN(mp.param_dtype,
-                        FloatDTypeFlag("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
-  FSDP_ASSIGN_OR_RETURN(mp.reduce_dtype,
-                        FloatDTypeFlag("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
-  const double loss_scaling = absl::GetFlag(FLAGS_loss_scaling);
-  if (!Finite(loss_scaling) || loss_scaling < 0 || loss_scaling > 3e38) {
-    return BadFlag("loss_scaling", loss_scaling,
-                   "allowed: 0 (off) or the initial scale of dynamic loss scaling, e.g. 65536");
-  }
-  mp.dynamic_loss_scale = loss_scaling > 0;
-  if (mp.dynamic_loss_scale) mp.initial_loss_scale = static_cast<float>(loss_scaling);
-  if (mp.param_dtype == fsdp::DType::kF16 && !mp.dynamic_loss_scale) {
-    s.warnings.push_back(
-        "--param_dtype=f16 without --loss_scaling: small gradients may underflow to zero in "
-        "f16; consider --loss_scaling 65536");
-  }
-  s.model.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_blocks);
-  if (s.model.checkpoint_every < 0 || s.model.checkpoint_every > s.config.num_layers()) {
-    return BadFlag("checkpoint_every_blocks", s.model.checkpoint_every,
-                   absl::StrCat("allowed: 0 (off) to the number of layers, ", s.config.num_layers()));
-  }
-
-  const std::string nonfinite = absl::GetFlag(FLAGS_nonfinite);
-  if (nonfinite == "error") {
-    s.model.sharding.nonfinite = fsdp::NonFinitePolicy::kError;
-  } else if (nonfinite == "skip") {
-    s.model.sharding.nonfinite = fsdp::NonFinitePolicy::kSkip;
-  } else {
-    return BadFlag("nonfinite", nonfinite, "allowed: error or skip");
-  }
-  const int64_t device_mib = absl::GetFlag(FLAGS_device_memory_mib);
-  if (device_mib < 0 || device_mib > (int64_t{1} << 30)) {
-    return BadFlag("device_memory_mib", device_mib, "allowed: 0 (no limit) or a size in MiB");
-  }
-  s.device_memory_bytes = device_mib << 20;
-
-  // The run.
-  s.steps = absl::GetFlag(FLAGS_steps);
-  if (s.steps < 1) return BadFlag("steps", s.steps, "allowed: 1 or more optimizer steps");
-  if (s.warmup >= s.steps) {
-    s.warnings.push_back(absl::StrCat("--warmup=", s.warmup, " is not below --steps=", s.steps,
-                                      ": the learning rate never reaches --lr"));
-  }
-  s.log_every = absl::GetFlag(FLAGS_log_every);
-  if (s.log_every < 1) return BadFlag("log_every", s.log_every, "allowed: 1 or more steps");
-  s.eval_every = absl::GetFlag(FLAGS_eval_every);
-  if (s.eval_every < 0) {
-    return BadFlag("eval_every", s.eval_every, "allowed: 0 (only at the end) or more steps");
-  }
-  s.sample_tokens = absl::GetFlag(FLAGS_sample_tokens);
-  if (s.sample_tokens < 0) return BadFlag("sample_tokens", s.sample_tokens, "allowed: 0 or more");
-  const double temperature = absl::GetFlag(FLAGS_temperature);
-  if (!FiniteAsFloat(temperature) || temperature < 0) {
-    return BadFlag("temperature", temperature, "allowed: 0 (greedy) or a temperature > 0");
-  }
-  s.temperature = static_cast<float>(temperature);
-  s.prompt = absl::GetFlag(FLAGS_prompt);
-  s.seed = absl::GetFlag(FLAGS_seed);
-  s.model.seed = s.seed;
-
-  // Threads per rank: never more than this process may use.
-  const int hw = fsdp::HardwareThreads();
-  s.threads = absl::GetFlag(FLAGS_threads);
-  if (s.threads < 0 || s.threads > hw) {
-    return BadFlag("threads", s.threads,
-                   absl::StrCat("allowed: 0 (automatic) to the ", hw,
-                                " hardware threads this process may use"));
-  }
-  s.ranks_on_host = ranks_on_host;
-  const int per_rank = s.threads > 0 ? s.threads : std::max(1, hw / ranks_on_host);
-  if (ranks_share_process && per_rank * ranks_on_host > hw) {
-    s.warnings.push_back(absl::StrCat(
-        ranks_on_host, " ranks x ", per_rank, " threads = ", per_rank * ranks_on_host,
-        " threads on ", hw, " hardware threads: the ranks compete for the cores and every "
-        "step is slower",
-        s.threads > 0 ? "; use --threads 0 (automatic)" : "; use fewer --ranks"));
-  }
-
-  // The backend, from the registry: it exists in this build, can run here, and gives each
-  // rank of this process one (a PJRT plugin's devices).
-  s.backend = absl::GetFlag(FLAGS_backend);
-  const std::string plugin = absl::GetFlag(FLAGS_pjrt_plugin);
-  if (!plugin.empty() && s.backend != "pjrt") {
-    return BadFlag("pjrt_plugin", plugin, "only with --backend pjrt");
-  }
-  if (s.device_memory_bytes > 0) {
-    s.backend_options["memory_limit_bytes"] = absl::StrCat(s.device_memory_bytes);
-  }
-  if (s.backend == "cpu" || s.backend == "sim") {
-    s.backend_options["threads"] = absl::StrCat(s.threads);
-    s.backend_options["ranks_sharing_cores"] = absl::StrCat(ranks_on_host);
-  }
-  if (s.backend == "pjrt") {
-    if (!plugin.empty()) s.backend_options["plugin"] = plugin;
-    // The XLA CPU plugin makes as many devices as it is asked for; an accelerator has its chips.
-    const char* env = std::getenv("FSDP_PJRT_PLUGIN");
-    const std::string path = !plugin.empty() ? plugin : env != nullptr ? env : "";
-    if (absl::StrContains(std::filesystem::path(path).filename().string(), "cpu")) {
-      s.backend_options["devices"] = absl::StrCat(std::max(1, world_size));
-    }
-  }
-  if (absl::Status ok = fsdp::CheckBackend(s.backend, s.backend_options, world_size,
-                                           ranks_share_process);
-      !ok.ok()) {
-    const bool about_plugin = s.backend == "pjrt" && !plugin.empty() &&
-                              absl::StrContains(ok.message(), "plugin");
-    return absl::Status(ok.code(), absl::StrCat("--", about_plugin ? "pjrt_plugin" : "backend", "=",
-                                                about_plugin ? plugin : s.backend, ": ",
-                                                ok.message()));
-  }
-
-  // The data: read once, both splits large enough for one sequence.
-  const std::string path = absl::GetFlag(FLAGS_data);
-  const int64_t max_bytes = absl::GetFlag(FLAGS_max_data_bytes);
-  if (max_bytes < 1) return BadFlag("max_data_bytes", max_bytes, "allowed: 1 or more bytes");
-  fsdp::nn::TokenDataset data;
-  if (path.empty()) {
-    data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
-    s.data_name = "the embedded corpus";
-  } else {
-    auto read = fsdp::nn::TokenDataset::FromFile(path, s.config.vocab_size(),
-                                                  static_cast<uint64_t>(max_bytes));
-    if (!read.ok()) {
-      if (absl::IsResourceExhausted(read.status())) {
-        return FlagError("data", path,
-                         absl::Status(read.status().code(),
-                                      absl::StrCat(read.status().message(),
-                                                   "; raise --max_data_bytes to read it")));
-      }
-      return FlagError("data", path, read.status());
-    }
-    data = std::move(*read);
-    s.data_name = absl::StrCat("--data=", path);
-  }
-  constexpr double kValFraction = 0.1;
-  FSDP_ASSIGN_OR_RETURN(fsdp::nn::TrainValSplit split, fsdp::nn::SplitTrainVal(data, kValFraction));
-  const int64_t need = s.model.seq_len + 1;
-  for (const auto& [name, part] : {std::pair<const char*, const fsdp::nn::TokenDataset*>{
-                                       "training split (the first 90%", &split.train},
-                                   {"validation split (the last 10%", &split.val}}) {
-    if (part->size() < need) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          s.data_name, ": the ", name, " of its ", data.size(), " tokens) has ", part->size(),
-          " tokens, fewer than the T+1 = ", need, " that one sequence of --seq=",
-          s.model.seq_len, " needs: give at least ", SmallestCorpus(need, kValFraction),
-          " tokens of data, or a smaller --seq"));
-    }
-  }
-  s.data = std::make_shared<const fsdp::nn::TrainValSplit>(std::move(split));
-
-  // Files and directories: usable now, not found out after training.
-  s.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  s.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  if (s.checkpoint_every < 0) {
-    return BadFlag("checkpoint_every", s.checkpoint_every, "allowed: 0 (at the end) or more steps");
-  }
-  if (s.checkpoint_every > 0 && s.checkpoint_dir.empty()) {
-    return BadFlag("checkpoint_every", s.checkpoint_every, "needs --checkpoint_dir");
-  }
-  if (!s.checkpoint_dir.empty()) {
-    if (absl::Status w = fsdp::CheckCheckpointDirWritable(s.checkpoint_dir); !w.ok()) {
-      return FlagError("checkpoint_dir", s.checkpoint_dir, w);
-    }
-  }
-  s.init_safetensors = absl::GetFlag(FLAGS_init_safetensors);
-  if (!s.init_safetensors.empty()) {
-    FSDP_RETURN_IF_ERROR(CheckReadableFile("init_safetensors", s.init_safetensors));
-  }
-  s.allow_model_change = absl::GetFlag(FLAGS_allow_model_change);
-  s.export_path = absl::GetFlag(FLAGS_export_safetensors);
-  if (rank == 0) {  // rank 0 holds the lock, cleans up, saves the metadata and exports
-    FSDP_RETURN_IF_ERROR(PrepareOutputs(s, world_size, path));
-  }
-  FSDP_RETURN_IF_ERROR(CheckFitsMemory(s, world_size, s.backend));
-  return s;
-}
 
 std::string Seconds(double s) {
   char buf[32];
@@ -816,204 +167,231 @@ absl::Status InTrainGptTerms(const absl::Status& s) {
                     {"SafetensorsImportOptions::allow_model_change", "--allow_model_change"}}));
 }
 
-// Everything one rank does. Rank 0 prints.
-absl::Status RunRank(Communicator& world, const Settings& s) {
-  const bool lead = world.rank() == 0;
-  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<fsdp::Backend> backend,
-                        fsdp::CreateBackend(s.backend, s.backend_options, world.rank()));
+// ---- one rank's run, step by step ----------------------------------------------------------
+
+// Each micro-batch is one loader step, so the data order is that of B*N-row batches.
+struct Loaders {
+  fsdp::nn::DataLoader train, val;
+};
+absl::StatusOr<Loaders> MakeLoaders(const Settings& s, const Communicator& world) {
   const int B = s.model.batch_size, T = s.model.seq_len, N = world.size();
-  // Each micro-batch is one loader step, so the data order is that of B*N-row batches.
   FSDP_ASSIGN_OR_RETURN(auto train, fsdp::nn::DataLoader::Create(
       &s.data->train, {.batch_size = B, .seq_len = T, .rank = world.rank(), .world_size = N,
                        .seed = s.seed}));
   FSDP_ASSIGN_OR_RETURN(auto val, fsdp::nn::DataLoader::Create(
       &s.data->val, {.batch_size = B, .seq_len = T, .rank = world.rank(), .world_size = N,
                      .order = fsdp::nn::SampleOrder::kSequential}));
-  FSDP_ASSIGN_OR_RETURN(auto model,
-                        ShardedModel::Create(s.config, backend.get(), world, s.model));
-  if (!s.init_safetensors.empty()) {
-    fsdp::SafetensorsImportOptions import;
-    import.allow_model_change = s.allow_model_change;
-    FSDP_RETURN_IF_ERROR(InTrainGptTerms(
-        fsdp::ImportSafetensors(model->runtime(), s.init_safetensors, import)));
-    if (lead) std::printf("initialised the parameters from %s\n", s.init_safetensors.c_str());
-  }
-  std::unique_ptr<fsdp::LrSchedule> schedule;
+  return Loaders{std::move(train), std::move(val)};
+}
+
+// --init_safetensors: the parameters from a Hugging Face-style file.
+absl::Status InitFromSafetensors(const Settings& s, ShardedModel& model, bool lead) {
+  if (s.init_safetensors.empty()) return absl::OkStatus();
+  fsdp::SafetensorsImportOptions import;
+  import.allow_model_change = s.allow_model_change;
+  FSDP_RETURN_IF_ERROR(InTrainGptTerms(
+      fsdp::ImportSafetensors(model.runtime(), s.init_safetensors, import)));
+  if (lead) std::printf("initialised the parameters from %s\n", s.init_safetensors.c_str());
+  return absl::OkStatus();
+}
+
+std::unique_ptr<fsdp::LrSchedule> MakeSchedule(const Settings& s) {
   if (s.schedule == Schedule::kCosine) {
-    schedule = std::make_unique<fsdp::WarmupCosine>(s.warmup, s.steps, s.max_lr, s.max_lr / 10);
-  } else {
-    schedule = std::make_unique<WarmupConstant>(s.warmup, s.max_lr);
+    return std::make_unique<fsdp::WarmupCosine>(s.warmup, s.steps, s.max_lr, s.max_lr / 10);
   }
-  const int64_t tokens_per_step = static_cast<int64_t>(B) * T * N * s.micro_batches;
-  // Resume from the newest intact checkpoint, on any number of ranks or strategy. Rank 0
-  // first removes what crashed saves left; checkpoints without a valid COMMIT marker are
-  // skipped, saying so, and a save of the same step later replaces them.
-  const std::string& ckpt_dir = s.checkpoint_dir;
-  int start_step = 0;
-  std::vector<fsdp::SkippedCheckpoint> skipped;
-  if (!ckpt_dir.empty()) {
-    // (Rank 0 cleaned up what crashed saves left before any rank started.)
-    auto latest = fsdp::LatestCheckpoint(ckpt_dir, &skipped);
-    if (lead) {
-      for (const fsdp::SkippedCheckpoint& k : skipped) {
-        std::fprintf(stderr, "train_gpt: warning: skipping checkpoint %s: %s\n", k.path.c_str(),
-                     std::string(k.why.message()).c_str());
-      }
-    }
-    if (latest.ok()) {
-      fsdp::LoadOptions load;
-      load.allow_model_change = s.allow_model_change;
-      absl::StatusOr<fsdp::LoadedCheckpoint> loaded_or =
-          fsdp::LoadCheckpoint(model->runtime(), *latest, load);
-      if (!loaded_or.ok()) return InTrainGptTerms(loaded_or.status());
-      FSDP_ASSIGN_OR_RETURN(fsdp::LoadedCheckpoint loaded, std::move(loaded_or));
-      if (lead) {
-        for (const std::string& change : loaded.model_changes) {
-          std::fprintf(stderr, "train_gpt: warning: --allow_model_change: %s\n", change.c_str());
-        }
-        if (!loaded.model_recorded) {
-          std::fprintf(stderr, "train_gpt: warning: %s records no model configuration (saved "
-                       "by an older version): only its tensors' names and shapes were "
-                       "checked\n", latest->c_str());
-        }
-      }
-      if (loaded.state.data) FSDP_RETURN_IF_ERROR(train.Restore(*loaded.state.data));
-      start_step = static_cast<int>(loaded.step);
-      if (lead) {
-        std::printf("resumed from %s (step %d)%s\n", latest->c_str(), start_step,
-                    skipped.empty() ? "" : ", the newest intact checkpoint");
-      }
-    } else if (absl::IsNotFound(latest.status())) {
-      if (lead && !skipped.empty()) {
-        std::fprintf(stderr,
-                     "train_gpt: warning: no intact checkpoint in %s: starting from step 0\n",
-                     ckpt_dir.c_str());
-      }
-    } else {
-      return latest.status();
-    }
-  }
-  auto save = [&](int step) -> absl::Status {
-    fsdp::TrainingState state;
-    state.data = train.state();
-    const std::string dir = ckpt_dir + "/step-" + std::to_string(step);
-    const bool replaces = std::any_of(skipped.begin(), skipped.end(), [&](const auto& k) {
-      return std::filesystem::path(k.path).filename() == "step-" + std::to_string(step);
-    });
-    FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model->runtime(), dir, state));
-    if (lead) {
-      std::printf("saved %s%s\n", dir.c_str(),
-                  replaces ? " (replacing the damaged checkpoint of that name)" : "");
-    }
-    return absl::OkStatus();
-  };
+  return std::make_unique<WarmupConstant>(s.warmup, s.max_lr);
+}
+
+// Resumes from the newest intact checkpoint of --checkpoint_dir, on any number of ranks or
+// strategy, and returns its step (0 without one). Checkpoints without a valid COMMIT marker are
+// skipped, saying so (`skipped`), and a save of the same step later replaces them. (Rank 0
+// cleaned up what crashed saves left before any rank started.)
+absl::StatusOr<int> Resume(const Settings& s, ShardedModel& model, fsdp::nn::DataLoader& train,
+                           bool lead, std::vector<fsdp::SkippedCheckpoint>* skipped) {
+  if (s.checkpoint_dir.empty()) return 0;
+  auto latest = fsdp::LatestCheckpoint(s.checkpoint_dir, skipped);
   if (lead) {
-    const fsdp::MixedPrecision& mp = s.model.sharding.mixed_precision;
-    std::string extras;
-    if (mp.param_dtype != fsdp::DType::kF32 || mp.reduce_dtype != fsdp::DType::kF32) {
-      absl::StrAppend(&extras, " | params ", std::string(fsdp::DTypeName(mp.param_dtype)),
-                      ", reductions ", std::string(fsdp::DTypeName(mp.reduce_dtype)));
-    }
-    if (mp.dynamic_loss_scale) {
-      absl::StrAppend(&extras, " | dynamic loss scaling from ", mp.initial_loss_scale);
-    }
-    if (s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShard ||
-        s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShardGradOp) {
-      absl::StrAppend(&extras, " | mesh ", model->runtime().replicate_group().size(), " x ",
-                      model->runtime().shard_group().size(),
-                      s.model.sharding.hybrid_shard_size == 0 ? " (a shard group per host)" : "");
-    }
-    if (!s.model.sharding.forward_prefetch) {
-      absl::StrAppend(&extras, " | no prefetch");
-    } else if (s.model.sharding.max_prefetch_units > 1) {
-      absl::StrAppend(&extras, " | prefetch ", s.model.sharding.max_prefetch_units, " units ahead");
-    }
-    if (s.model.checkpoint_every > 0) {
-      absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,
-                      s.model.checkpoint_every == 1 ? " block" : " blocks");
-    }
-    const std::string heads =
-        s.config.is_gpt()
-            ? absl::StrCat("H=", s.config.gpt().num_heads)
-            : absl::StrCat("H=", s.config.llama().num_heads, " Hkv=", s.config.llama().num_kv_heads,
-                           " F=", s.config.llama().mlp_hidden);
-    const std::string device = "rank 0: " + backend->description();
-    std::printf("train_gpt: %s %s L=%d %s C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
-                "%d units | batch %d x %d per step | %d steps, lr %.2e %s, warmup %d | "
-                "%s%s\n",
-                s.config.is_gpt() ? "GPT" : "Llama", s.config.name().c_str(),
-                s.config.num_layers(), heads.c_str(), s.config.channels(),
-                s.config.vocab_size(), s.config.num_parameters() / 1e6,
-                std::string(fsdp::StrategyName(s.model.sharding.strategy)).c_str(), N,
-                std::string(world.backend()).c_str(), model->runtime().num_units(),
-                B * N * s.micro_batches, T, s.steps, s.max_lr,
-                s.schedule == Schedule::kCosine ? "cosine" : "constant", s.warmup,
-                device.c_str(), extras.c_str());
-    if (start_step >= s.steps) {
-      std::printf("nothing to train: the checkpoint is at step %d, --steps is %d\n", start_step,
-                  s.steps);
+    for (const fsdp::SkippedCheckpoint& k : *skipped) {
+      std::fprintf(stderr, "train_gpt: warning: skipping checkpoint %s: %s\n", k.path.c_str(),
+                   std::string(k.why.message()).c_str());
     }
   }
+  if (absl::IsNotFound(latest.status())) {
+    if (lead && !skipped->empty()) {
+      std::fprintf(stderr, "train_gpt: warning: no intact checkpoint in %s: starting from step 0\n",
+                   s.checkpoint_dir.c_str());
+    }
+    return 0;
+  }
+  if (!latest.ok()) return latest.status();
+  fsdp::LoadOptions load;
+  load.allow_model_change = s.allow_model_change;
+  absl::StatusOr<fsdp::LoadedCheckpoint> loaded_or =
+      fsdp::LoadCheckpoint(model.runtime(), *latest, load);
+  if (!loaded_or.ok()) return InTrainGptTerms(loaded_or.status());
+  FSDP_ASSIGN_OR_RETURN(fsdp::LoadedCheckpoint loaded, std::move(loaded_or));
+  if (lead) {
+    for (const std::string& change : loaded.model_changes) {
+      std::fprintf(stderr, "train_gpt: warning: --allow_model_change: %s\n", change.c_str());
+    }
+    if (!loaded.model_recorded) {
+      std::fprintf(stderr, "train_gpt: warning: %s records no model configuration (saved "
+                   "by an older version): only its tensors' names and shapes were "
+                   "checked\n", latest->c_str());
+    }
+  }
+  if (loaded.state.data) FSDP_RETURN_IF_ERROR(train.Restore(*loaded.state.data));
+  const int step = static_cast<int>(loaded.step);
+  if (lead) {
+    std::printf("resumed from %s (step %d)%s\n", latest->c_str(), step,
+                skipped->empty() ? "" : ", the newest intact checkpoint");
+  }
+  return step;
+}
+
+// Saves checkpoint step-<step> with the data position.
+absl::Status Save(const Settings& s, ShardedModel& model, const fsdp::nn::DataLoader& train,
+                  const std::vector<fsdp::SkippedCheckpoint>& skipped, int step, bool lead) {
+  fsdp::TrainingState state;
+  state.data = train.state();
+  const std::string name = "step-" + std::to_string(step);
+  const std::string dir = s.checkpoint_dir + "/" + name;
+  const bool replaces = std::any_of(skipped.begin(), skipped.end(), [&](const auto& k) {
+    return std::filesystem::path(k.path).filename() == name;
+  });
+  FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model.runtime(), dir, state));
+  if (lead) {
+    std::printf("saved %s%s\n", dir.c_str(),
+                replaces ? " (replacing the damaged checkpoint of that name)" : "");
+  }
+  return absl::OkStatus();
+}
+
+// The first line rank 0 prints: the model, the sharding, the batch, the schedule, the device.
+void PrintBanner(const Settings& s, const Communicator& world, ShardedModel& model,
+                 const fsdp::Backend& backend, int start_step) {
+  const fsdp::MixedPrecision& mp = s.model.sharding.mixed_precision;
+  std::string extras;
+  if (mp.param_dtype != fsdp::DType::kF32 || mp.reduce_dtype != fsdp::DType::kF32) {
+    absl::StrAppend(&extras, " | params ", std::string(fsdp::DTypeName(mp.param_dtype)),
+                    ", reductions ", std::string(fsdp::DTypeName(mp.reduce_dtype)));
+  }
+  if (mp.dynamic_loss_scale) {
+    absl::StrAppend(&extras, " | dynamic loss scaling from ", mp.initial_loss_scale);
+  }
+  if (s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShard ||
+      s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShardGradOp) {
+    absl::StrAppend(&extras, " | mesh ", model.runtime().replicate_group().size(), " x ",
+                    model.runtime().shard_group().size(),
+                    s.model.sharding.hybrid_shard_size == 0 ? " (a shard group per host)" : "");
+  }
+  if (!s.model.sharding.forward_prefetch) {
+    absl::StrAppend(&extras, " | no prefetch");
+  } else if (s.model.sharding.max_prefetch_units > 1) {
+    absl::StrAppend(&extras, " | prefetch ", s.model.sharding.max_prefetch_units, " units ahead");
+  }
+  if (s.model.checkpoint_every > 0) {
+    absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,
+                    s.model.checkpoint_every == 1 ? " block" : " blocks");
+  }
+  const std::string heads =
+      s.config.is_gpt()
+          ? absl::StrCat("H=", s.config.gpt().num_heads)
+          : absl::StrCat("H=", s.config.llama().num_heads, " Hkv=", s.config.llama().num_kv_heads,
+                         " F=", s.config.llama().mlp_hidden);
+  const std::string device = "rank 0: " + backend.description();
+  const int N = world.size();
+  std::printf("train_gpt: %s %s L=%d %s C=%d V=%d, %.2fM parameters | %s on %d ranks (%s), "
+              "%d units | batch %d x %d per step | %d steps, lr %.2e %s, warmup %d | "
+              "%s%s\n",
+              s.config.is_gpt() ? "GPT" : "Llama", s.config.name().c_str(),
+              s.config.num_layers(), heads.c_str(), s.config.channels(),
+              s.config.vocab_size(), s.config.num_parameters() / 1e6,
+              std::string(fsdp::StrategyName(s.model.sharding.strategy)).c_str(), N,
+              std::string(world.backend()).c_str(), model.runtime().num_units(),
+              s.model.batch_size * N * s.micro_batches, s.model.seq_len, s.steps, s.max_lr,
+              s.schedule == Schedule::kCosine ? "cosine" : "constant", s.warmup,
+              device.c_str(), extras.c_str());
+  if (start_step >= s.steps) {
+    std::printf("nothing to train: the checkpoint is at step %d, --steps is %d\n", start_step,
+                s.steps);
+  }
+}
+
+// What the training loop leaves for the summary.
+struct Trained {
+  double seconds = 0;
+  double first_loss = NAN, last_loss = NAN;  // the first and last progress lines' losses
+  float val_loss = NAN;
+};
+
+// Steps start_step .. --steps: micro-batches, the optimizer step, progress lines, evaluation,
+// and the checkpoints. Nothing that cannot be trusted is saved, and a run that did not train
+// does not end as a success (docs/failures.md, "A run that did nothing").
+absl::StatusOr<Trained> Train(const Settings& s, const Communicator& world, ShardedModel& model,
+                              Loaders& data, int start_step,
+                              const std::vector<fsdp::SkippedCheckpoint>& skipped, bool lead) {
+  const std::unique_ptr<fsdp::LrSchedule> schedule = MakeSchedule(s);
+  const int64_t tokens_per_step = static_cast<int64_t>(s.model.batch_size) * s.model.seq_len *
+                                  world.size() * s.micro_batches;
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  Trained out;
   double loss_sum = 0;
   int loss_count = 0;
-  double first_loss = NAN, last_loss = NAN;  // the first and last progress lines' losses
-  float val_loss = NAN;
   // Skipped steps (inf/NaN gradients) before this run, and at the last save.
-  const int64_t skipped_at_start = model->runtime().skipped_steps();
+  const int64_t skipped_at_start = model.runtime().skipped_steps();
   int64_t skipped_at_save = skipped_at_start;
   int saved_after = start_step;
   for (int step = start_step; step < s.steps; ++step) {
     double step_loss = 0;
     for (int m = 0; m < s.micro_batches; ++m) {
-      model->runtime().set_sync_gradients(m + 1 == s.micro_batches);  // no_sync until the last
-      const fsdp::nn::Batch b = train.Next();
-      FSDP_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(b.inputs.data(), b.targets.data()));
+      model.runtime().set_sync_gradients(m + 1 == s.micro_batches);  // no_sync until the last
+      const fsdp::nn::Batch b = data.train.Next();
+      FSDP_ASSIGN_OR_RETURN(float loss, model.ForwardBackward(b.inputs.data(), b.targets.data()));
       step_loss += loss / s.micro_batches;
     }
-    FSDP_ASSIGN_OR_RETURN(fsdp::StepStats stats, model->runtime().Step(*schedule));
-    FSDP_ASSIGN_OR_RETURN(float mean_loss, model->MeanOverRanks(static_cast<float>(step_loss)));
+    FSDP_ASSIGN_OR_RETURN(fsdp::StepStats stats, model.runtime().Step(*schedule));
+    FSDP_ASSIGN_OR_RETURN(float mean_loss, model.MeanOverRanks(static_cast<float>(step_loss)));
     loss_sum += mean_loss;
     ++loss_count;
     const bool last = step + 1 == s.steps;
     if (lead && ((step + 1) % s.log_every == 0 || step == start_step || last)) {
       const double t = elapsed();
       const double done = step + 1 - start_step;
-      last_loss = loss_sum / loss_count;
-      if (std::isnan(first_loss)) first_loss = last_loss;
-      const int64_t skipped = model->runtime().skipped_steps();
+      out.last_loss = loss_sum / loss_count;
+      if (std::isnan(out.first_loss)) out.first_loss = out.last_loss;
+      const int64_t skipped_steps = model.runtime().skipped_steps();
       std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %6.3f | %lld host syncs | %6.0f "
                   "tok/s | %s | ETA %s%s\n",
                   step + 1, s.steps, loss_sum / loss_count, stats.lr, stats.grad_norm,
                   static_cast<long long>(stats.host_syncs),
                   done * tokens_per_step / t, Seconds(t).c_str(),
                   Seconds(t / done * (s.steps - step - 1)).c_str(),
-                  skipped > 0 ? absl::StrCat(" | ", skipped, " steps skipped (inf/NaN)").c_str()
-                              : "");
+                  skipped_steps > 0
+                      ? absl::StrCat(" | ", skipped_steps, " steps skipped (inf/NaN)").c_str()
+                      : "");
       loss_sum = 0;
       loss_count = 0;
     }
     if (last || (s.eval_every > 0 && (step + 1) % s.eval_every == 0)) {
-      FSDP_ASSIGN_OR_RETURN(val_loss, Evaluate(*model, val));
-      if (lead) std::printf("step %5d/%d | val loss %.4f\n", step + 1, s.steps, val_loss);
+      FSDP_ASSIGN_OR_RETURN(out.val_loss, Evaluate(model, data.val));
+      if (lead) std::printf("step %5d/%d | val loss %.4f\n", step + 1, s.steps, out.val_loss);
     }
-    // Nothing that cannot be trusted is saved or exported, and a run that did not train does
-    // not end as a success (docs/failures.md, "A run that did nothing").
-    const int64_t skipped_now = model->runtime().skipped_steps();
+    const int64_t skipped_now = model.runtime().skipped_steps();
     if (last) {
       FSDP_RETURN_IF_ERROR(CheckTrained(s, step + 1 - start_step, skipped_now - skipped_at_start,
-                                        val_loss));
+                                        out.val_loss));
     }
-    if (!ckpt_dir.empty() &&
+    if (!s.checkpoint_dir.empty() &&
         (last || (s.checkpoint_every > 0 && (step + 1) % s.checkpoint_every == 0))) {
       if (!std::isfinite(mean_loss)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "the loss of step ", step + 1, " is ", mean_loss, ": the parameters cannot be "
-            "trusted, so step-", step + 1, " was not saved (", ckpt_dir, " keeps the last good "
-            "checkpoint). Lower --lr, keep --clip on, or resume from that checkpoint"));
+            "trusted, so step-", step + 1, " was not saved (", s.checkpoint_dir, " keeps the last "
+            "good checkpoint). Lower --lr, keep --clip on, or resume from that checkpoint"));
       }
       if (!last && skipped_now - skipped_at_save == step + 1 - saved_after) {
         if (lead) {
@@ -1024,36 +402,59 @@ absl::Status RunRank(Communicator& world, const Settings& s) {
                                     : absl::StrCat("step ", saved_after).c_str());
         }
       } else {
-        FSDP_RETURN_IF_ERROR(save(step + 1));
+        FSDP_RETURN_IF_ERROR(Save(s, model, data.train, skipped, step + 1, lead));
       }
       skipped_at_save = skipped_now;
       saved_after = step + 1;
     }
   }
+  out.seconds = elapsed();
+  return out;
+}
+
+// After training: the export, the summary, samples of text.
+absl::Status Finish(const Settings& s, ShardedModel& model, const fsdp::Backend& backend,
+                    int start_step, const Trained& t, bool lead) {
   if (!s.export_path.empty()) {
-    FSDP_RETURN_IF_ERROR(fsdp::ExportSafetensors(model->runtime(), s.export_path));
+    FSDP_RETURN_IF_ERROR(fsdp::ExportSafetensors(model.runtime(), s.export_path));
     if (lead) std::printf("exported %s\n", s.export_path.c_str());
   }
   if (lead && start_step < s.steps) {
     std::printf("trained %d steps in %s: loss %.4f -> %.4f, val loss %.4f\nmemory per rank: %s\n",
-                s.steps - start_step, Seconds(elapsed()).c_str(), first_loss, last_loss,
-                val_loss, fsdp::FormatMemoryReport(model->memory()).c_str());
-    if (!backend->is_host()) {
+                s.steps - start_step, Seconds(t.seconds).c_str(), t.first_loss, t.last_loss,
+                t.val_loss, fsdp::FormatMemoryReport(model.memory()).c_str());
+    if (!backend.is_host()) {
       std::printf("device memory of rank 0: peak %.1f MiB allocated through the backend\n",
-                  static_cast<double>(backend->memory_stats().peak_bytes) / (1 << 20));
+                  static_cast<double>(backend.memory_stats().peak_bytes) / (1 << 20));
     }
   }
   const int n = s.sample_tokens;
   if (n > 0 && s.config.vocab_size() == 256) {
     for (int i = 0; i < 2; ++i) {
       FSDP_ASSIGN_OR_RETURN(std::string text,
-                            Sample(*model, s.prompt, n, s.temperature, s.seed + i));
+                            Sample(model, s.prompt, n, s.temperature, s.seed + i));
       if (lead) std::printf("\n--- sample %d ---\n%s\n", i + 1, text.c_str());
     }
   } else if (n > 0 && lead) {
     std::printf("(sampling prints text only for byte-level models, V = 256)\n");
   }
   return absl::OkStatus();
+}
+
+// Everything one rank does. Rank 0 prints.
+absl::Status RunRank(Communicator& world, const Settings& s) {
+  const bool lead = world.rank() == 0;
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<fsdp::Backend> backend,
+                        fsdp::CreateBackend(s.backend, s.backend_options, world.rank()));
+  FSDP_ASSIGN_OR_RETURN(Loaders data, MakeLoaders(s, world));
+  FSDP_ASSIGN_OR_RETURN(auto model, ShardedModel::Create(s.config, backend.get(), world, s.model));
+  FSDP_RETURN_IF_ERROR(InitFromSafetensors(s, *model, lead));
+  std::vector<fsdp::SkippedCheckpoint> skipped;
+  FSDP_ASSIGN_OR_RETURN(const int start_step, Resume(s, *model, data.train, lead, &skipped));
+  if (lead) PrintBanner(s, world, *model, *backend, start_step);
+  FSDP_ASSIGN_OR_RETURN(const Trained trained,
+                        Train(s, world, *model, data, start_step, skipped, lead));
+  return Finish(s, *model, *backend, start_step, trained, lead);
 }
 
 int EnvInt(const char* name, int fallback) {
@@ -1111,6 +512,12 @@ int main(int argc, char** argv) {
       "Trains a GPT with sharded data parallelism (ranks as threads, or processes under "
       "mpirun) and samples from it. Exit codes: 0 trained, 1 failed after start-up, 2 bad "
       "usage (found before training).");
+  // --help lists the flags of train_gpt's files (train_gpt_settings.cc defines them).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "train_gpt");
+  };
+  absl::SetFlagsUsageConfig(usage);
   const std::vector<char*> positional = fsdp::cli::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     return Report(absl::InvalidArgumentError(absl::StrCat(
@@ -1149,7 +556,7 @@ int main(int argc, char** argv) {
     if (status.ok()) world->reset();
     return fsdp::FinishMpi(status, "train_gpt");
   }
-  const int ranks = absl::GetFlag(FLAGS_ranks);
+  const int ranks = train_gpt::RanksFlag();
   auto settings = SettingsFromFlags(ranks, ranks, 0, /*ranks_share_process=*/true);
   if (!settings.ok()) return Report(settings.status(), true);
   PrintWarnings(*settings);

@@ -281,7 +281,8 @@ class PjrtDataPlane final : public DataPlane {
  public:
   PjrtDataPlane(PjrtBackend* backend, PjrtBackend::Impl* impl, std::unique_ptr<Communicator> comm,
                 std::vector<int64_t> device_ids, int64_t launch_base)
-      : backend_(backend),
+      : DataPlane(backend, "pjrt"),
+        backend_(backend),
         impl_(impl),
         comm_(std::move(comm)),
         device_ids_(std::move(device_ids)),
@@ -292,49 +293,22 @@ class PjrtDataPlane final : public DataPlane {
   int size() const override { return comm_->size(); }
   const std::string& name() const override { return comm_->name(); }
 
-  absl::StatusOr<Event> AllGather(View send, View recv, Stream after) override {
-    FSDP_RETURN_IF_ERROR(Check("all_gather", send, recv, false));
-    if (recv.count != send.count * size()) {
-      return Invalid("all_gather", absl::StrCat("recv holds ", recv.count, " elements, not ",
-                                                size(), " x ", send.count));
-    }
-    return Issue(CollectiveKind::kAllGather, ReduceOp::kSum, send, recv, after,
-                 pjrt::AllGatherProgram(size(), send.count, send.dtype));
-  }
-  absl::StatusOr<Event> ReduceScatter(View send, View recv, ReduceOp op, Stream after) override {
-    FSDP_RETURN_IF_ERROR(Check("reduce_scatter", send, recv, true));
-    if (send.count != recv.count * size()) {
-      return Invalid("reduce_scatter", absl::StrCat("send holds ", send.count, " elements, not ",
-                                                    size(), " x ", recv.count));
-    }
-    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after,
-                 pjrt::ReduceScatterProgram(size(), send.count, send.dtype, op));
-  }
-  absl::StatusOr<Event> AllReduce(View send, View recv, ReduceOp op, Stream after) override {
-    FSDP_RETURN_IF_ERROR(Check("all_reduce", send, recv, true));
-    if (send.count != recv.count) {
-      return Invalid("all_reduce",
-                     absl::StrCat("send holds ", send.count, " elements, recv ", recv.count));
-    }
-    return Issue(CollectiveKind::kAllReduce, op, send, recv, after,
-                 pjrt::AllReduceProgram(size(), send.count, send.dtype, op));
-  }
   void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
 
  private:
-  absl::Status Invalid(const char* what, const std::string& why) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pjrt data plane '", name(), "' ", what, ": ", why));
+  absl::StatusOr<Event> EnqueueAllGather(View send, View recv, Stream after) override {
+    return Issue(CollectiveKind::kAllGather, ReduceOp::kSum, send, recv, after,
+                 pjrt::AllGatherProgram(size(), send.count, send.dtype));
   }
-  absl::Status Check(const char* what, const View& send, const View& recv, bool reduces) const {
-    FSDP_RETURN_IF_ERROR(CheckView(backend_, send, "send"));
-    FSDP_RETURN_IF_ERROR(CheckView(backend_, recv, "recv"));
-    if (send.dtype != recv.dtype) return Invalid(what, "send and recv have different dtypes");
-    if (reduces && !IsFloat16Or32(send.dtype)) {
-      return Invalid(what, absl::StrCat("reductions take f32, bf16 and f16, not ",
-                                        std::string(DTypeName(send.dtype))));
-    }
-    return absl::OkStatus();
+  absl::StatusOr<Event> EnqueueReduceScatter(View send, View recv, ReduceOp op,
+                                             Stream after) override {
+    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after,
+                 pjrt::ReduceScatterProgram(size(), send.count, send.dtype, op));
+  }
+  absl::StatusOr<Event> EnqueueAllReduce(View send, View recv, ReduceOp op,
+                                         Stream after) override {
+    return Issue(CollectiveKind::kAllReduce, op, send, recv, after,
+                 pjrt::AllReduceProgram(size(), send.count, send.dtype, op));
   }
 
   // The other ranks make the same call: all pass (kind, count, dtype, op, ok) and compare.
@@ -347,21 +321,27 @@ class PjrtDataPlane final : public DataPlane {
     FSDP_RETURN_IF_ERROR(comm_->AllGather(ConstBufferView{mine, 5, DType::kI64},
                                           BufferView{all.data(), 5 * n, DType::kI64}));
     FSDP_RETURN_IF_ERROR(ready);
+    const int64_t seq = agreed_++;  // calls run one at a time, in order, on the comm stream
+    bool same = true;
     for (int r = 0; r < n; ++r) {
       const int64_t* d = &all[5 * static_cast<size_t>(r)];
       if (d[4] == 0) {
         return absl::AbortedError(absl::StrCat("rank ", r, " failed before the collective"));
       }
-      if (!std::equal(d, d + 4, mine)) {
-        return Fail(absl::InvalidArgumentError(
-            absl::StrCat("rank ", r,
-                         " made a different collective call "
-                         "(kind, count, dtype, op) = (",
-                         absl::StrJoin(d, d + 4, ", "), ") than rank ", rank(), " (",
-                         absl::StrJoin(mine, mine + 4, ", "), ")")));
-      }
+      same = same && std::equal(d, d + 4, mine);
     }
-    return absl::OkStatus();
+    if (same) return absl::OkStatus();
+    std::vector<std::string> calls;
+    for (int r = 0; r < n; ++r) {
+      const int64_t* d = &all[5 * static_cast<size_t>(r)];
+      CollectiveCall c;
+      c.kind = static_cast<CollectiveKind>(d[0]);
+      c.count = d[1];
+      c.dtype = static_cast<DType>(d[2]);
+      c.op = static_cast<ReduceOp>(d[3]);
+      calls.push_back(DescribeCall(c));
+    }
+    return Fail(ScheduleMismatch(seq, name(), calls, " (pjrt data plane)"));
   }
 
   // Fails the group: this call and the later ones fail on every rank.
@@ -425,6 +405,7 @@ class PjrtDataPlane final : public DataPlane {
   std::unique_ptr<Communicator> comm_;
   const std::vector<int64_t> device_ids_;  // global device id of each rank
   const int64_t launch_base_;
+  int64_t agreed_ = 0;  // calls agreed on so far: the sequence number of the next
   int64_t seq_ = 0;
 };
 

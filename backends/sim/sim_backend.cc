@@ -256,43 +256,33 @@ namespace {
 class SimDataPlane final : public DataPlane {
  public:
   SimDataPlane(SimBackend* backend, SimBackend::Impl* impl, std::unique_ptr<Communicator> comm)
-      : backend_(backend), impl_(impl), comm_(std::move(comm)) {}
+      : DataPlane(backend, "sim"), backend_(backend), impl_(impl), comm_(std::move(comm)) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   const std::string& name() const override { return comm_->name(); }
 
-  absl::StatusOr<Event> AllGather(View send, View recv, Stream after) override {
-    FSDP_RETURN_IF_ERROR(Check(send, recv));
+  void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
+
+ private:
+  absl::StatusOr<Event> EnqueueAllGather(View send, View recv, Stream after) override {
     return Issue("all_gather", after, [send, recv](Communicator& c) {
       return c.AllGather(ConstBufferView{StorageOf(send), send.count, send.dtype},
                          BufferView{StorageOf(recv), recv.count, recv.dtype});
     });
   }
-  absl::StatusOr<Event> ReduceScatter(View send, View recv, ReduceOp op, Stream after) override {
-    FSDP_RETURN_IF_ERROR(Check(send, recv));
+  absl::StatusOr<Event> EnqueueReduceScatter(View send, View recv, ReduceOp op,
+                                             Stream after) override {
     return Issue("reduce_scatter", after, [send, recv, op](Communicator& c) {
       return c.ReduceScatter(ConstBufferView{StorageOf(send), send.count, send.dtype},
                              BufferView{StorageOf(recv), recv.count, recv.dtype}, op);
     });
   }
-  absl::StatusOr<Event> AllReduce(View send, View recv, ReduceOp op, Stream after) override {
-    FSDP_RETURN_IF_ERROR(Check(send, recv));
+  absl::StatusOr<Event> EnqueueAllReduce(View send, View recv, ReduceOp op,
+                                         Stream after) override {
     return Issue("all_reduce", after, [send, recv, op](Communicator& c) {
       return c.AllReduce(ConstBufferView{StorageOf(send), send.count, send.dtype},
                          BufferView{StorageOf(recv), recv.count, recv.dtype}, op);
     });
-  }
-  void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
-
- private:
-  absl::Status Check(const View& send, const View& recv) const {
-    for (const View* v : {&send, &recv}) {
-      if (v->count > 0 && v->backend != backend_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sim data plane '", comm_->name(), "': a buffer is not on this rank's device"));
-      }
-    }
-    return absl::OkStatus();
   }
   absl::StatusOr<Event> Issue(const char* what, Stream after,
                               std::function<absl::Status(Communicator&)> run) {

@@ -95,20 +95,13 @@ void LocalGroup::Decide(Slot& s) {
     same = same && p.call.SameSchedule(s.posts[0].call) && p.label == s.posts[0].label;
   }
   if (!same) {
-    std::vector<std::pair<std::string, std::vector<int>>> calls;  // in order of first rank
+    std::vector<std::string> calls;
     for (int q = 0; q < size_; ++q) {
       std::string d = DescribeCall(s.posts[q].call);
       if (s.posts[q].call.kind == CollectiveKind::kSplit) d += " label '" + s.posts[q].label + "'";
-      auto it = std::find_if(calls.begin(), calls.end(), [&](auto& c) { return c.first == d; });
-      if (it == calls.end()) calls.push_back({d, {q}}); else it->second.push_back(q);
+      calls.push_back(std::move(d));
     }
-    std::vector<std::string> parts;
-    for (auto& [d, ranks] : calls) {
-      parts.push_back(absl::StrFormat("ranks [%s] called %s", absl::StrJoin(ranks, ", "), d));
-    }
-    s.verdict = absl::FailedPreconditionError(absl::StrFormat(
-        "schedule mismatch at sequence %d of group '%s': %s", s.seq, name_,
-        absl::StrJoin(parts, "; ")));
+    s.verdict = ScheduleMismatch(s.seq, name_, calls);
     if (failure_.ok()) {
       failure_ = s.verdict;
       failure_seq_ = s.seq;

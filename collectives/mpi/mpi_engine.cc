@@ -195,22 +195,14 @@ void MpiGroup::Verify(MpiOp& op) {
     op.stage = MpiOp::Stage::kReady;
     return;
   }
-  std::vector<std::pair<std::string, std::vector<int>>> calls;
+  std::vector<std::string> calls;
   for (int q = 0; q < size_; ++q) {
     std::string d = DescribeCall(CallOf(op.all[q]));
     if (op.all[q].seq != op.seq) d += absl::StrFormat(" as its sequence %d", op.all[q].seq);
-    auto it = std::find_if(calls.begin(), calls.end(), [&](auto& c) { return c.first == d; });
-    if (it == calls.end()) calls.push_back({d, {q}}); else it->second.push_back(q);
-  }
-  std::vector<std::string> parts;
-  for (auto& [d, ranks] : calls) {
-    parts.push_back(absl::StrFormat("ranks [%s] called %s", absl::StrJoin(ranks, ", "), d));
+    calls.push_back(std::move(d));
   }
   // Every rank sees the same fingerprints, so every rank fails the group on its own.
-  Fail(absl::FailedPreconditionError(absl::StrFormat(
-           "schedule mismatch at sequence %d of group '%s': %s", op.seq, name_,
-           absl::StrJoin(parts, "; "))),
-       op.seq, false);
+  Fail(ScheduleMismatch(op.seq, name_, calls), op.seq, false);
 }
 
 void MpiGroup::DecideTransport(const MpiOp& op) {

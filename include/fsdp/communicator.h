@@ -105,6 +105,12 @@ struct CollectiveCall {
 };
 // "all_gather(count=10, f32)", "reduce_scatter(count=3, bf16, avg)", "broadcast(count=4, f16, root=1)".
 std::string DescribeCall(const CollectiveCall& call);
+// The verdict when the ranks of group `group` made different calls at sequence `seq`:
+// FailedPrecondition "schedule mismatch at sequence <seq> of group '<group>'<where>: ranks [0, 2]
+// called <call>; ranks [1] called <call>; every rank must issue the same collectives in the same
+// order; the group failed", `calls[q]` describing rank q's call (DescribeCall and more).
+absl::Status ScheduleMismatch(int64_t seq, std::string_view group,
+                              const std::vector<std::string>& calls, std::string_view where = "");
 // Checks the arguments of `call` as made by `rank` of a group of `size` (counts, pointers,
 // root, in-place aliasing). OK or InvalidArgument saying what is wrong.
 absl::Status ValidateCall(const CollectiveCall& call, int rank, int size);

@@ -180,7 +180,7 @@ TEST(SimBackendTest, DataPlaneRefusesAnotherDevicesBuffer) {
     FSDP_ASSIGN_OR_RETURN(Buffer mine, Buffer::Create(sim.get(), 16));
     auto s = plane->AllGather(foreign.view(), mine.view(), Stream::kCompute);
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(s.status().message(), HasSubstr("not on this rank's device"));
+    EXPECT_THAT(s.status().message(), HasSubstr("not memory of this rank's sim backend"));
     return absl::OkStatus();
   }).ok());
 }

@@ -561,8 +561,9 @@ TEST_P(PjrtDataPlaneTest, DifferentCallsOnTheRanksFailOnEveryRank) {
         plane.AllReduce(x->view().Slice(0, count), x->view().Slice(0, count), ReduceOp::kSum);
     ASSERT_TRUE(e.ok());
     absl::Status s = b.Sync(*e);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(s.message(), HasSubstr("different collective call"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), HasSubstr("schedule mismatch at sequence 0 of group"));
+    EXPECT_THAT(s.message(), HasSubstr("ranks [0] called all_reduce(count=16, f32, sum)"));
     // The group has failed: a later, matching call fails too.
     e = plane.AllReduce(x->view(), x->view(), ReduceOp::kSum);
     ASSERT_TRUE(e.ok());
