@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "fsdp/bench.h"
+#include "fsdp/bench_report.h"
 #include "fsdp/files.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/mpi_world.h"

@@ -2,7 +2,8 @@
 include_guard(GLOBAL)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS fsdp EXPORT fsdpTargets
+# fsdp::report: the harness reports of fsdp/bench_report.h, a library of its own.
+install(TARGETS fsdp fsdp_report EXPORT fsdpTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/bench.h"
+#include "fsdp/bench_report.h"
 
 int main(int argc, char** argv) {
   fsdp::BenchConfig config;

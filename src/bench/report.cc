@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "fsdp/bench.h"
+#include "fsdp/bench_report.h"
 #include "src/core/json.h"
 
 namespace fsdp {

@@ -1,5 +1,7 @@
 // The sharding runtime's state, shared by the files that implement it:
 //   unit.h           the unit record, the memory book, deferred frees (the bottom);
+//   device.cc        the device executor: every allocation (counted in the book) and stream
+//                    wait, which gather.cc and reduce.cc call down into;
 //   schedule.h       the unit schedule (hook states, prefetch, reduction queues), which this
 //                    Impl executes on the backend, as the planner and the projection execute
 //                    it on byte counts and clocks;

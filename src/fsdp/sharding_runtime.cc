@@ -84,21 +84,6 @@ absl::Status ShardingRuntime::Impl::ExpectState(int u, absl::string_view what,
       "unit, then FinishBackward"));
 }
 
-absl::StatusOr<Accounted> ShardingRuntime::Impl::Alloc(internal::Gauge& category,
-                                                       absl::string_view what, const Unit* unit,
-                                                       int64_t numel, DType dtype) {
-  const size_t bytes = static_cast<size_t>(numel) * DTypeSize(dtype);
-  absl::StatusOr<Buffer> b = Buffer::Create(backend, bytes);
-  if (!b.ok()) {
-    return absl::Status(b.status().code(),
-                        absl::StrCat("allocating ", what,
-                                     unit != nullptr ? absl::StrCat(" of unit '", unit->name, "'")
-                                                     : std::string(),
-                                     " (", bytes, " bytes): ", b.status().message()));
-  }
-  return Accounted(*std::move(b), &book, &category);
-}
-
 UnitView ShardingRuntime::Impl::MakeView(int u, bool with_grads) const {
   const Unit& unit = units[u];
   UnitView v;
@@ -134,15 +119,6 @@ absl::Status ShardingRuntime::Impl::GatherToHost(const Unit& unit, const Account
   absl::Status s = backend->CopyToHost(out, tmp.view().Slice(0, numel));
   pending.Collect();
   return s;
-}
-
-absl::Status ShardingRuntime::Impl::StreamWait(Stream s, const Event& e, absl::string_view name,
-                                               const std::string& unit) {
-  if (backend->is_host() && !e.Done()) {
-    TraceSpan span(std::string_view(name.data(), name.size()), kWaitStream, {{"unit", unit}});
-    return backend->Wait(s, e);
-  }
-  return backend->Wait(s, e);
 }
 
 void ShardingRuntime::Impl::Quiesce() {

@@ -3,6 +3,7 @@
 // communication that prefetch reduces; the fsdp_bench command line writes files that parse and
 // rejects bad flags with exit code 2.
 #include "fsdp/bench.h"
+#include "fsdp/bench_report.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
