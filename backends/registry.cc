@@ -164,6 +164,18 @@ absl::Status Unknown(std::string_view name) {
                    BackendNames()));
 }
 
+// The registration of `name` when it exists, takes every key of `options` and can run here.
+absl::StatusOr<BackendRegistration> Usable(std::string_view name, const BackendOptions& options) {
+  std::optional<BackendRegistration> r = Registry::Get().Find(name);
+  if (!r) return Unknown(name);
+  FSDP_RETURN_IF_ERROR(CheckKeys(*r, options));
+  const std::string why = r->unavailable ? r->unavailable(options) : std::string();
+  if (!why.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("backend '", std::string(name), "': ", why));
+  }
+  return *std::move(r);
+}
+
 }  // namespace
 
 absl::Status RegisterBackend(BackendRegistration registration) {
@@ -195,72 +207,53 @@ std::string BackendNames() {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
                                                        const BackendOptions& options, int rank) {
-  const std::optional<BackendRegistration> r = Registry::Get().Find(name);
-  if (!r) return Unknown(name);
-  FSDP_RETURN_IF_ERROR(CheckKeys(*r, options));
-  if (r->unavailable) {
-    const std::string why = r->unavailable(options);
-    if (!why.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("backend '", std::string(name), "': ", why));
-    }
-  }
-  return r->create(options, rank);
+  FSDP_ASSIGN_OR_RETURN(const BackendRegistration r, Usable(name, options));
+  return r.create(options, rank);
 }
 
 absl::Status CheckBackend(std::string_view name, const BackendOptions& options, int ranks,
                           bool threads) {
-  const std::optional<BackendRegistration> r = Registry::Get().Find(name);
-  if (!r) return Unknown(name);
-  FSDP_RETURN_IF_ERROR(CheckKeys(*r, options));
-  if (r->unavailable) {
-    const std::string why = r->unavailable(options);
-    if (!why.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("backend '", std::string(name), "': ", why));
-    }
-  }
-  if (r->threads_only && !threads) {
+  FSDP_ASSIGN_OR_RETURN(const BackendRegistration r, Usable(name, options));
+  if (r.threads_only && !threads) {
     return absl::InvalidArgumentError(
         absl::StrCat("backend '", std::string(name),
                      "' connects ranks as threads of one process, not as processes (mpirun)"));
   }
-  if (r->check) return r->check(options, ranks);
+  if (r.check) return r.check(options, ranks);
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> BackendOptionInt(std::string_view backend, const BackendOptions& options,
-                                         std::string_view key, int64_t fallback, int64_t min) {
+namespace {
+
+// Option `key` as a number of type T (from_chars, the whole text, finite), at least `min`.
+template <typename T>
+absl::StatusOr<T> BackendOptionNumber(std::string_view backend, const BackendOptions& options,
+                                      std::string_view key, T fallback, T min, const char* kind) {
   const auto it = options.find(key);
   if (it == options.end()) return fallback;
   const std::string& v = it->second;
-  int64_t x = 0;
+  const std::string where =
+      absl::StrCat("backend ", std::string(backend), ": option ", std::string(key), "=");
+  T x = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || end != v.data() + v.size() || v.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("backend ", std::string(backend), ": option ", std::string(key), "='", v,
-                                                   "' is not an integer"));
+  if (ec != std::errc() || end != v.data() + v.size() || v.empty() ||
+      !std::isfinite(static_cast<double>(x))) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "'", v, "' is not ", kind));
   }
-  if (x < min) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backend ", std::string(backend), ": option ", std::string(key), "=", x, " is below ", min));
-  }
+  if (x < min) return absl::InvalidArgumentError(absl::StrCat(where, v, " is below ", min));
   return x;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> BackendOptionInt(std::string_view backend, const BackendOptions& options,
+                                         std::string_view key, int64_t fallback, int64_t min) {
+  return BackendOptionNumber<int64_t>(backend, options, key, fallback, min, "an integer");
 }
 
 absl::StatusOr<double> BackendOptionDouble(std::string_view backend, const BackendOptions& options,
                                            std::string_view key, double fallback, double min) {
-  const auto it = options.find(key);
-  if (it == options.end()) return fallback;
-  const std::string& v = it->second;
-  double x = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || end != v.data() + v.size() || v.empty() || !std::isfinite(x)) {
-    return absl::InvalidArgumentError(absl::StrCat("backend ", std::string(backend), ": option ", std::string(key), "='", v,
-                                                   "' is not a finite number"));
-  }
-  if (x < min) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backend ", std::string(backend), ": option ", std::string(key), "=", v, " is below ", min));
-  }
-  return x;
+  return BackendOptionNumber<double>(backend, options, key, fallback, min, "a finite number");
 }
 
 absl::StatusOr<bool> BackendOptionBool(std::string_view backend, const BackendOptions& options,
