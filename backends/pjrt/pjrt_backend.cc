@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "backends/common/memory_counter.h"
 #include "absl/strings/str_join.h"
 #include "backends/pjrt/pjrt_ops.h"
 #include "backends/pjrt/stablehlo.h"
@@ -151,7 +152,7 @@ struct PjrtBackend::Impl {
   int device = 0;
   PjrtBackendOptions options;
   uint64_t id = g_next_backend_id.fetch_add(1);
-  std::atomic<int64_t> in_use{0}, peak{0}, allocs{0};
+  backend_kit::MemoryCounter memory;  // in use, peak, count, the limit
   std::unique_ptr<Queue> compute, comm;
   std::unique_ptr<Ops> ops;
 
@@ -439,6 +440,7 @@ absl::StatusOr<std::unique_ptr<PjrtBackend>> PjrtBackend::Create(
   impl->client = std::move(client);
   impl->device = device;
   impl->options = std::move(options);
+  impl->memory.set_limit(impl->options.memory_limit_bytes);
   impl->compute = std::make_unique<Queue>();
   impl->comm = std::make_unique<Queue>();
   Impl* m = impl.get();
@@ -468,16 +470,12 @@ int PjrtBackend::device() const { return impl_->device; }
 absl::StatusOr<Allocation> PjrtBackend::Allocate(size_t bytes) {
   if (bytes == 0) return Allocation{};
   impl_->Reap(/*wait_all=*/false);
-  const int64_t limit = impl_->options.memory_limit_bytes;
-  if (limit > 0 && impl_->in_use.load() + static_cast<int64_t>(bytes) > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "out of memory: ", bytes, " bytes asked for with ", impl_->in_use.load(), " of the ",
-        limit, "-byte limit in use; reduce the batch size, checkpoint activations or shard over "
-        "more ranks"));
-  }
+  const auto n = static_cast<int64_t>(bytes);
+  FSDP_ASSIGN_OR_RETURN(const int64_t now, impl_->memory.Reserve(n));
   // Zeroed pages from the system: the host side costs nothing until the copy reads them.
   void* zeros = std::calloc(bytes, 1);
   if (zeros == nullptr) {
+    impl_->memory.Release(n);
     return absl::ResourceExhaustedError(
         absl::StrCat("out of memory: the host could not stage ", bytes, " bytes"));
   }
@@ -486,21 +484,19 @@ absl::StatusOr<Allocation> PjrtBackend::Allocate(size_t bytes) {
   absl::StatusOr<pjrt::DeviceBuffer> buf =
       impl_->client->FromHost(zeros, static_cast<int64_t>(bytes), impl_->device);
   std::free(zeros);
-  if (!buf.ok()) return buf.status();
-  storage->buf = *std::move(buf);
-  const auto n = static_cast<int64_t>(bytes);
-  const int64_t now = impl_->in_use.fetch_add(n) + n;
-  int64_t peak = impl_->peak.load();
-  while (now > peak && !impl_->peak.compare_exchange_weak(peak, now)) {
+  if (!buf.ok()) {
+    impl_->memory.Release(n);
+    return buf.status();
   }
-  impl_->allocs.fetch_add(1);
+  storage->buf = *std::move(buf);
+  impl_->memory.Commit(now);
   Storage* s = storage.release();
   return Allocation{s, s, bytes};
 }
 
 void PjrtBackend::Free(const Allocation& a) {
   if (a.storage == nullptr) return;
-  impl_->in_use.fetch_sub(static_cast<int64_t>(a.bytes));
+  impl_->memory.Release(static_cast<int64_t>(a.bytes));
   Impl::DeferredFree f{Record(Stream::kCompute), Record(Stream::kComm),
                        static_cast<Storage*>(a.storage)};
   {
@@ -511,10 +507,10 @@ void PjrtBackend::Free(const Allocation& a) {
 }
 
 MemoryStats PjrtBackend::memory_stats() const {
-  return MemoryStats{impl_->in_use.load(), impl_->peak.load(), impl_->allocs.load()};
+  return impl_->memory.stats();
 }
 
-void PjrtBackend::ResetPeak() { impl_->peak.store(impl_->in_use.load()); }
+void PjrtBackend::ResetPeak() { impl_->memory.ResetPeak(); }
 
 absl::Status PjrtBackend::DoCopyToHost(void* dst, View src, Stream s) {
   FSDP_RETURN_IF_ERROR(CheckView(this, src, "source"));

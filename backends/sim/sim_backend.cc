@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "backends/common/memory_counter.h"
 #include "absl/strings/str_join.h"
 #include "backends/host/host_ops.h"
 #include "collectives/control.h"
@@ -194,7 +195,7 @@ struct SimExec;
 struct SimBackend::Impl {
   SimBackendOptions options;
   uint64_t id = g_next_backend_id.fetch_add(1);
-  std::atomic<int64_t> in_use{0}, peak{0}, allocs{0};
+  backend_kit::MemoryCounter memory;  // in use, peak, count, the limit
   std::unique_ptr<SimStream> compute, comm;
   std::unique_ptr<internal::SimExec> exec;
   std::unique_ptr<Ops> ops;
@@ -344,6 +345,7 @@ absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->memory.set_limit(options.memory_limit_bytes);
   impl->compute = std::make_unique<SimStream>(std::string(kDeviceComputeStream), options.num_threads);
   impl->comm = std::make_unique<SimStream>(std::string(kDeviceCommStream), 1);
   std::unique_ptr<SimBackend> b(new SimBackend(std::move(impl)));
@@ -372,36 +374,25 @@ absl::StatusOr<Allocation> SimBackend::Allocate(size_t bytes) {
   if (bytes == 0) return Allocation{};
   impl_->Reap(/*wait_all=*/false);
   const auto n = static_cast<int64_t>(bytes);
-  const int64_t now = impl_->in_use.fetch_add(n) + n;
-  const int64_t limit = impl_->options.memory_limit_bytes;
-  if (limit > 0 && now > limit) {
-    impl_->in_use.fetch_sub(n);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "out of memory: ", bytes, " bytes asked for with ", now - n, " of the ", limit,
-        "-byte limit in use; reduce the batch size, checkpoint activations or shard over more "
-        "ranks"));
-  }
+  FSDP_ASSIGN_OR_RETURN(const int64_t now, impl_->memory.Reserve(n));
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   absl::StatusOr<uintptr_t> address = AddressSpace::Get().Reserve(rounded);
   void* storage = address.ok() ? std::aligned_alloc(64, rounded) : nullptr;
   if (storage == nullptr) {
     if (address.ok()) AddressSpace::Get().Release(*address, rounded);
-    impl_->in_use.fetch_sub(n);
+    impl_->memory.Release(n);
     return address.ok() ? absl::ResourceExhaustedError(absl::StrCat(
                               "out of memory: the system could not give ", bytes, " bytes"))
                         : address.status();
   }
-  int64_t peak = impl_->peak.load();
-  while (now > peak && !impl_->peak.compare_exchange_weak(peak, now)) {
-  }
-  impl_->allocs.fetch_add(1);
+  impl_->memory.Commit(now);
   return Allocation{reinterpret_cast<void*>(*address), storage, bytes};
 }
 
 void SimBackend::Free(const Allocation& a) {
   if (a.address == nullptr) return;
   const size_t rounded = (a.bytes + kAlignment - 1) / kAlignment * kAlignment;
-  impl_->in_use.fetch_sub(static_cast<int64_t>(a.bytes));
+  impl_->memory.Release(static_cast<int64_t>(a.bytes));
   // Stream-ordered, as cudaFreeAsync: the bytes go back once the work issued so far on both
   // streams has run (a buffer dropped on an error path may still be written by queued work).
   // Neither stream waits for the other.
@@ -415,10 +406,10 @@ void SimBackend::Free(const Allocation& a) {
 }
 
 MemoryStats SimBackend::memory_stats() const {
-  return MemoryStats{impl_->in_use.load(), impl_->peak.load(), impl_->allocs.load()};
+  return impl_->memory.stats();
 }
 
-void SimBackend::ResetPeak() { impl_->peak.store(impl_->in_use.load()); }
+void SimBackend::ResetPeak() { impl_->memory.ResetPeak(); }
 
 absl::Status SimBackend::DoCopyToHost(void* dst, View src, Stream s) {
   FSDP_RETURN_IF_ERROR(Record(s).Wait());

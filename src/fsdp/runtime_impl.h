@@ -110,6 +110,25 @@ struct ShardingRuntime::Impl {
 
   absl::Status FinishReduction(internal::Unit& unit, internal::Reduction stage);
   void AccumulateShard(internal::Unit& unit, fsdp::View add);
+
+  // ---- the optimizer step (sharding_runtime.cc), in the order Step() runs them -------------
+  // Every unit idle and synced, a backward pass since the last step, a usable learning rate.
+  absl::Status CheckStepAllowed(float lr);
+  // The global gradient norm over the shard group, on the device, and the clip factor.
+  struct GlobalNorm {
+    internal::Accounted scratch;  // holds the device scalars until the step's work has run
+    View factor;                  // f32: clip coefficient / k
+    double total_sq = 0;          // read on the host: whether to step, the norm to report
+  };
+  // `k` undoes the accumulation over micro-batches and the loss scale.
+  absl::StatusOr<GlobalNorm> ReduceGlobalNorm(double k);
+  // inf/NaN in the gradients: drops them on every rank and backs the loss scale off, or fails
+  // with OutOfRange naming this rank's units (NonFinitePolicy::kError without loss scaling).
+  absl::Status SkipNonFiniteStep(GlobalNorm norm, StepStats& stats);
+  // Clips (and averages), then steps every unit's optimizer and zeroes its gradient shard.
+  absl::Status ApplyOptimizers(GlobalNorm norm, float lr, double k, StepStats& stats);
+  // Collects what the device is done with; the host syncs and throttle waits of this step.
+  void CloseStep(StepStats& stats);
 };
 
 }  // namespace fsdp

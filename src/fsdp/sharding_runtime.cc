@@ -399,133 +399,153 @@ absl::Status ShardingRuntime::FinishForwardOnly() {
 
 absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   Impl& m = *impl_;
-  FSDP_RETURN_IF_ERROR(m.CheckUsable("Step"));
-  for (int u = 0; u < static_cast<int>(m.units.size()); ++u) {
-    const Unit& unit = m.units[u];
-    if (m.schedule->state(u) != UnitState::kIdle) {
-      return m.Fail(absl::FailedPreconditionError(absl::StrCat(
-          "Step(): unit '", unit.name, "' is ", internal::StateName(m.schedule->state(u)),
+  FSDP_RETURN_IF_ERROR(m.CheckStepAllowed(lr));
+  TraceSpan span("optimizer step", kComputeStream);
+  StepStats stats;
+  stats.lr = lr;
+  // Gradients hold the sum over k backward passes of loss_scale times the mean gradient.
+  const double k = static_cast<double>(m.passes_since_step) * m.scaler.scale();
+  FSDP_ASSIGN_OR_RETURN(Impl::GlobalNorm norm, m.ReduceGlobalNorm(k));
+  stats.grad_norm = std::sqrt(norm.total_sq) / k;
+  if (!std::isfinite(norm.total_sq)) {
+    FSDP_RETURN_IF_ERROR(m.SkipNonFiniteStep(std::move(norm), stats));
+  } else {
+    FSDP_RETURN_IF_ERROR(m.ApplyOptimizers(std::move(norm), lr, k, stats));
+  }
+  m.CloseStep(stats);
+  return stats;
+}
+
+absl::Status ShardingRuntime::Impl::CheckStepAllowed(float lr) {
+  FSDP_RETURN_IF_ERROR(CheckUsable("Step"));
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    const Unit& unit = units[u];
+    if (schedule->state(u) != UnitState::kIdle) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "Step(): unit '", unit.name, "' is ", internal::StateName(schedule->state(u)),
           "; finish the backward pass (PostBackward for every unit, then FinishBackward)")));
     }
-    if (m.schedule->unsynced(u)) {
-      return m.Fail(absl::FailedPreconditionError(absl::StrCat(
+    if (schedule->unsynced(u)) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
           "Step(): unit '", unit.name,
           "' holds gradients accumulated with sync_gradients off that were never reduced; "
           "run the last micro-batch's backward with sync_gradients on")));
     }
   }
-  if (m.passes_since_step == 0) {
-    return m.Fail(absl::FailedPreconditionError(
+  if (passes_since_step == 0) {
+    return Fail(absl::FailedPreconditionError(
         "Step() without a backward pass since the last step: there is no gradient"));
   }
   if (!std::isfinite(lr) || lr < 0) {
-    return m.Fail(absl::InvalidArgumentError(
+    return Fail(absl::InvalidArgumentError(
         absl::StrCat("Step(): the learning rate must be finite and >= 0, got ", lr)));
   }
-  RuntimeOps& ops = m.ops();
+  return absl::OkStatus();
+}
+
+// Each rank sums the squares of its shards (each element of the padded flat buffers lives on
+// exactly one rank of the shard group; replicas hold equal copies), the sums are gathered over
+// the shard group and added in rank order. Every rank gets the same sum, so the decisions that
+// follow are the same everywhere.
+absl::StatusOr<ShardingRuntime::Impl::GlobalNorm> ShardingRuntime::Impl::ReduceGlobalNorm(
+    double k) {
+  RuntimeOps& o = ops();
   const Stream cs = Stream::kCompute;
-  TraceSpan span("optimizer step", kComputeStream);
-  StepStats stats;
-  stats.lr = lr;
-  // The global norm, on the device: each rank sums the squares of its shards (each element of
-  // the padded flat buffers lives on exactly one rank of the shard group; replicas hold equal
-  // copies), the sums are gathered over the shard group and added in rank order. Every rank
-  // gets the same sum, so the decisions below are the same everywhere. Gradients hold the sum
-  // over k backward passes of loss_scale times the mean gradient.
-  const double k = static_cast<double>(m.passes_since_step) * m.scaler.scale();
-  FSDP_ASSIGN_OR_RETURN(Accounted scratch,
-                        m.Alloc(m.book.grad_buffers, "the global norm's scratch", nullptr,
-                                4 + 2 * m.S() + 3));
+  GlobalNorm norm;
+  FSDP_ASSIGN_OR_RETURN(norm.scratch, Alloc(book.grad_buffers, "the global norm's scratch",
+                                            nullptr, 4 + 2 * S() + 3));
   // f32 elements: [0, 2) this rank's sum (f64), [2, 4) the total (f64), then the S ranks'
   // sums as f32 pairs, this rank's pair, the factor.
-  const View scr = scratch.view();
+  const View scr = norm.scratch.view();
   const View local = scr.Slice(0, 2).As(DType::kF64), total = scr.Slice(2, 2).As(DType::kF64);
-  const View factor = scr.Slice(4 + 2 * m.S() + 2, 1);
-  FSDP_RETURN_IF_ERROR(m.backend->Memset(local, 0, cs));
-  for (const Unit& unit : m.units) ops.SumSquares(cs, local, unit.grad_shard.view());
-  if (m.S() > 1) {
-    const View mine = scr.Slice(4 + 2 * m.S(), 2), partials = scr.Slice(4, 2 * m.S());
-    ops.SplitF64(cs, mine, local);
-    FSDP_ASSIGN_OR_RETURN(Event gathered, m.shard_plane->AllGather(mine, partials, cs));
-    absl::Status w = m.StreamWait(cs, gathered, "gradient norm", "");
-    if (!w.ok()) return m.Fail(w);
-    ops.GlobalNormClip(cs, total, factor, partials, k, m.options.max_grad_norm);
+  norm.factor = scr.Slice(4 + 2 * S() + 2, 1);
+  FSDP_RETURN_IF_ERROR(backend->Memset(local, 0, cs));
+  for (const Unit& unit : units) o.SumSquares(cs, local, unit.grad_shard.view());
+  if (S() > 1) {
+    const View mine = scr.Slice(4 + 2 * S(), 2), partials = scr.Slice(4, 2 * S());
+    o.SplitF64(cs, mine, local);
+    FSDP_ASSIGN_OR_RETURN(Event gathered, shard_plane->AllGather(mine, partials, cs));
+    absl::Status w = StreamWait(cs, gathered, "gradient norm", "");
+    if (!w.ok()) return Fail(w);
+    o.GlobalNormClip(cs, total, norm.factor, partials, k, options.max_grad_norm);
   } else {
-    ops.GlobalNormClip(cs, total, factor, local, k, m.options.max_grad_norm);
+    o.GlobalNormClip(cs, total, norm.factor, local, k, options.max_grad_norm);
   }
   // The one value the host needs: whether to step at all, and the norm to report.
-  double total_sq = 0;
-  {
-    absl::Status r = m.backend->CopyToHost(&total_sq, total, cs);
-    if (!r.ok()) return m.Fail(r);
-  }
+  absl::Status r = backend->CopyToHost(&norm.total_sq, total, cs);
+  if (!r.ok()) return Fail(r);
+  return norm;
+}
+
+absl::Status ShardingRuntime::Impl::SkipNonFiniteStep(GlobalNorm norm, StepStats& stats) {
+  const bool scaling = scaler.enabled();
+  const bool error = !scaling && options.nonfinite == NonFinitePolicy::kError;
   // Units whose local shards hold inf or NaN, for the message (a host read only then).
-  auto nonfinite_here = [&]() -> std::vector<std::string> {
-    std::vector<std::string> out;
-    for (const Unit& unit : m.units) {
+  std::vector<std::string> here;
+  if (error) {
+    for (const Unit& unit : units) {
       std::vector<float> g(unit.layout.shard_numel);
-      if (!m.backend->CopyToHost(g.data(), unit.grad_shard.view()).ok()) continue;
+      if (!backend->CopyToHost(g.data(), unit.grad_shard.view()).ok()) continue;
       if (!std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); })) {
-        out.push_back(unit.name);
+        here.push_back(unit.name);
       }
     }
-    return out;
-  };
-  if (!std::isfinite(total_sq)) {
-    // Skip the step on every rank: drop the gradients, back the loss scale off.
-    const bool scaling = m.scaler.enabled();
-    const std::vector<std::string> here =
-        !scaling && m.options.nonfinite == NonFinitePolicy::kError ? nonfinite_here()
-                                                                    : std::vector<std::string>();
-    for (Unit& unit : m.units) FSDP_RETURN_IF_ERROR(m.backend->Memset(unit.grad_shard.view(), 0));
-    m.passes_since_step = 0;
-    m.pending.Add(std::move(scratch), {m.backend->Record(cs)});
-    if (!scaling && m.options.nonfinite == NonFinitePolicy::kError) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "Step(): the gradients of step ", m.steps + 1, " hold inf or NaN (global norm ",
-          std::sqrt(total_sq), "; ",
-          here.empty() ? std::string("in other ranks' shards")
-                       : absl::StrCat("in rank ", m.world->rank(), "'s shard of unit(s) ",
-                                      absl::StrJoin(here, ", ")),
-          "). The parameters were not updated and the gradients were dropped. Lower the "
-          "learning rate, clip gradients (max_grad_norm), use dynamic loss scaling for f16, "
-          "or set nonfinite = kSkip to skip such steps"));
-    }
-    m.scaler.OnSkipped();
-    stats.skipped = stats.nonfinite = true;
-    stats.grad_norm = std::sqrt(total_sq) / k;
-    stats.clip_coefficient = 0;
-    stats.step = m.steps;
-    stats.loss_scale = m.scaler.scale();
-  } else {
-    stats.grad_norm = std::sqrt(total_sq) / k;
-    stats.clip_coefficient = ClipCoefficient(stats.grad_norm, m.options.max_grad_norm);
-    // The factor (clip coefficient / k) was computed on the device; it is 1 exactly when
-    // there is no clipping and nothing to average.
-    const bool scale = m.options.max_grad_norm > 0 || k != 1.0;
-    for (Unit& unit : m.units) {
-      const View g = unit.grad_shard.view();
-      if (scale) ops.ScaleBy(cs, g, factor);
-      unit.optimizer->set_lr(lr);
-      absl::Status s = unit.optimizer->Step(unit.param_shard.view(), g);
-      if (!s.ok()) return m.Fail(s);
-      FSDP_RETURN_IF_ERROR(m.backend->Memset(g, 0, cs));
-    }
-    m.passes_since_step = 0;
-    stats.step = ++m.steps;
-    m.scaler.OnGoodStep();
-    stats.loss_scale = m.scaler.scale();
-    m.pending.Add(std::move(scratch), {m.backend->Record(cs)});
   }
+  // Skip the step on every rank: drop the gradients, back the loss scale off.
+  for (Unit& unit : units) FSDP_RETURN_IF_ERROR(backend->Memset(unit.grad_shard.view(), 0));
+  passes_since_step = 0;
+  pending.Add(std::move(norm.scratch), {backend->Record(Stream::kCompute)});
+  if (error) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "Step(): the gradients of step ", steps + 1, " hold inf or NaN (global norm ",
+        std::sqrt(norm.total_sq), "; ",
+        here.empty() ? std::string("in other ranks' shards")
+                     : absl::StrCat("in rank ", world->rank(), "'s shard of unit(s) ",
+                                    absl::StrJoin(here, ", ")),
+        "). The parameters were not updated and the gradients were dropped. Lower the "
+        "learning rate, clip gradients (max_grad_norm), use dynamic loss scaling for f16, "
+        "or set nonfinite = kSkip to skip such steps"));
+  }
+  scaler.OnSkipped();
+  stats.skipped = stats.nonfinite = true;
+  stats.clip_coefficient = 0;
+  stats.step = steps;
+  stats.loss_scale = scaler.scale();
+  return absl::OkStatus();
+}
+
+absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, double k,
+                                                    StepStats& stats) {
+  const Stream cs = Stream::kCompute;
+  stats.clip_coefficient = ClipCoefficient(stats.grad_norm, options.max_grad_norm);
+  // The factor (clip coefficient / k) was computed on the device; it is 1 exactly when there
+  // is no clipping and nothing to average.
+  const bool scale = options.max_grad_norm > 0 || k != 1.0;
+  for (Unit& unit : units) {
+    const View g = unit.grad_shard.view();
+    if (scale) ops().ScaleBy(cs, g, norm.factor);
+    unit.optimizer->set_lr(lr);
+    absl::Status s = unit.optimizer->Step(unit.param_shard.view(), g);
+    if (!s.ok()) return Fail(s);
+    FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, cs));
+  }
+  passes_since_step = 0;
+  stats.step = ++steps;
+  scaler.OnGoodStep();
+  stats.loss_scale = scaler.scale();
+  pending.Add(std::move(norm.scratch), {backend->Record(cs)});
+  return absl::OkStatus();
+}
+
+void ShardingRuntime::Impl::CloseStep(StepStats& stats) {
   // Everything of this step is issued; what the device no longer uses is given back (the host
   // does not wait for the rest: the next step's hooks collect it).
-  m.pending.Collect();
-  const int64_t syncs = m.backend->host_syncs();
-  stats.host_syncs = syncs - m.host_syncs_at_step;
-  stats.throttle_waits = m.throttle_waits - m.throttle_waits_at_step;
-  m.host_syncs_at_step = syncs;
-  m.throttle_waits_at_step = m.throttle_waits;
-  return stats;
+  pending.Collect();
+  const int64_t syncs = backend->host_syncs();
+  stats.host_syncs = syncs - host_syncs_at_step;
+  stats.throttle_waits = throttle_waits - throttle_waits_at_step;
+  host_syncs_at_step = syncs;
+  throttle_waits_at_step = throttle_waits;
 }
 
 // ---- inspection ---------------------------------------------------------------------------------
