@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "backends/common/deferred_frees.h"
 #include "backends/common/memory_counter.h"
 #include "absl/strings/str_join.h"
 #include "backends/pjrt/pjrt_ops.h"
@@ -160,25 +161,8 @@ struct PjrtBackend::Impl {
   Queue& stream(Stream s) { return s == Stream::kCompute ? *compute : *comm; }
 
   // Freed allocations, released once the work issued before the free has run on both streams.
-  struct DeferredFree {
-    Event compute, comm;
-    Storage* storage;
-  };
-  std::mutex free_mu;
-  std::deque<DeferredFree> deferred;
-  void Reap(bool wait_all) {
-    std::lock_guard<std::mutex> lock(free_mu);
-    std::erase_if(deferred, [&](DeferredFree& f) {
-      if (wait_all) {
-        f.compute.Wait().IgnoreError();
-        f.comm.Wait().IgnoreError();
-      } else if (!f.compute.Done() || !f.comm.Done()) {
-        return false;
-      }
-      delete f.storage;
-      return true;
-    });
-  }
+  backend_kit::DeferredFrees deferred;
+  void Reap(bool wait_all) { deferred.Reap(wait_all); }
 
   // Launches an op's program: its allocations locked (in address order, so the two streams
   // never deadlock), their buffers and the run-time values as arguments, the written
@@ -497,12 +481,9 @@ absl::StatusOr<Allocation> PjrtBackend::Allocate(size_t bytes) {
 void PjrtBackend::Free(const Allocation& a) {
   if (a.storage == nullptr) return;
   impl_->memory.Release(static_cast<int64_t>(a.bytes));
-  Impl::DeferredFree f{Record(Stream::kCompute), Record(Stream::kComm),
-                       static_cast<Storage*>(a.storage)};
-  {
-    std::lock_guard<std::mutex> lock(impl_->free_mu);
-    impl_->deferred.push_back(std::move(f));
-  }
+  Storage* storage = static_cast<Storage*>(a.storage);
+  impl_->deferred.Add(Record(Stream::kCompute), Record(Stream::kComm),
+                      [storage] { delete storage; });
   impl_->Reap(/*wait_all=*/false);
 }
 

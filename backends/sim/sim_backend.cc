@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "backends/common/deferred_frees.h"
 #include "backends/common/memory_counter.h"
 #include "absl/strings/str_join.h"
 #include "backends/host/host_ops.h"
@@ -204,28 +205,8 @@ struct SimBackend::Impl {
 
   // Freed allocations whose bytes go back once the work issued before the free has run on
   // both streams; checked at each Allocate and Free, without ever making a stream wait.
-  struct DeferredFree {
-    Event compute, comm;
-    void* storage;
-    uintptr_t address;
-    size_t rounded;
-  };
-  std::mutex free_mu;
-  std::deque<DeferredFree> deferred;
-  void Reap(bool wait_all) {
-    std::lock_guard<std::mutex> lock(free_mu);
-    std::erase_if(deferred, [&](DeferredFree& f) {
-      if (wait_all) {
-        f.compute.Wait().IgnoreError();  // a failed stream has still run its items
-        f.comm.Wait().IgnoreError();
-      } else if (!f.compute.Done() || !f.comm.Done()) {
-        return false;
-      }
-      std::free(f.storage);
-      AddressSpace::Get().Release(f.address, f.rounded);
-      return true;
-    });
-  }
+  backend_kit::DeferredFrees deferred;
+  void Reap(bool wait_all) { deferred.Reap(wait_all); }
   // The injected time of an op moving `bytes`.
   void Delay(size_t bytes) const {
     absl::Duration d = options.op_latency;
@@ -396,12 +377,12 @@ void SimBackend::Free(const Allocation& a) {
   // Stream-ordered, as cudaFreeAsync: the bytes go back once the work issued so far on both
   // streams has run (a buffer dropped on an error path may still be written by queued work).
   // Neither stream waits for the other.
-  Impl::DeferredFree f{Record(Stream::kCompute), Record(Stream::kComm), a.storage,
-                       reinterpret_cast<uintptr_t>(a.address), rounded};
-  {
-    std::lock_guard<std::mutex> lock(impl_->free_mu);
-    impl_->deferred.push_back(std::move(f));
-  }
+  void* storage = a.storage;
+  const auto address = reinterpret_cast<uintptr_t>(a.address);
+  impl_->deferred.Add(Record(Stream::kCompute), Record(Stream::kComm), [storage, address, rounded] {
+    std::free(storage);
+    AddressSpace::Get().Release(address, rounded);
+  });
   impl_->Reap(/*wait_all=*/false);
 }
 
