@@ -53,6 +53,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "backends/common/rendezvous.h"
 #include "backends/cuda/cuda_data_plane_common.h"
 #include "backends/cuda/cuda_internal.h"
 #include "collectives/control.h"
@@ -263,17 +264,6 @@ absl::StatusOr<Event> SharedGroup::Run(int rank, int64_t seq, const std::string&
   return end;
 }
 
-// The groups of shared-GPU planes being made: the ranks of a group meet here.
-struct SharedRendezvous {
-  std::shared_ptr<SharedGroup> group;
-  int taken = 0;
-};
-std::mutex g_shared_mu;
-std::map<std::string, SharedRendezvous>& SharedPlanes() {
-  static auto* planes = new std::map<std::string, SharedRendezvous>();
-  return *planes;
-}
-
 class SharedDeviceDataPlane final : public DataPlane {
  public:
   SharedDeviceDataPlane(CudaBackend& b, std::shared_ptr<SharedGroup> group, int rank)
@@ -450,15 +440,19 @@ absl::StatusOr<std::unique_ptr<DataPlane>> CreateSharedPlane(CudaBackend& b, Com
         "(the NCCL data plane)",
         group.name(), n, device, kMaxReduceInputs, kMaxReduceInputs));
   }
-  const std::string key = absl::StrCat(group.name(), "|", absl::StrJoin(backend_ids, ","));
-  std::shared_ptr<SharedGroup> shared;
-  {
-    std::lock_guard<std::mutex> lock(g_shared_mu);
-    SharedRendezvous& entry = SharedPlanes()[key];
-    if (entry.group == nullptr) entry.group = std::make_shared<SharedGroup>(group.name(), n);
-    shared = entry.group;
-    if (++entry.taken == n) SharedPlanes().erase(key);
-  }
+  // The ranks of the group meet (backends/common/rendezvous.h) to share one SharedGroup.
+  const std::string key =
+      absl::StrCat("cuda shared-GPU|", group.name(), "|", absl::StrJoin(backend_ids, ","));
+  FSDP_ASSIGN_OR_RETURN(
+      std::shared_ptr<SharedGroup> shared,
+      backend_kit::Rendezvous<SharedGroup>::Join<std::shared_ptr<SharedGroup>>(
+          key, n,
+          [&]() -> absl::StatusOr<std::unique_ptr<SharedGroup>> {
+            return std::make_unique<SharedGroup>(group.name(), n);
+          },
+          [](const std::shared_ptr<SharedGroup>& g) -> absl::StatusOr<std::shared_ptr<SharedGroup>> {
+            return g;
+          }));
   shared->Join(group.rank(), FailureOf(b));
   return std::unique_ptr<DataPlane>(new SharedDeviceDataPlane(b, std::move(shared), group.rank()));
 }

@@ -16,7 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/common/deferred_frees.h"
+#include "backends/common/host_event.h"
 #include "backends/common/memory_counter.h"
+#include "backends/common/rendezvous.h"
 #include "absl/strings/str_join.h"
 #include "backends/pjrt/pjrt_ops.h"
 #include "backends/pjrt/stablehlo.h"
@@ -28,37 +30,7 @@
 namespace fsdp {
 namespace {
 
-class HostEvent final : public EventState {
- public:
-  void Complete(absl::Status s) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_.load(std::memory_order_relaxed)) return;
-      status_ = std::move(s);
-      at_ = std::chrono::steady_clock::now();
-      done_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-  }
-  bool Done() const override { return done_.load(std::memory_order_acquire); }
-  absl::Status Wait() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
-    return status_;
-  }
-  std::optional<std::chrono::steady_clock::time_point> completed_at() const override {
-    if (!Done()) return std::nullopt;
-    std::lock_guard<std::mutex> lock(mu_);
-    return at_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<bool> done_{false};
-  std::chrono::steady_clock::time_point at_;
-  absl::Status status_;
-};
+using HostEvent = backend_kit::HostEvent;
 
 // A stream: a host thread running submitted items in order. The first error of an item is
 // sticky: events recorded after it carry it.
@@ -394,16 +366,16 @@ class PjrtDataPlane final : public DataPlane {
   int64_t seq_ = 0;
 };
 
-struct PlaneRendezvous {
+// What the ranks of a group share: the host transport of their agreement, and the launch ids
+// of their collective programs.
+struct SharedPlane {
   std::unique_ptr<LocalWorld> world;
   int64_t launch_base = 0;
-  int taken = 0;
 };
-std::mutex g_planes_mu;
-std::map<std::string, std::shared_ptr<PlaneRendezvous>>& Planes() {
-  static auto* planes = new std::map<std::string, std::shared_ptr<PlaneRendezvous>>();
-  return *planes;
-}
+struct TakenPlane {
+  std::unique_ptr<Communicator> comm;
+  int64_t launch_base = 0;
+};
 
 }  // namespace
 
@@ -641,24 +613,26 @@ absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communic
     devices.push_back(dev);
     ids.push_back(d[0]);
   }
-  const std::string key = absl::StrCat(group.name(), "|", absl::StrJoin(ids, ","));
-  std::unique_ptr<Communicator> comm;
-  int64_t launch_base = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_planes_mu);
-    std::shared_ptr<PlaneRendezvous>& entry = Planes()[key];
-    if (entry == nullptr) {
-      entry = std::make_shared<PlaneRendezvous>();
-      FSDP_ASSIGN_OR_RETURN(
-          entry->world, LocalWorld::Create(group.size(), impl_->options.data_plane, group.name()));
-      entry->launch_base = g_next_launch_base.fetch_add(int64_t{1} << 20);
-    }
-    FSDP_ASSIGN_OR_RETURN(comm, entry->world->TakeRank(group.rank()));
-    launch_base = entry->launch_base;
-    if (++entry->taken == group.size()) Planes().erase(key);
-  }
-  return std::unique_ptr<DataPlane>(
-      new PjrtDataPlane(this, impl_.get(), std::move(comm), std::move(devices), launch_base));
+  const std::string key = absl::StrCat("pjrt|", group.name(), "|", absl::StrJoin(ids, ","));
+  const int rank = group.rank();
+  FSDP_ASSIGN_OR_RETURN(
+      TakenPlane taken,
+      backend_kit::Rendezvous<SharedPlane>::Join<TakenPlane>(
+          key, group.size(),
+          [&]() -> absl::StatusOr<std::unique_ptr<SharedPlane>> {
+            auto shared = std::make_unique<SharedPlane>();
+            FSDP_ASSIGN_OR_RETURN(shared->world, LocalWorld::Create(group.size(),
+                                                                    impl_->options.data_plane,
+                                                                    group.name()));
+            shared->launch_base = g_next_launch_base.fetch_add(int64_t{1} << 20);
+            return shared;
+          },
+          [rank](const std::shared_ptr<SharedPlane>& p) -> absl::StatusOr<TakenPlane> {
+            FSDP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, p->world->TakeRank(rank));
+            return TakenPlane{std::move(comm), p->launch_base};
+          }));
+  return std::unique_ptr<DataPlane>(new PjrtDataPlane(this, impl_.get(), std::move(taken.comm),
+                                                      std::move(devices), taken.launch_base));
 }
 
 }  // namespace fsdp

@@ -20,7 +20,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/common/deferred_frees.h"
+#include "backends/common/host_event.h"
 #include "backends/common/memory_counter.h"
+#include "backends/common/rendezvous.h"
 #include "absl/strings/str_join.h"
 #include "backends/host/host_ops.h"
 #include "collectives/control.h"
@@ -84,38 +86,7 @@ class AddressSpace {
   std::multimap<size_t, uintptr_t> free_;
 };
 
-class SimEvent final : public EventState {
- public:
-  void Complete(absl::Status s) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_.load(std::memory_order_relaxed)) return;
-      status_ = std::move(s);
-      at_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                std::memory_order_release);
-      done_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-  }
-  bool Done() const override { return done_.load(std::memory_order_acquire); }
-  absl::Status Wait() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
-    return status_;
-  }
-  std::optional<std::chrono::steady_clock::time_point> completed_at() const override {
-    if (!Done()) return std::nullopt;
-    return std::chrono::steady_clock::time_point(
-        std::chrono::steady_clock::duration(at_.load(std::memory_order_acquire)));
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<bool> done_{false};
-  std::atomic<std::chrono::steady_clock::rep> at_{0};
-  absl::Status status_;
-};
+using SimEvent = backend_kit::HostEvent;
 
 // One stream: a worker thread running what is submitted, in order. A failed wait or
 // collective marks the stream failed; events recorded after that carry the error.
@@ -290,17 +261,6 @@ class SimDataPlane final : public DataPlane {
   std::unique_ptr<Communicator> comm_;
 };
 
-// The groups of sim data planes being set up: the ranks of a group meet here to share one
-// shared-memory world.
-struct PlaneRendezvous {
-  std::unique_ptr<LocalWorld> world;
-  int taken = 0;
-};
-std::mutex g_planes_mu;
-std::map<std::string, std::shared_ptr<PlaneRendezvous>>& Planes() {
-  static auto* planes = new std::map<std::string, std::shared_ptr<PlaneRendezvous>>();
-  return *planes;
-}
 
 }  // namespace
 
@@ -484,20 +444,17 @@ absl::StatusOr<std::unique_ptr<DataPlane>> SimBackend::CreateDataPlane(Communica
     }
     ids.push_back(all[2 * r]);
   }
-  const std::string key = absl::StrCat(group.name(), "|", absl::StrJoin(ids, ","));
-  std::unique_ptr<Communicator> comm;
-  {
-    std::lock_guard<std::mutex> lock(g_planes_mu);
-    std::shared_ptr<PlaneRendezvous>& entry = Planes()[key];
-    if (entry == nullptr) {
-      entry = std::make_shared<PlaneRendezvous>();
-      CommOptions options = impl_->options.data_plane;
-      options.link_latency = absl::ZeroDuration();  // charged by the data plane, before the move
-      FSDP_ASSIGN_OR_RETURN(entry->world, LocalWorld::Create(group.size(), options, group.name()));
-    }
-    FSDP_ASSIGN_OR_RETURN(comm, entry->world->TakeRank(group.rank()));
-    if (++entry->taken == group.size()) Planes().erase(key);
-  }
+  // The ranks of the group meet to share one shared-memory world.
+  const std::string key = absl::StrCat("sim|", group.name(), "|", absl::StrJoin(ids, ","));
+  CommOptions options = impl_->options.data_plane;
+  options.link_latency = absl::ZeroDuration();  // charged by the data plane, before the move
+  const int rank = group.rank();
+  FSDP_ASSIGN_OR_RETURN(
+      std::unique_ptr<Communicator> comm,
+      backend_kit::Rendezvous<LocalWorld>::Join<std::unique_ptr<Communicator>>(
+          key, group.size(),
+          [&]() { return LocalWorld::Create(group.size(), options, group.name()); },
+          [rank](const std::shared_ptr<LocalWorld>& w) { return w->TakeRank(rank); }));
   return std::unique_ptr<DataPlane>(new SimDataPlane(this, impl_.get(), std::move(comm)));
 }
 
