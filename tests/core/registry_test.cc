@@ -41,8 +41,9 @@ TEST(RegistryTest, CreatesTheCoreBackendsWithTheirOptions) {
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ((*cpu)->name(), "cpu");
   EXPECT_EQ((*cpu)->description(), "cpu backend, 1 thread");
-  EXPECT_TRUE((*cpu)->Allocate(4096).ok());
-  EXPECT_EQ((*cpu)->Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<Buffer> all = Buffer::Create(cpu->get(), 4096);
+  EXPECT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(Buffer::Create(cpu->get(), 1).status().code(), absl::StatusCode::kResourceExhausted);
 
   absl::StatusOr<std::unique_ptr<Backend>> sim =
       CreateBackend("sim", {{"threads", "2"}, {"link_latency_us", "10"}});
