@@ -41,11 +41,6 @@ absl::Status CheckKeys(const BackendRegistration& r, const BackendOptions& optio
   return absl::OkStatus();
 }
 
-int DefaultThreads(int64_t threads, int64_t sharing) {
-  if (threads > 0) return static_cast<int>(threads);
-  return std::max(1, HardwareThreads() / static_cast<int>(std::max<int64_t>(1, sharing)));
-}
-
 BackendRegistration CpuRegistration() {
   BackendRegistration r;
   r.name = "cpu";
@@ -84,7 +79,7 @@ BackendRegistration SimRegistration() {
     FSDP_ASSIGN_OR_RETURN(const int64_t sharing,
                           BackendOptionInt("sim", o, "ranks_sharing_cores", 1, 1));
     SimBackendOptions s;
-    s.num_threads = DefaultThreads(threads, sharing);
+    s.num_threads = ThreadsPerRank(static_cast<int>(threads), static_cast<int>(sharing));
     FSDP_ASSIGN_OR_RETURN(s.memory_limit_bytes,
                           BackendOptionInt("sim", o, "memory_limit_bytes", 0, 0));
     FSDP_ASSIGN_OR_RETURN(const double link, BackendOptionDouble("sim", o, "link_latency_us", 0, 0));

@@ -50,6 +50,11 @@ int HardwareThreads() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+int ThreadsPerRank(int requested, int ranks_sharing_cores) {
+  if (requested > 0) return requested;
+  return std::max(1, HardwareThreads() / std::max(1, ranks_sharing_cores));
+}
+
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(CpuBackendOptions options) {
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(
@@ -66,8 +71,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(CpuBackendOptions
         absl::StrCat("CpuBackend: memory_limit_bytes must be >= 0 (0 = no limit), got ",
                      options.memory_limit_bytes));
   }
-  int threads = options.num_threads;
-  if (threads == 0) threads = std::max(1, HardwareThreads() / options.ranks_sharing_cores);
+  int threads = ThreadsPerRank(options.num_threads, options.ranks_sharing_cores);
   // ThreadSanitizer cannot see the synchronisation inside OpenMP's runtime (libgomp is not
   // instrumented) and would report its team's work as races: under TSan each rank's kernels
   // run on the rank's own thread, and TSan checks the rank and communication threads.

@@ -63,5 +63,8 @@ class CpuBackend final : public Backend {
 
 // Hardware threads usable by this process (affinity mask aware).
 int HardwareThreads();
+// A rank's kernel threads: `requested` when > 0, else the hardware threads divided among the
+// `ranks_sharing_cores` ranks of this host (at least 1), as CpuBackendOptions::num_threads = 0.
+int ThreadsPerRank(int requested, int ranks_sharing_cores);
 
 }  // namespace fsdp

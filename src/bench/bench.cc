@@ -367,9 +367,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   // resolves "threads" (threads_per_rank, or the cores divided among the ranks of the host).
   const auto* cpu = dynamic_cast<const CpuBackend*>(backend.get());
   f.threads = cpu != nullptr ? cpu->num_threads()
-              : c.threads_per_rank > 0
-                  ? c.threads_per_rank
-                  : std::max(1, HardwareThreads() / std::max(1, ranks_sharing_cores));
+                             : ThreadsPerRank(c.threads_per_rank, ranks_sharing_cores);
   f.loss = loss;
   {
     std::vector<Span> mine;
