@@ -6,20 +6,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "backends/common/deferred_frees.h"
 #include "backends/common/host_event.h"
 #include "backends/common/memory_counter.h"
 #include "backends/common/rendezvous.h"
-#include "absl/strings/str_join.h"
+#include "backends/common/worker_stream.h"
 #include "backends/pjrt/pjrt_ops.h"
 #include "backends/pjrt/stablehlo.h"
 #include "collectives/control.h"
@@ -32,34 +30,15 @@ namespace {
 
 using HostEvent = backend_kit::HostEvent;
 
-// A stream: a host thread running submitted items in order. The first error of an item is
-// sticky: events recorded after it carry it.
+// A stream: a host thread running submitted items in order (backends/common), and the
+// completion events of the programs it launched. The first error of an item is sticky: events
+// recorded after it carry it.
 class Queue {
  public:
-  Queue() : worker_([this] { Loop(); }) {}
-  ~Queue() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
-  void Submit(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      items_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-  void SetFailure(const absl::Status& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failure_.ok()) failure_ = s;
-  }
-  absl::Status failure() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return failure_;
-  }
+  Queue() : worker_({"", nullptr, [this] { Drain(); }}) {}
+  void Submit(std::function<void()> fn) { worker_.Submit(nullptr, std::move(fn)); }
+  void SetFailure(const absl::Status& s) { worker_.SetFailure(s); }
+  absl::Status failure() { return worker_.failure(); }
   // On the worker thread only: the completion events of the programs launched and not yet
   // waited for. Drain() waits for them all; the first error fails the stream.
   void AddPending(pjrt::DeviceEvent e) {
@@ -75,31 +54,9 @@ class Queue {
   }
 
  private:
-  void Loop() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
-        if (items_.empty()) {  // stopped and drained
-          lock.unlock();
-          Drain();
-          return;
-        }
-        fn = std::move(items_.front());
-        items_.pop_front();
-      }
-      fn();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> items_;
-  bool stop_ = false;
-  absl::Status failure_;
   static constexpr size_t kMaxPending = 32;  // launches in flight before the queue waits
   std::vector<pjrt::DeviceEvent> pending_;
-  std::thread worker_;  // last: starts after the members it uses
+  backend_kit::WorkerStream worker_;  // last: its thread drains pending_ when it stops
 };
 
 // The bytes of an allocation: a PJRT buffer ui8[bytes], replaced by each write. `mu` is held

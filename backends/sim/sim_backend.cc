@@ -9,21 +9,19 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "backends/common/deferred_frees.h"
 #include "backends/common/host_event.h"
 #include "backends/common/memory_counter.h"
 #include "backends/common/rendezvous.h"
-#include "absl/strings/str_join.h"
+#include "backends/common/worker_stream.h"
 #include "backends/host/host_ops.h"
 #include "collectives/control.h"
 #include "collectives/reduce.h"
@@ -88,70 +86,9 @@ class AddressSpace {
 
 using SimEvent = backend_kit::HostEvent;
 
-// One stream: a worker thread running what is submitted, in order. A failed wait or
-// collective marks the stream failed; events recorded after that carry the error.
-class SimStream {
- public:
-  SimStream(std::string lane, int omp_threads) : lane_(std::move(lane)) {
-    worker_ = std::thread([this, omp_threads] {
-      omp_set_num_threads(omp_threads);
-      Loop();
-    });
-  }
-  ~SimStream() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
-  void Submit(const char* name, std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      items_.push_back({name, TraceRank(), std::move(fn)});
-    }
-    cv_.notify_one();
-  }
-  // Worker side.
-  void SetFailure(const absl::Status& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failure_.ok()) failure_ = s;
-  }
-  absl::Status failure() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return failure_;
-  }
-
- private:
-  struct Item {
-    const char* name;
-    int rank;
-    std::function<void()> fn;
-  };
-  void Loop() {
-    for (;;) {
-      Item item;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
-        if (items_.empty()) return;  // stopped and drained
-        item = std::move(items_.front());
-        items_.pop_front();
-      }
-      SetTraceRank(item.rank);
-      TraceSpan span(item.name, lane_);
-      item.fn();
-    }
-  }
-  const std::string lane_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> items_;
-  bool stop_ = false;
-  absl::Status failure_;
-  std::thread worker_;
-};
+// A stream: a worker thread running what is submitted, in order (backends/common). A failed
+// wait or collective marks the stream failed; events recorded after that carry the error.
+using SimStream = backend_kit::WorkerStream;
 
 std::atomic<uint64_t> g_next_backend_id{1};
 
@@ -287,8 +224,12 @@ absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->memory.set_limit(options.memory_limit_bytes);
-  impl->compute = std::make_unique<SimStream>(std::string(kDeviceComputeStream), options.num_threads);
-  impl->comm = std::make_unique<SimStream>(std::string(kDeviceCommStream), 1);
+  const int compute_threads = options.num_threads;
+  impl->compute = std::make_unique<SimStream>(SimStream::Options{
+      std::string(kDeviceComputeStream), [compute_threads] { omp_set_num_threads(compute_threads); },
+      nullptr});
+  impl->comm = std::make_unique<SimStream>(
+      SimStream::Options{std::string(kDeviceCommStream), [] { omp_set_num_threads(1); }, nullptr});
   std::unique_ptr<SimBackend> b(new SimBackend(std::move(impl)));
   b->impl_->exec = std::make_unique<internal::SimExec>(internal::SimExec{b->impl_.get()});
   b->impl_->ops = std::make_unique<internal::HostOps<internal::SimExec>>(b->impl_->exec.get());

@@ -229,4 +229,7 @@ class MpiEngine {
 // The message of an MPI error code.
 std::string MpiErrorString(int code);
 
+// Tests the requests MPI still holds for a failed call; true once none is left.
+bool TestOrphan(MpiOp& op);
+
 }  // namespace fsdp::internal

@@ -277,7 +277,7 @@ TEST(SimBackendTest, PrefetchOverlapsTheDeviceStreams) {
       o.seq_len = 32;
       FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedGpt::Create(config, sim.get(), world, o));
       std::vector<int32_t> tokens(64, 7);
-      for (int step = 0; step < 4; ++step) {
+      for (int step = 0; step < 7; ++step) {
         FSDP_RETURN_IF_ERROR(world.Barrier());
         if (step == 1 && world.rank() == 0) {
           tracer.Clear();
@@ -292,8 +292,9 @@ TEST(SimBackendTest, PrefetchOverlapsTheDeviceStreams) {
       if (world.rank() == 0) tracer.Disable();
       return absl::OkStatus();
     }).ok());
-    std::sort(times.begin(), times.end());
-    step_ms[prefetch] = times[times.size() / 2];
+    // The fastest of the 6 measured steps: the other tests of a parallel run share the cores,
+    // and a step they slowed says nothing about prefetch.
+    step_ms[prefetch] = *std::min_element(times.begin(), times.end());
     std::vector<std::pair<int64_t, int64_t>> compute, gathers;
     for (const Span& s : tracer.Snapshot()) {
       if (s.rank != 0) continue;

@@ -1,6 +1,7 @@
 // The projection (fsdp/project.h): the replay of a step against timelines worked out by hand,
 // the collectives' costs against the simulated link's and the ring's formulas, the profile of
-// a measured run, bad input, and fsdp_bench --project / --validate_projection.
+// a measured run, bad input, and fsdp_bench --project / --validate_projection. One file
+// (about 710 lines): the hand-worked timelines and the CLI cases share its helpers.
 #include "fsdp/project.h"
 
 #include <sys/wait.h>

@@ -1,5 +1,7 @@
 // The sharding runtime's hooks, memory shares of each strategy, wrap policies, frozen
-// parameters and bad input, with ranks as threads.
+// parameters and bad input, with ranks as threads. The pure parts (flat layout, schedule,
+// deferred frees, loss scaler, mesh) have their own unit tests; this one file (about 1000
+// lines) is the runtime driven whole, and it runs once per backend (cpu, sim, pjrt, cuda).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -2,6 +2,8 @@
 // training steps of the bundled models with ranks as threads, every strategy on 1, 2 and 4
 // ranks, with and without activation checkpointing, f32 and bf16; then its input checks, the
 // largest micro-batch (checked on a backend with that much memory) and the published shapes.
+// One file (about 900 lines) as one binary: its cases share the measured-run fixture, and a
+// second binary would add a link to every CI stage.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
