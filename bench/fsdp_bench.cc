@@ -53,13 +53,6 @@ fsdp::BenchConfig BaseConfig(const Args& a, const std::string& model, fsdp::DTyp
   c.threads_per_rank = threads;
   c.warmup_steps = a.warmup;
   c.steps = a.steps;
-  if (a.peak_gflops > 0) {
-    c.peak_gflops_per_core = a.peak_gflops;
-    c.peak_kind = "given (--peak_gflops)";
-  } else {
-    c.peak_gflops_per_core = 1;  // MFU is not used here: skip measuring the peak
-    c.peak_kind = "not measured";
-  }
   return c;
 }
 
@@ -292,20 +285,10 @@ std::vector<fsdp::BenchConfig> MeasuredGrid(const Args& a, const std::vector<int
         for (fsdp::DType d : a.dtypes) {
           for (int ck : a.checkpoint) {
             for (int pf : a.prefetch) {
-              fsdp::BenchConfig c;
-              c.model = m;
-              c.config = a.configs.at(m);
+              fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
               c.strategy = s;
               c.world_size = w;
-              c.param_dtype = d;
-              c.reduce_dtype = a.reduce_dtype == "same" ? d : FloatDTypeFlag("", a.reduce_dtype);
-              c.checkpoint_every = ck;
               c.prefetch = pf;
-              c.batch_size = a.batch;
-              c.seq_len = a.seq;
-              c.threads_per_rank = threads;
-              c.warmup_steps = a.warmup;
-              c.steps = a.steps;
               c.link = link;
               // A world smaller than a host is one host.
               if (w < a.ranks_per_host) c.link.ranks_per_host = w;

@@ -59,6 +59,7 @@ void CheckOutputs(const Args& a);
 
 // Shared by the measured runs and the projection (fsdp_bench.cc).
 std::string RunName(const fsdp::BenchConfig& c, int world);
+// A run of `model` with the grid's common settings (no strategy, world, link or peak yet).
 fsdp::BenchConfig BaseConfig(const Args& a, const std::string& model, fsdp::DType dtype,
                              int checkpoint, int threads);
 bool WriteFile(const std::string& path, const std::string& text, const fsdp::OutputKind& kind);

@@ -39,6 +39,20 @@ int ShardSize(fsdp::ShardingStrategy s, int world, int hybrid_shard, int ranks_p
   return shard > 0 && shard <= world && world % shard == 0 ? shard : world;
 }
 
+// The configurations the projection measures do not use MFU: the peak is given or not measured.
+fsdp::BenchConfig ProjectionConfig(const Args& a, const std::string& model, fsdp::DType dtype,
+                                   int checkpoint, int threads) {
+  fsdp::BenchConfig c = BaseConfig(a, model, dtype, checkpoint, threads);
+  if (a.peak_gflops > 0) {
+    c.peak_gflops_per_core = a.peak_gflops;
+    c.peak_kind = "given (--peak_gflops)";
+  } else {
+    c.peak_gflops_per_core = 1;  // MFU is not used here: skip measuring the peak
+    c.peak_kind = "not measured";
+  }
+  return c;
+}
+
 std::string Gbps(double bytes_per_s) { return absl::StrFormat("%g GB/s", bytes_per_s / 1e9); }
 
 }  // namespace
@@ -124,7 +138,7 @@ int RunProjection(const Args& a) {
       for (int ck : a.checkpoint) {
         std::optional<fsdp::StepProfile> measured;
         if (!flops) {
-          fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
+          fsdp::BenchConfig c = ProjectionConfig(a, m, d, ck, threads);
           c.world_size = 1;
           std::fprintf(stderr, "fsdp_bench: measuring %s on 1 rank for its compute profile\n",
                        m.c_str());
@@ -324,7 +338,7 @@ int RunValidation(const Args& a) {
       absl::StatusOr<fsdp::StepProfile> profile =
           absl::FailedPreconditionError("no calibration run yet");
       if (!a.calibrate_each) {
-      fsdp::BenchConfig cal = BaseConfig(a, model, d, ck, threads);
+      fsdp::BenchConfig cal = ProjectionConfig(a, model, d, ck, threads);
       cal.world_size = w;
       cal.strategy = fsdp::ShardingStrategy::kFullShard;
       cal.prefetch = 1;
@@ -353,7 +367,7 @@ int RunValidation(const Args& a) {
       for (fsdp::ShardingStrategy st : a.strategies) {
         for (const auto& [intra, inter] : a.validate_links) {
           for (int pf : a.prefetch) {
-            fsdp::BenchConfig c = BaseConfig(a, model, d, ck, threads);
+            fsdp::BenchConfig c = ProjectionConfig(a, model, d, ck, threads);
             c.world_size = w;
             c.strategy = st;
             c.prefetch = pf;

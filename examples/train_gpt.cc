@@ -142,7 +142,7 @@ absl::StatusOr<std::string> Sample(ShardedModel& model, const std::string& promp
 absl::Status CheckTrained(const Settings& s, int64_t steps, int64_t skipped, float val_loss) {
   const std::string nothing = absl::StrCat(
       "Nothing was saved", s.checkpoint_dir.empty() ? "" : " at the end",
-      s.export_path.empty() ? "" : " or exported", ".");
+      s.export_path.empty() && s.export_hf_dir.empty() ? "" : " or exported", ".");
   if (2 * skipped > steps) {
     const bool scaling = s.model.sharding.mixed_precision.dynamic_loss_scale;
     return absl::FailedPreconditionError(absl::StrCat(
@@ -164,7 +164,8 @@ absl::Status InTrainGptTerms(const absl::Status& s) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrReplaceAll(
       s.message(), {{"LoadOptions::allow_model_change", "--allow_model_change"},
-                    {"SafetensorsImportOptions::allow_model_change", "--allow_model_change"}}));
+                    {"SafetensorsImportOptions::allow_model_change", "--allow_model_change"},
+                    {"ResumeOptions::fallback", "--checkpoint_fallback=true"}}));
 }
 
 // ---- one rank's run, step by step ----------------------------------------------------------
@@ -203,33 +204,34 @@ std::unique_ptr<fsdp::LrSchedule> MakeSchedule(const Settings& s) {
 }
 
 // Resumes from the newest intact checkpoint of --checkpoint_dir, on any number of ranks or
-// strategy, and returns its step (0 without one). Checkpoints without a valid COMMIT marker are
-// skipped, saying so (`skipped`), and a save of the same step later replaces them. (Rank 0
-// cleaned up what crashed saves left before any rank started.)
+// strategy, and returns its step (0 without one). Every file of the checkpoint is verified
+// first. Checkpoints without a valid COMMIT marker, and (--checkpoint_fallback) those with a
+// damaged file, are skipped, saying so (`skipped`), and a save of the same step later replaces
+// them. (Rank 0 cleaned up what crashed saves left before any rank started.)
 absl::StatusOr<int> Resume(const Settings& s, ShardedModel& model, fsdp::nn::DataLoader& train,
                            bool lead, std::vector<fsdp::SkippedCheckpoint>* skipped) {
   if (s.checkpoint_dir.empty()) return 0;
-  auto latest = fsdp::LatestCheckpoint(s.checkpoint_dir, skipped);
+  fsdp::ResumeOptions options;
+  options.load.allow_model_change = s.allow_model_change;
+  options.fallback = s.checkpoint_fallback;
+  absl::StatusOr<fsdp::ResumedCheckpoint> resumed =
+      fsdp::ResumeFromLatestCheckpoint(model.runtime(), s.checkpoint_dir, options);
+  if (!resumed.ok()) return InTrainGptTerms(resumed.status());
+  *skipped = resumed->skipped;
   if (lead) {
     for (const fsdp::SkippedCheckpoint& k : *skipped) {
       std::fprintf(stderr, "train_gpt: warning: skipping checkpoint %s: %s\n", k.path.c_str(),
                    std::string(k.why.message()).c_str());
     }
   }
-  if (absl::IsNotFound(latest.status())) {
+  if (resumed->path.empty()) {
     if (lead && !skipped->empty()) {
       std::fprintf(stderr, "train_gpt: warning: no intact checkpoint in %s: starting from step 0\n",
                    s.checkpoint_dir.c_str());
     }
     return 0;
   }
-  if (!latest.ok()) return latest.status();
-  fsdp::LoadOptions load;
-  load.allow_model_change = s.allow_model_change;
-  absl::StatusOr<fsdp::LoadedCheckpoint> loaded_or =
-      fsdp::LoadCheckpoint(model.runtime(), *latest, load);
-  if (!loaded_or.ok()) return InTrainGptTerms(loaded_or.status());
-  FSDP_ASSIGN_OR_RETURN(fsdp::LoadedCheckpoint loaded, std::move(loaded_or));
+  fsdp::LoadedCheckpoint& loaded = resumed->loaded;
   if (lead) {
     for (const std::string& change : loaded.model_changes) {
       std::fprintf(stderr, "train_gpt: warning: --allow_model_change: %s\n", change.c_str());
@@ -237,13 +239,13 @@ absl::StatusOr<int> Resume(const Settings& s, ShardedModel& model, fsdp::nn::Dat
     if (!loaded.model_recorded) {
       std::fprintf(stderr, "train_gpt: warning: %s records no model configuration (saved "
                    "by an older version): only its tensors' names and shapes were "
-                   "checked\n", latest->c_str());
+                   "checked\n", resumed->path.c_str());
     }
   }
   if (loaded.state.data) FSDP_RETURN_IF_ERROR(train.Restore(*loaded.state.data));
   const int step = static_cast<int>(loaded.step);
   if (lead) {
-    std::printf("resumed from %s (step %d)%s\n", latest->c_str(), step,
+    std::printf("resumed from %s (step %d)%s\n", resumed->path.c_str(), step,
                 skipped->empty() ? "" : ", the newest intact checkpoint");
   }
   return step;
@@ -259,7 +261,11 @@ absl::Status Save(const Settings& s, ShardedModel& model, const fsdp::nn::DataLo
   const bool replaces = std::any_of(skipped.begin(), skipped.end(), [&](const auto& k) {
     return std::filesystem::path(k.path).filename() == name;
   });
-  FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model.runtime(), dir, state));
+  // A skipped checkpoint of that name, incomplete or damaged, is replaced (one whose COMMIT
+  // marker is valid needs overwrite).
+  fsdp::SaveOptions options;
+  options.overwrite = replaces;
+  FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model.runtime(), dir, state, options));
   if (lead) {
     std::printf("saved %s%s\n", dir.c_str(),
                 replaces ? " (replacing the damaged checkpoint of that name)" : "");
@@ -418,6 +424,22 @@ absl::Status Finish(const Settings& s, ShardedModel& model, const fsdp::Backend&
   if (!s.export_path.empty()) {
     FSDP_RETURN_IF_ERROR(fsdp::ExportSafetensors(model.runtime(), s.export_path));
     if (lead) std::printf("exported %s\n", s.export_path.c_str());
+  }
+  if (!s.export_hf_dir.empty()) {
+    fsdp::SafetensorsExportOptions o;
+    o.max_file_bytes = static_cast<uint64_t>(s.export_max_file_mb) * 1'000'000;
+    if (!s.config.is_gpt()) {
+      o.extra_files["config.json"] = s.config.llama().HuggingFaceConfigJson(o.dtype);
+    }
+    FSDP_ASSIGN_OR_RETURN(fsdp::SafetensorsExportReport r,
+                          fsdp::ExportSafetensorsDirectory(model.runtime(), s.export_hf_dir, o));
+    if (lead) {
+      std::printf("exported %s in the Hugging Face layout: %d file%s, %s of tensors; the "
+                  "export held %s of host memory per rank\n",
+                  s.export_hf_dir.c_str(), r.files, r.files == 1 ? "" : "s",
+                  fsdp::FormatBytes(r.total_size).c_str(),
+                  fsdp::FormatBytes(r.host_bytes_per_rank).c_str());
+    }
   }
   if (lead && start_step < s.steps) {
     std::printf("trained %d steps in %s: loss %.4f -> %.4f, val loss %.4f\nmemory per rank: %s\n",

@@ -108,11 +108,23 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "sharded checkpoints go to DIR/step-N; training resumes from the latest intact one");
 ABSL_FLAG(int, checkpoint_every, 0,
           "save a checkpoint every this many steps (0 = at the end); needs --checkpoint_dir");
+ABSL_FLAG(bool, checkpoint_fallback, true,
+          "resume past a checkpoint one of whose files is damaged or missing, from the next "
+          "older intact one, saying so; false: such a checkpoint stops the run with the file "
+          "and the reason");
 ABSL_FLAG(std::string, init_safetensors, "",
           "start from the parameters of this .safetensors file (a checkpoint to resume from wins)");
 ABSL_FLAG(std::string, export_safetensors, "",
           "write the trained model to this .safetensors file (a new file, or a safetensors "
           "file it replaces)");
+ABSL_FLAG(std::string, export_hf_dir, "",
+          "write the trained model to this directory in the Hugging Face layout "
+          "(model.safetensors, or files of at most --export_max_file_mb with "
+          "model.safetensors.index.json; config.json for Llama models, so that "
+          "LlamaForCausalLM.from_pretrained loads it): a new directory or an earlier export, "
+          "which it replaces");
+ABSL_FLAG(int64_t, export_max_file_mb, 5000,
+          "--export_hf_dir: the largest file, in MB of 10^6 bytes (5000: transformers' 5GB)");
 ABSL_FLAG(bool, allow_model_change, false,
           "resume from a checkpoint, or start from --init_safetensors, that records another "
           "model configuration (e.g. another number of heads) with tensors of the same shapes; "
@@ -311,6 +323,12 @@ absl::Status CheckFreeSpace(Settings& s, int world_size, int64_t saves) {
       return too_little("export_safetensors", s.export_path, *free, "the export", exported);
     }
   }
+  if (!s.export_hf_dir.empty()) {
+    absl::StatusOr<uint64_t> free = fsdp::FreeBytesAt(s.export_hf_dir);
+    if (free.ok() && *free < exported) {
+      return too_little("export_hf_dir", s.export_hf_dir, *free, "the export", exported);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -321,6 +339,12 @@ absl::Status PrepareOutputs(Settings& s, int world_size, const std::string& data
     FSDP_ASSIGN_OR_RETURN(saves, PrepareCheckpointDir(s));
   }
   if (!s.export_path.empty()) FSDP_RETURN_IF_ERROR(PrepareExport(s, data_path));
+  if (!s.export_hf_dir.empty()) {
+    if (absl::Status w = fsdp::CheckExportDirectoryWritable(s.export_hf_dir, {"config.json"});
+        !w.ok()) {
+      return FlagError("export_hf_dir", s.export_hf_dir, w);
+    }
+  }
   return CheckFreeSpace(s, world_size, saves);
 }
 
@@ -664,6 +688,7 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   if (s.checkpoint_every > 0 && s.checkpoint_dir.empty()) {
     return BadFlag("checkpoint_every", s.checkpoint_every, "needs --checkpoint_dir");
   }
+  s.checkpoint_fallback = absl::GetFlag(FLAGS_checkpoint_fallback);
   if (!s.checkpoint_dir.empty()) {
     if (absl::Status w = fsdp::CheckCheckpointDirWritable(s.checkpoint_dir); !w.ok()) {
       return FlagError("checkpoint_dir", s.checkpoint_dir, w);
@@ -675,6 +700,14 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   }
   s.allow_model_change = absl::GetFlag(FLAGS_allow_model_change);
   s.export_path = absl::GetFlag(FLAGS_export_safetensors);
+  s.export_hf_dir = absl::GetFlag(FLAGS_export_hf_dir);
+  s.export_max_file_mb = absl::GetFlag(FLAGS_export_max_file_mb);
+  if (s.export_max_file_mb < 1 || s.export_max_file_mb > (int64_t{1} << 40)) {
+    return BadFlag("export_max_file_mb", s.export_max_file_mb, "allowed: 1 to 2^40 MB");
+  }
+  if (s.export_max_file_mb != 5000 && s.export_hf_dir.empty()) {
+    return BadFlag("export_max_file_mb", s.export_max_file_mb, "needs --export_hf_dir");
+  }
   if (rank == 0) {  // rank 0 holds the lock, cleans up, saves the metadata and exports
     FSDP_RETURN_IF_ERROR(PrepareOutputs(s, world_size, path));
   }

@@ -36,7 +36,10 @@ struct Settings {
   std::string data_name;  // for messages: "--data=PATH" or "the embedded corpus"
   std::shared_ptr<const fsdp::nn::TrainValSplit> data;  // read once, shared by the rank threads
   std::string checkpoint_dir, init_safetensors, export_path;
+  std::string export_hf_dir;          // --export_hf_dir: the Hugging Face layout
+  int64_t export_max_file_mb = 5000;  // its largest file
   bool allow_model_change = false;
+  bool checkpoint_fallback = true;  // resume past a damaged checkpoint (--checkpoint_fallback)
   int64_t device_memory_bytes = 0;
   // Rank 0 holds the checkpoint directory's lock for the whole run (no second job saves there).
   std::shared_ptr<fsdp::CheckpointDirLock> checkpoint_lock;

@@ -130,6 +130,43 @@ struct SkippedCheckpoint {
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
                                              std::vector<SkippedCheckpoint>* skipped = nullptr);
 
+// Collective over `world`: verifies every file of checkpoint `dir` completely (the COMMIT
+// marker, metadata.json, and each shard file's header, size and CRC32C), the shard files split
+// among the ranks (file f on rank f % world.size()). OK on every rank, or on every rank the
+// DataLoss error naming the first damaged file and why ("rank 1: DIR/shard-00001-of-00002.bin:
+// checksum mismatch ..."). LoadCheckpoint verifies what it reads as well; this checks the
+// files no rank would read (the optimizer state under load_optimizer_state = false, the other
+// ranks' rank state) and tells a damaged checkpoint from a model that does not fit it.
+absl::Status VerifyCheckpoint(Communicator& world, const std::string& dir);
+
+struct ResumeOptions {
+  LoadOptions load;
+  // A checkpoint with a valid COMMIT marker one of whose files is damaged or missing: passed
+  // over (reported in ResumedCheckpoint::skipped with the file and the reason) for the next
+  // older intact one, as a checkpoint without a valid COMMIT marker always is. Off: the
+  // DataLoss error naming the file, and nothing is loaded.
+  bool fallback = true;
+};
+
+struct ResumedCheckpoint {
+  // The checkpoint loaded; empty when there is none to resume from (nothing loaded: start
+  // from the beginning), e.g. a new run, or every checkpoint passed over.
+  std::string path;
+  LoadedCheckpoint loaded;  // when `path` is set
+  // Every checkpoint passed over, sorted by path, with why: no valid COMMIT marker, or (with
+  // fallback) a damaged file. A program that resumes should say so.
+  std::vector<SkippedCheckpoint> skipped;
+};
+
+// Collective: resumes from the newest intact checkpoint among the subdirectories of `parent`
+// (the candidates of LatestCheckpoint, newest first). Each candidate's files are verified in
+// full (VerifyCheckpoint) before anything is loaded; a damaged one is passed over, or is an
+// error under fallback = false. Errors that are not damage (another model, non-finite values,
+// the ranks listing different checkpoints) are returned as they are, with nothing loaded.
+absl::StatusOr<ResumedCheckpoint> ResumeFromLatestCheckpoint(ShardingRuntime& runtime,
+                                                             const std::string& parent,
+                                                             const ResumeOptions& options = {});
+
 // The lock file of a checkpoint directory (see CheckpointDirLock).
 inline constexpr char kCheckpointLockFile[] = ".fsdp-lock";
 
@@ -222,6 +259,24 @@ struct SafetensorsExportOptions {
   // Export parameters holding inf or NaN. Off: a FailedPrecondition error naming the tensor,
   // and no file is written.
   bool allow_nonfinite = false;
+  // ExportSafetensorsDirectory: the largest file it writes, as transformers' max_shard_size
+  // (5 GB by default, as there); a tensor larger than this has a file of its own.
+  uint64_t max_file_bytes = 5'000'000'000;
+  // A bound on the host memory an export takes on a rank (SafetensorsExportReport::
+  // host_bytes_per_rank); 0: none. Over it: ResourceExhausted before anything is written.
+  uint64_t max_host_bytes = 0;
+  // ExportSafetensorsDirectory: more files written beside the model's, by name (e.g.
+  // "config.json" from nn::HuggingFaceConfigJson, so that from_pretrained loads the directory).
+  std::map<std::string, std::string> extra_files;
+};
+
+// What ExportSafetensorsDirectory wrote.
+struct SafetensorsExportReport {
+  int files = 0;            // safetensors files
+  uint64_t total_size = 0;  // the tensors' bytes (the index's metadata.total_size)
+  // The host memory the export held at its peak on a rank: the largest unit gathered (f32)
+  // plus its largest tensor encoded; the same on every rank of the gathering group.
+  uint64_t host_bytes_per_rank = 0;
 };
 
 // The "__metadata__" keys of an export that record the runtime's model description: the
@@ -236,6 +291,26 @@ inline constexpr char kSafetensorsModelKeyPrefix[] = "libfsdp.model.";
 absl::Status ExportSafetensors(ShardingRuntime& runtime, const std::string& path,
                                const SafetensorsExportOptions& options = {});
 
+// Writes every registered tensor in the Hugging Face layout to the directory `dir`, as
+// save_pretrained does: model.safetensors when the tensors fit in options.max_file_bytes,
+// otherwise model-0000K-of-0000N.safetensors (tensors in order, a file closed before it would
+// pass the limit) and model.safetensors.index.json ({"metadata": {"total_size": BYTES},
+// "weight_map": {NAME: FILE}}), plus options.extra_files; every file has ExportSafetensors'
+// "__metadata__". Units are gathered one at a time and rank 0 writes each tensor at its offset,
+// so no rank holds more than host_bytes_per_rank. Atomic: written into DIR.tmp-<pid> and
+// renamed; `dir` must be new, empty, or an earlier export (only safetensors files, indexes,
+// config.json and options.extra_files' names), which is replaced; anything else is a
+// FailedPrecondition error and nothing is written.
+absl::StatusOr<SafetensorsExportReport> ExportSafetensorsDirectory(
+    ShardingRuntime& runtime, const std::string& dir, const SafetensorsExportOptions& options = {});
+
+// Not collective: whether ExportSafetensorsDirectory could write `dir` now: it is new, empty or
+// an earlier export (only safetensors files, indexes, config.json and `extra_files`), and a
+// directory can be created beside it. The FailedPrecondition error the export would return
+// otherwise. For start-up checks.
+absl::Status CheckExportDirectoryWritable(const std::string& dir,
+                                          const std::vector<std::string>& extra_files = {});
+
 struct SafetensorsImportOptions {
   // Tensors in the file that the runtime lacks: an error unless this is set.
   bool ignore_extra_tensors = false;
@@ -249,9 +324,14 @@ struct SafetensorsImportOptions {
   bool allow_model_change = false;
 };
 
-// Sets the parameters of every registered tensor from a safetensors file (F32, BF16 or F16,
-// converted to f32); each rank reads only the bytes of its shards. The optimizer state and
-// step counters are not touched.
+// Sets the parameters of every registered tensor from safetensors (F32, BF16 or F16, converted
+// to f32); each rank reads only the bytes of its shards. `path` is a safetensors file, an index
+// (NAME.safetensors.index.json, its files beside it), or a directory in the Hugging Face layout
+// (its one index, else its model.safetensors or only safetensors file). An index is checked
+// against its files first: a file it names that is missing or not safetensors, a tensor it
+// maps to a file that lacks it, a tensor in two files or in none of the map, a total_size that
+// is not the tensors' bytes, more than one index in a directory: each an error naming the file
+// and the tensor. The optimizer state and step counters are not touched.
 absl::Status ImportSafetensors(ShardingRuntime& runtime, const std::string& path,
                                const SafetensorsImportOptions& options = {});
 

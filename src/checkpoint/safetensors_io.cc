@@ -26,6 +26,7 @@
 #include "src/checkpoint/metadata.h"
 #include "src/checkpoint/rank_sync.h"
 #include "src/checkpoint/safetensors_format.h"
+#include "src/checkpoint/safetensors_io.h"
 #include "src/checkpoint/shard_plan.h"
 
 namespace fsdp {
@@ -106,29 +107,30 @@ absl::StatusOr<SafetensorsHeader> ReadHeader(const InFile& f) {
   return ParseSafetensorsHeader(header, f.size());
 }
 
-// Reads this rank's shard of every unit from the file (the staging buffers, padding zero).
+// Reads this rank's shard of every unit from `src` (the staging buffers, padding zero).
 absl::StatusOr<std::vector<std::vector<float>>> StageImport(
-    ShardingRuntime& rt, const std::string& path, const SafetensorsImportOptions& options) {
-  FSDP_ASSIGN_OR_RETURN(InFile f, InFile::Open(path));
-  absl::StatusOr<SafetensorsHeader> header = ReadHeader(f);
-  if (!header.ok()) {
-    return absl::DataLossError(absl::StrCat(path, ": ", std::string(header.status().message())));
-  }
+    ShardingRuntime& rt, const ImportSource& src, const SafetensorsImportOptions& options) {
+  const std::string& path = src.what;
   std::vector<std::pair<std::string, std::string>> recorded;
-  for (const auto& [k, v] : header->metadata) {
+  for (const auto& [k, v] : src.metadata) {
     if (absl::StartsWith(k, kSafetensorsModelKeyPrefix)) {
       recorded.emplace_back(k.substr(std::string_view(kSafetensorsModelKeyPrefix).size()), v);
     }
   }
   const std::vector<std::string> changes =
       ModelDifferences(recorded, rt.model_description(), "the file");
+  auto find = [&](const std::string& name) -> const SafetensorsTensor* {
+    auto it = src.tensors.find(name);
+    return it == src.tensors.end() ? nullptr : it->second.second;
+  };
   // Names and shapes first (the error names the tensor), then the architecture.
   for (int u = 0; u < rt.num_units(); ++u) {
     for (const TensorSlot& t : rt.unit_tensors(u)) {
-      const SafetensorsTensor* in = header->Find(t.name);
+      const SafetensorsTensor* in = find(t.name);
       std::string wrong;
       if (in == nullptr) {
-        wrong = absl::StrCat(path, ": tensor '", t.name, "' of this model is not in the file");
+        wrong = absl::StrCat(path, ": tensor '", t.name, "' of this model is not in ",
+                             src.in_what);
       } else if (in->shape != t.shape) {
         wrong = absl::StrCat(path, ": tensor '", t.name, "' has shape ", ShapeString(in->shape),
                              " in the file but ", ShapeString(t.shape), " in this model");
@@ -147,53 +149,40 @@ absl::StatusOr<std::vector<std::vector<float>>> StageImport(
         ". Use the file's configuration, or SafetensorsImportOptions::allow_model_change to "
         "import it anyway"));
   }
-  std::unordered_map<std::string, const SafetensorsTensor*> by_name;
-  for (const SafetensorsTensor& t : header->tensors) by_name[t.name] = &t;
   size_t matched = 0;
   const int k = rt.shard_group().rank();
   std::vector<std::vector<float>> staged(rt.num_units());
   std::string bytes;
   for (int u = 0; u < rt.num_units(); ++u) {
     const std::vector<TensorSlot>& slots = rt.unit_tensors(u);
-    for (const TensorSlot& t : slots) {
-      auto it = by_name.find(t.name);
-      if (it == by_name.end()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(path, ": tensor '", t.name, "' of this model is not in the file"));
-      }
-      if (it->second->shape != t.shape) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(path, ": tensor '", t.name, "' has shape ", ShapeString(it->second->shape),
-                         " in the file but ", ShapeString(t.shape), " in this model"));
-      }
-      ++matched;
-    }
+    matched += slots.size();
     const int64_t sn = rt.unit_shard_numel(u);
     staged[u].assign(sn, 0.0f);
     for (const ShardPiece& p : ShardSlotPieces(slots, sn, k)) {
-      const SafetensorsTensor& t = *by_name.at(slots[p.tensor].name);
-      const size_t es = DTypeSize(t.dtype);
+      const auto& [file, t] = src.tensors.at(slots[p.tensor].name);
+      const size_t es = DTypeSize(t->dtype);
       const int64_t n = p.tensor_end - p.tensor_begin;
       bytes.resize(static_cast<size_t>(n) * es);
-      FSDP_RETURN_IF_ERROR(
-          f.ReadAt(header->data_start + t.begin + p.tensor_begin * es, bytes.data(), bytes.size()));
-      Decode(bytes.data(), n, t.dtype, staged[u].data() + p.shard_offset);
+      FSDP_RETURN_IF_ERROR(file->file.ReadAt(
+          file->header.data_start + t->begin + p.tensor_begin * es, bytes.data(), bytes.size()));
+      Decode(bytes.data(), n, t->dtype, staged[u].data() + p.shard_offset);
       if (!options.allow_nonfinite) {
         FSDP_RETURN_IF_ERROR(CheckFinite(
-            staged[u].data() + p.shard_offset, n, absl::StrCat(path, ": tensor '", t.name, "'"),
+            staged[u].data() + p.shard_offset, n,
+            absl::StrCat(file->path, ": tensor '", t->name, "'"),
             "not importing it. SafetensorsImportOptions::allow_nonfinite imports it anyway"));
       }
     }
   }
-  if (matched != header->tensors.size() && !options.ignore_extra_tensors) {
-    for (const SafetensorsTensor& t : header->tensors) {
+  if (matched != src.tensors.size() && !options.ignore_extra_tensors) {
+    for (const auto& [name, where] : src.tensors) {
       bool found = false;
       for (int u = 0; u < rt.num_units() && !found; ++u) {
-        for (const TensorSlot& s : rt.unit_tensors(u)) found |= s.name == t.name;
+        for (const TensorSlot& s : rt.unit_tensors(u)) found |= s.name == name;
       }
       if (!found) {
         return absl::FailedPreconditionError(absl::StrCat(
-            path, ": the file holds tensor '", t.name,
+            path, ": the file holds tensor '", name,
             "' that this model does not have (SafetensorsImportOptions::ignore_extra_tensors)"));
       }
     }
@@ -202,6 +191,79 @@ absl::StatusOr<std::vector<std::vector<float>>> StageImport(
 }
 
 }  // namespace
+
+std::vector<SafetensorsTensor> ExportTensors(ShardingRuntime& rt, DType dtype) {
+  std::vector<SafetensorsTensor> tensors;
+  for (int u = 0; u < rt.num_units(); ++u) {
+    for (const TensorSlot& t : rt.unit_tensors(u)) {
+      tensors.push_back({t.name, dtype, t.shape, t.numel, 0, 0});
+    }
+  }
+  return tensors;
+}
+
+std::vector<std::pair<std::string, std::string>> ExportMetadata(
+    ShardingRuntime& rt, const SafetensorsExportOptions& options) {
+  std::map<std::string, std::string> all = options.metadata;
+  for (const auto& [k, v] : rt.model_description()) {
+    all.emplace(absl::StrCat(kSafetensorsModelKeyPrefix, k), v);
+  }
+  std::vector<std::pair<std::string, std::string>> meta(all.begin(), all.end());
+  if (!options.metadata.count("format")) meta.emplace_back("format", "pt");
+  return meta;
+}
+
+uint64_t ExportHostBytes(ShardingRuntime& rt, DType dtype) {
+  uint64_t most = 0;
+  for (int u = 0; u < rt.num_units(); ++u) {
+    int64_t largest = 0;
+    for (const TensorSlot& t : rt.unit_tensors(u)) largest = std::max(largest, t.numel);
+    most = std::max(most, static_cast<uint64_t>(rt.unit_numel(u)) * 4 +
+                              static_cast<uint64_t>(largest) * DTypeSize(dtype));
+  }
+  return most;
+}
+
+absl::Status GatherForExport(ShardingRuntime& rt, const std::string& what,
+                             const SafetensorsExportOptions& options, absl::Status local,
+                             const std::function<absl::Status(size_t, const std::string&)>& write) {
+  if (rt.replicate_group().rank() != 0) return local;
+  const bool root = rt.world().rank() == 0;
+  size_t next = 0;
+  for (int u = 0; u < rt.num_units(); ++u) {
+    std::vector<float> whole(rt.unit_numel(u));
+    absl::Status g = rt.GatherUnit(u, whole.data());
+    if (!g.ok()) {
+      if (local.ok()) local = g;
+      break;  // the group has failed: later gathers would fail too
+    }
+    for (const TensorSlot& t : rt.unit_tensors(u)) {
+      const size_t i = next++;
+      if (!local.ok()) continue;
+      if (!options.allow_nonfinite) {
+        local = CheckFinite(whole.data() + t.offset, t.numel,
+                            absl::StrCat("tensor '", t.name, "'"),
+                            absl::StrCat("not exporting ", what,
+                                         ". SafetensorsExportOptions::allow_nonfinite exports "
+                                         "it anyway"));
+        if (!local.ok()) continue;
+      }
+      if (!root) continue;
+      local = write(i, Encode(whole.data() + t.offset, t.numel, options.dtype));
+    }
+  }
+  return local;
+}
+
+absl::StatusOr<std::unique_ptr<ImportFile>> OpenImportFile(const std::string& path) {
+  FSDP_ASSIGN_OR_RETURN(InFile f, InFile::Open(path));
+  absl::StatusOr<SafetensorsHeader> header = ReadHeader(f);
+  if (!header.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", std::string(header.status().message())));
+  }
+  return std::make_unique<ImportFile>(ImportFile{path, std::move(f), *std::move(header)});
+}
+
 }  // namespace checkpoint
 
 absl::Status ExportSafetensors(ShardingRuntime& rt, const std::string& path,
@@ -209,18 +271,8 @@ absl::Status ExportSafetensors(ShardingRuntime& rt, const std::string& path,
   using namespace checkpoint;  // NOLINT: this file's own helpers
   Communicator& world = rt.world();
   const bool root = world.rank() == 0;
-  std::vector<SafetensorsTensor> tensors;
-  for (int u = 0; u < rt.num_units(); ++u) {
-    for (const TensorSlot& t : rt.unit_tensors(u)) {
-      tensors.push_back({t.name, options.dtype, t.shape, t.numel, 0, 0});
-    }
-  }
-  std::map<std::string, std::string> all = options.metadata;
-  for (const auto& [k, v] : rt.model_description()) {
-    all.emplace(absl::StrCat(kSafetensorsModelKeyPrefix, k), v);
-  }
-  std::vector<std::pair<std::string, std::string>> meta(all.begin(), all.end());
-  if (!options.metadata.count("format")) meta.emplace_back("format", "pt");
+  std::vector<SafetensorsTensor> tensors = ExportTensors(rt, options.dtype);
+  const std::vector<std::pair<std::string, std::string>> meta = ExportMetadata(rt, options);
   const std::string header = BuildSafetensorsHeader(tensors, meta);
 
   absl::Status local;
@@ -246,32 +298,9 @@ absl::Status ExportSafetensors(ShardingRuntime& rt, const std::string& path,
     out.data_start = header.size();
   }
   // Gather unit by unit in the shard group of replicate index 0; rank 0 writes.
-  if (rt.replicate_group().rank() == 0) {
-    size_t next = 0;
-    for (int u = 0; u < rt.num_units(); ++u) {
-      std::vector<float> whole(rt.unit_numel(u));
-      absl::Status g = rt.GatherUnit(u, whole.data());
-      if (!g.ok()) {
-        if (local.ok()) local = g;
-        break;  // the group has failed: later gathers would fail too
-      }
-      for (const TensorSlot& t : rt.unit_tensors(u)) {
-        const SafetensorsTensor& st = tensors[next++];
-        if (!local.ok()) continue;
-        if (!options.allow_nonfinite) {
-          local = CheckFinite(whole.data() + t.offset, t.numel,
-                              absl::StrCat("tensor '", t.name, "'"),
-                              absl::StrCat("not exporting ", path,
-                                           ". SafetensorsExportOptions::allow_nonfinite exports "
-                                           "it anyway"));
-          if (!local.ok()) continue;
-        }
-        if (!root) continue;
-        const std::string bytes = Encode(whole.data() + t.offset, t.numel, options.dtype);
-        local = out.file->WriteAt(out.data_start + st.begin, bytes.data(), bytes.size());
-      }
-    }
-  }
+  local = GatherForExport(rt, path, options, local, [&](size_t i, const std::string& bytes) {
+    return out.file->WriteAt(out.data_start + tensors[i].begin, bytes.data(), bytes.size());
+  });
   if (root && local.ok()) local = out.file->SyncAndClose();
   absl::Status agreed = AgreeOnStatus(world, local);
   if (root && agreed.ok()) {
@@ -313,7 +342,25 @@ absl::StatusOr<std::vector<std::string>> RemoveDeadExportTemporaries(const std::
 absl::Status ImportSafetensors(ShardingRuntime& rt, const std::string& path,
                                const SafetensorsImportOptions& options) {
   using namespace checkpoint;  // NOLINT
-  auto staged = StageImport(rt, path, options);
+  absl::StatusOr<ImportSource> src;
+  if (IsHuggingFaceImportPath(path)) {
+    src = OpenHuggingFaceImport(path);
+  } else {
+    absl::StatusOr<std::unique_ptr<ImportFile>> file = OpenImportFile(path);
+    if (file.ok()) {
+      ImportSource one{path, "the file", {}, {}, (*file)->header.metadata};
+      for (const SafetensorsTensor& t : (*file)->header.tensors) {
+        one.tensors[t.name] = {file->get(), &t};
+      }
+      one.files.push_back(*std::move(file));
+      src = std::move(one);
+    } else {
+      src = file.status();
+    }
+  }
+  absl::StatusOr<std::vector<std::vector<float>>> staged =
+      src.ok() ? StageImport(rt, *src, options)
+               : absl::StatusOr<std::vector<std::vector<float>>>(src.status());
   FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), staged.status()));
   absl::Status local;
   for (int u = 0; u < rt.num_units() && local.ok(); ++u) {

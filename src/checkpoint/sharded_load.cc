@@ -1,5 +1,6 @@
 // LoadCheckpoint (with resharding), LatestCheckpoint (reporting the damaged checkpoints it
-// skips) and RemoveCheckpointTemporaries. Each rank checks the COMMIT marker
+// skips), VerifyCheckpoint and ResumeFromLatestCheckpoint (falling back past a damaged one),
+// and RemoveCheckpointTemporaries. Each rank checks the COMMIT marker
 // and metadata.json, matches the checkpoint's tensors with the runtime's, works out which
 // byte ranges of which shard files cover its new shards, verifies those files' checksums,
 // reads the ranges into host staging buffers, and only after every rank has succeeded copies
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -26,6 +28,12 @@ namespace checkpoint {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
+
+void SortByPath(std::vector<SkippedCheckpoint>& v) {
+  std::sort(v.begin(), v.end(), [](const SkippedCheckpoint& a, const SkippedCheckpoint& b) {
+    return a.path < b.path;
+  });
+}
 
 struct Read {
   uint64_t offset = 0;
@@ -103,9 +111,11 @@ void PlanReads(const std::vector<PieceRef>& pieces, int64_t b, int64_t e, float*
   }
 }
 
-// Opens a shard file and verifies it completely against its header and the metadata.
+// Opens a shard file and verifies it against its header and the metadata: completely, or
+// (`check_crc` false: its checksum was verified just before, by VerifyFiles) all but the
+// checksum.
 absl::StatusOr<InFile> OpenVerified(const std::string& dir, const CheckpointMetadata& m, int f,
-                                    ShardHeader* header) {
+                                    ShardHeader* header, bool check_crc = true) {
   const ShardFileRecord& rec = m.files[f];
   const std::string path = absl::StrCat(dir, "/", rec.name);
   FSDP_ASSIGN_OR_RETURN(InFile file, InFile::Open(path));
@@ -122,6 +132,7 @@ absl::StatusOr<InFile> OpenVerified(const std::string& dir, const CheckpointMeta
                                             header->file_bytes(), " and metadata.json ", rec.bytes,
                                             file.size() < rec.bytes ? " (truncated)" : ""));
   }
+  if (!check_crc) return file;
   FSDP_ASSIGN_OR_RETURN(uint32_t crc,
                         file.Crc32cOf(kShardHeaderBytes, file.size() - kShardHeaderBytes));
   if (crc != header->payload_crc32c || crc != rec.crc32c) {
@@ -133,8 +144,27 @@ absl::StatusOr<InFile> OpenVerified(const std::string& dir, const CheckpointMeta
   return file;
 }
 
+// Every file of checkpoint `dir` that is this part's (shard file f when f % parts == part), and
+// the COMMIT marker and metadata.json: present, of their sizes, and matching their checksums.
+absl::Status VerifyFiles(const std::string& dir, int part, int parts) {
+  FSDP_ASSIGN_OR_RETURN(CheckpointMetadata m, ReadMetadata(dir));
+  for (int f = part; f < static_cast<int>(m.files.size()); f += parts) {
+    ShardHeader header;
+    absl::StatusOr<InFile> file = OpenVerified(dir, m, f, &header);
+    if (absl::IsNotFound(file.status())) {
+      return absl::DataLossError(absl::StrCat(dir, "/", m.files[f].name,
+                                              ": shard file missing or unreadable (",
+                                              std::string(file.status().message()), ")"));
+    }
+    FSDP_RETURN_IF_ERROR(file.status());
+  }
+  return absl::OkStatus();
+}
+
+// `files_verified`: VerifyFiles passed on every rank just before; the checksums are not
+// computed again.
 absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
-                             const LoadOptions& options) {
+                             const LoadOptions& options, bool files_verified) {
   Staged st;
   FSDP_ASSIGN_OR_RETURN(st.meta, ReadMetadata(dir));
   const CheckpointMetadata& m = st.meta;
@@ -212,7 +242,7 @@ absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
   if (st.rank_state_restored) reads[rank];  // read (and verify) our own file for the rank state
   for (auto& [f, list] : reads) {
     ShardHeader header;
-    FSDP_ASSIGN_OR_RETURN(InFile file, OpenVerified(dir, m, f, &header));
+    FSDP_ASSIGN_OR_RETURN(InFile file, OpenVerified(dir, m, f, &header, !files_verified));
     for (const Read& r : list) FSDP_RETURN_IF_ERROR(file.ReadAt(r.offset, r.dest, r.bytes));
     if (f == rank && st.rank_state_restored) {
       st.rank_state.resize(header.rank_state_bytes);
@@ -265,10 +295,12 @@ absl::Status Apply(ShardingRuntime& rt, const Staged& st, const LoadOptions& opt
 }  // namespace
 }  // namespace checkpoint
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& rt, const std::string& dir,
-                                                const LoadOptions& options) {
-  using namespace checkpoint;  // NOLINT: this file's own helpers
-  absl::StatusOr<Staged> staged = Stage(rt, dir, options);
+namespace checkpoint {
+namespace {
+
+absl::StatusOr<LoadedCheckpoint> Load(ShardingRuntime& rt, const std::string& dir,
+                                      const LoadOptions& options, bool files_verified) {
+  absl::StatusOr<Staged> staged = Stage(rt, dir, options, files_verified);
   FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), staged.status()));
   FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), Apply(rt, *staged, options)));
   LoadedCheckpoint out;
@@ -286,20 +318,16 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& rt, const std::
   return out;
 }
 
-absl::StatusOr<int64_t> CheckpointStep(const std::string& dir) {
-  FSDP_ASSIGN_OR_RETURN(checkpoint::CommitRecord commit, checkpoint::ReadVerifiedCommit(dir));
-  return commit.step;
-}
-
-absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
-                                             std::vector<SkippedCheckpoint>* skipped) {
-  using namespace checkpoint;  // NOLINT
+// The subdirectories of `parent` with a valid COMMIT marker, newest first (the highest step,
+// ties broken by the greater name); those that hold checkpoint files but no valid marker go to
+// `skipped` (sorted by path). Temporary and replaced copies are never candidates.
+absl::StatusOr<std::vector<std::string>> CommittedCheckpoints(
+    const std::string& parent, std::vector<SkippedCheckpoint>* skipped) {
   if (skipped != nullptr) skipped->clear();
   std::error_code ec;
   std::filesystem::directory_iterator it(parent, ec);
   if (ec) return absl::NotFoundError(absl::StrCat(parent, ": cannot list: ", ec.message()));
-  std::string best;
-  int64_t best_step = -1;
+  std::vector<std::pair<int64_t, std::string>> found;
   for (const auto& e : it) {
     const std::string name = e.path().filename().string();
     // Saves in progress or crashed, and old copies being replaced, are never resumed from.
@@ -316,21 +344,80 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
       }
       continue;
     }
-    if (commit->step > best_step || (commit->step == best_step && path > best)) {
-      best_step = commit->step;
-      best = path;
+    found.emplace_back(commit->step, path);
+  }
+  if (skipped != nullptr) SortByPath(*skipped);
+  std::sort(found.begin(), found.end(), std::greater<>());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+absl::Status NoCompleteCheckpoint(const std::string& parent) {
+  return absl::NotFoundError(absl::StrCat(parent, ": no complete checkpoint (none with a valid ",
+                                          kCommitFile, " marker)"));
+}
+
+}  // namespace
+}  // namespace checkpoint
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardingRuntime& rt, const std::string& dir,
+                                                const LoadOptions& options) {
+  return checkpoint::Load(rt, dir, options, /*files_verified=*/false);
+}
+
+absl::Status VerifyCheckpoint(Communicator& world, const std::string& dir) {
+  return AgreeOnStatus(world, checkpoint::VerifyFiles(dir, world.rank(), world.size()));
+}
+
+absl::StatusOr<ResumedCheckpoint> ResumeFromLatestCheckpoint(ShardingRuntime& rt,
+                                                             const std::string& parent,
+                                                             const ResumeOptions& options) {
+  using namespace checkpoint;  // NOLINT
+  ResumedCheckpoint out;
+  // Every rank lists the directory itself; they must find the same candidates.
+  absl::StatusOr<std::vector<std::string>> candidates = CommittedCheckpoints(parent, &out.skipped);
+  if (absl::IsNotFound(candidates.status())) candidates = std::vector<std::string>();
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), candidates.status()));
+  std::string listed;
+  for (const std::string& c : *candidates) absl::StrAppend(&listed, c, "\n");
+  FSDP_RETURN_IF_ERROR(CheckSameSettings(
+      rt.world(), {{"checkpoints", listed}},
+      absl::StrCat("resuming from ", parent, ": the ranks see different checkpoints")));
+  for (const std::string& dir : *candidates) {
+    const absl::Status verified = VerifyCheckpoint(rt.world(), dir);
+    if (!verified.ok()) {
+      if (!absl::IsDataLoss(verified) || !options.fallback) {
+        return absl::Status(verified.code(),
+                            absl::StrCat(verified.message(),
+                                         absl::IsDataLoss(verified)
+                                             ? " (the checkpoint is damaged; "
+                                               "ResumeOptions::fallback resumes from the "
+                                               "previous intact one)"
+                                             : ""));
+      }
+      out.skipped.push_back({dir, verified});
+      continue;
     }
+    FSDP_ASSIGN_OR_RETURN(out.loaded, Load(rt, dir, options.load, /*files_verified=*/true));
+    out.path = dir;
+    break;
   }
-  if (skipped != nullptr) {
-    std::sort(
-        skipped->begin(), skipped->end(),
-        [](const SkippedCheckpoint& a, const SkippedCheckpoint& b) { return a.path < b.path; });
-  }
-  if (best.empty()) {
-    return absl::NotFoundError(absl::StrCat(parent, ": no complete checkpoint (none with a valid ",
-                                            kCommitFile, " marker)"));
-  }
-  return best;
+  SortByPath(out.skipped);
+  return out;
+}
+
+absl::StatusOr<int64_t> CheckpointStep(const std::string& dir) {
+  FSDP_ASSIGN_OR_RETURN(checkpoint::CommitRecord commit, checkpoint::ReadVerifiedCommit(dir));
+  return commit.step;
+}
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& parent,
+                                             std::vector<SkippedCheckpoint>* skipped) {
+  FSDP_ASSIGN_OR_RETURN(std::vector<std::string> committed,
+                        checkpoint::CommittedCheckpoints(parent, skipped));
+  if (committed.empty()) return checkpoint::NoCompleteCheckpoint(parent);
+  return committed.front();
 }
 
 absl::StatusOr<std::vector<CheckpointCleanup>> CleanUpCheckpointDirectory(

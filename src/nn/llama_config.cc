@@ -3,6 +3,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/nn/llama.h"
 #include "src/nn/llama_layout.h"
@@ -83,6 +84,34 @@ int64_t LlamaUnitNumel(const LlamaConfig& config, int unit) {
 std::vector<ParamSpec> LlamaParamSpecs(const LlamaConfig& config) {
   return internal::ModelSpecs("", LlamaRootDefs(config), "model.layers.", LlamaBlockDefs(config),
                               config.num_layers);
+}
+
+std::string LlamaConfig::HuggingFaceConfigJson(DType dtype) const {
+  const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
+                            : dtype == DType::kF16 ? "float16"
+                                                   : "float32";
+  return absl::StrFormat(
+      "{\n"
+      "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+      "  \"model_type\": \"llama\",\n"
+      "  \"vocab_size\": %d,\n"
+      "  \"hidden_size\": %d,\n"
+      "  \"intermediate_size\": %d,\n"
+      "  \"num_hidden_layers\": %d,\n"
+      "  \"num_attention_heads\": %d,\n"
+      "  \"num_key_value_heads\": %d,\n"
+      "  \"max_position_embeddings\": %d,\n"
+      "  \"rms_norm_eps\": %.9g,\n"
+      "  \"rope_theta\": %.9g,\n"
+      "  \"hidden_act\": \"silu\",\n"
+      "  \"attention_bias\": false,\n"
+      "  \"mlp_bias\": false,\n"
+      "  \"tie_word_embeddings\": false,\n"
+      "  \"initializer_range\": 0.02,\n"
+      "  \"torch_dtype\": \"%s\"\n"
+      "}\n",
+      vocab_size, channels, mlp_hidden, num_layers, num_heads, num_kv_heads, block_size,
+      static_cast<double>(norm_eps), static_cast<double>(rope_theta), torch_dtype);
 }
 
 }  // namespace fsdp::nn

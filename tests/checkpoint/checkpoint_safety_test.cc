@@ -2,11 +2,12 @@
 // truncated or missing shard, metadata of another model, a missing COMMIT marker are each an
 // error naming the file, nothing is loaded on any rank, and the older checkpoint next to it
 // still loads; a save that crashes at any point leaves no visible checkpoint and the previous
-// one intact.
+// one intact; a resume passes over a checkpoint with a damaged file unless told not to.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -350,6 +351,120 @@ TEST(DamagedNewestTest, LatestCheckpointReportsWhatItSkippedAndWhy) {
   ASSERT_EQ(skipped.size(), 2u);
   EXPECT_EQ(skipped[0].path, parent + "/step-2");
   EXPECT_EQ(skipped[1].path, d);
+  fs::remove_all(parent);
+  fs::remove_all(pristine);
+}
+
+// ResumeFromLatestCheckpoint verifies every file of the newest committed checkpoint before it
+// loads anything: a shard file with a flipped byte, cut short or missing is reported with the
+// file and why, and the resume falls back to the previous intact checkpoint (bitwise its
+// parameters), on the saved world size and on another one. With fallback off it is a DataLoss
+// error on every rank naming the file, and nothing is loaded.
+TEST(DamagedNewestTest, ResumeVerifiesEveryFileAndFallsBackPastADamagedShard) {
+  const std::string parent =
+      absl::StrCat(::testing::TempDir(), "/fsdp_ckpt_fallback_", getpid());
+  const std::string pristine = parent + "-pristine";
+  fs::remove_all(parent);
+  fs::remove_all(pristine);
+  absl::StatusOr<CkptResult> at2 = RunThreads(2, CkptRun{}, 2, "", parent + "/step-2");
+  ASSERT_TRUE(at2.ok()) << at2.status();
+  ASSERT_TRUE(RunThreads(2, CkptRun{}, 4, "", pristine).ok());
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(pristine)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("shard-", 0) == 0) shards.push_back(name);
+  }
+  std::sort(shards.begin(), shards.end());
+  ASSERT_EQ(shards.size(), 2u);
+  const std::string d = parent + "/step-4";
+  struct Damage {
+    const char* what;
+    std::function<void()> apply;
+    std::string file, why;
+  };
+  const std::vector<Damage> damages = {
+      {"a byte of the second shard file flipped",
+       [&] { FlipByte(d + "/" + shards[1], fs::file_size(d + "/" + shards[1]) - 5); }, shards[1],
+       "checksum mismatch"},
+      {"the first shard file cut short",
+       [&] { fs::resize_file(d + "/" + shards[0], fs::file_size(d + "/" + shards[0]) - 10); },
+       shards[0], "(truncated)"},
+      {"the second shard file removed", [&] { fs::remove(d + "/" + shards[1]); }, shards[1],
+       "shard file missing or unreadable"},
+  };
+  for (const Damage& damage : damages) {
+    for (int world : {2, 3}) {
+      for (bool fallback : {true, false}) {
+        SCOPED_TRACE(absl::StrCat(damage.what, ", ", world, " ranks, fallback ", fallback));
+        fs::remove_all(d);
+        fs::copy(pristine, d, fs::copy_options::recursive);
+        damage.apply();
+        std::vector<absl::StatusOr<ResumedCheckpoint>> resumed(world);
+        std::vector<std::vector<std::vector<float>>> before(world), after(world);
+        std::vector<int64_t> steps(world, -1);
+        ASSERT_TRUE(LocalWorld::Run(world, {}, [&](Communicator& comm) -> absl::Status {
+          FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+          FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), CkptRun{}));
+          FSDP_ASSIGN_OR_RETURN(before[comm.rank()], model->GatherModelUnits());
+          ResumeOptions options;
+          options.fallback = fallback;
+          resumed[comm.rank()] = ResumeFromLatestCheckpoint(model->runtime(), parent, options);
+          steps[comm.rank()] = model->runtime().steps();
+          FSDP_ASSIGN_OR_RETURN(after[comm.rank()], model->GatherModelUnits());
+          return absl::OkStatus();
+        }).ok());
+        for (int r = 0; r < world; ++r) {
+          SCOPED_TRACE(absl::StrCat("rank ", r));
+          if (fallback) {
+            ASSERT_TRUE(resumed[r].ok()) << resumed[r].status();
+            EXPECT_EQ(resumed[r]->path, parent + "/step-2");
+            ASSERT_EQ(resumed[r]->skipped.size(), 1u);
+            const SkippedCheckpoint& k = resumed[r]->skipped[0];
+            EXPECT_EQ(k.path, d);
+            EXPECT_EQ(k.why.code(), absl::StatusCode::kDataLoss) << k.why;
+            EXPECT_THAT(std::string(k.why.message()), HasSubstr(d + "/" + damage.file));
+            EXPECT_THAT(std::string(k.why.message()), HasSubstr(damage.why));
+            EXPECT_EQ(steps[r], 2);
+            EXPECT_TRUE(BitEqual(after[r], at2->params)) << "not step-2's parameters";
+          } else {
+            ASSERT_FALSE(resumed[r].ok());
+            const absl::Status& e = resumed[r].status();
+            EXPECT_EQ(e.code(), absl::StatusCode::kDataLoss) << e;
+            EXPECT_THAT(std::string(e.message()), HasSubstr(d + "/" + damage.file));
+            EXPECT_THAT(std::string(e.message()), HasSubstr(damage.why));
+            EXPECT_THAT(std::string(e.message()), HasSubstr("ResumeOptions::fallback"));
+            EXPECT_EQ(steps[r], 0);
+            EXPECT_TRUE(BitEqual(after[r], before[r])) << "something was loaded";
+          }
+        }
+      }
+    }
+  }
+  // Intact again: the newest is resumed from, nothing skipped; VerifyCheckpoint passes.
+  fs::remove_all(d);
+  fs::copy(pristine, d, fs::copy_options::recursive);
+  ASSERT_TRUE(LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_RETURN_IF_ERROR(VerifyCheckpoint(comm, d));
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), CkptRun{}));
+    FSDP_ASSIGN_OR_RETURN(ResumedCheckpoint r, ResumeFromLatestCheckpoint(model->runtime(), parent));
+    if (r.path != d || !r.skipped.empty() || r.loaded.step != 4) {
+      return absl::InternalError(absl::StrCat("resumed ", r.path, " at ", r.loaded.step, " with ",
+                                              r.skipped.size(), " skipped"));
+    }
+    return absl::OkStatus();
+  }).ok());
+  // No checkpoint at all: nothing loaded, no error.
+  const std::string empty = parent + "-empty";
+  ASSERT_TRUE(LocalWorld::Run(2, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    FSDP_ASSIGN_OR_RETURN(auto model, MakeModel(comm, backend.get(), CkptRun{}));
+    FSDP_ASSIGN_OR_RETURN(ResumedCheckpoint r, ResumeFromLatestCheckpoint(model->runtime(), empty));
+    if (!r.path.empty() || !r.skipped.empty() || model->runtime().steps() != 0) {
+      return absl::InternalError(absl::StrCat("resumed '", r.path, "' from nothing"));
+    }
+    return absl::OkStatus();
+  }).ok());
   fs::remove_all(parent);
   fs::remove_all(pristine);
 }

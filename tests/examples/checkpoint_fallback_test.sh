@@ -4,6 +4,9 @@
 # directory is left next to them. The next run must say that it skips step-4 and why, resume
 # from step-2 (the newest intact one), say that it removed the temporary directory, save
 # step-4 again in place of the damaged one and succeed; the run after it resumes from there.
+# Then a shard file of the newest checkpoint (its COMMIT valid) is damaged: the run names the
+# file and why, resumes from the one before and saves the step again; with
+# --checkpoint_fallback=false the same damage stops the run (exit 1) naming the file.
 #
 # Usage: checkpoint_fallback_test.sh TRAIN_GPT
 set -uo pipefail
@@ -29,6 +32,11 @@ contains() {
   check "$(grep -qF -- "$1" "$dir/out.txt" && echo 1)" "output contains: $1"
 }
 show() { echo "---- output ----"; cat "$dir/out.txt"; echo "----"; }
+flip() {  # flip FILE OFFSET: one bit of the byte at OFFSET changed
+  local b
+  b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
+  printf "$(printf '\\%03o' $((b ^ 16)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
 
 run 0 --steps 4
 check "$([ -f "$ck/step-4/COMMIT" ] && [ -f "$ck/step-2/COMMIT" ] && echo 1)" "step-2 and step-4 saved"
@@ -59,5 +67,23 @@ run 0 --steps 6
 contains "resumed from $ck/step-6 (step 6)"
 contains "nothing to train: the checkpoint is at step 6, --steps is 6"
 check "$(grep -q "skipping" "$dir/out.txt" || echo 1)" "no checkpoint skipped"
+[ $failed = 0 ] || show
+
+shard=$(ls "$ck"/step-6/shard-* | tail -n 1)
+echo "== a byte of $(basename "$shard") of step-6 flipped (its COMMIT still valid)"
+flip "$shard" $(( $(stat -c %s "$shard") - 5 ))
+run 0 --steps 6
+contains "train_gpt: warning: skipping checkpoint $ck/step-6: "
+contains "$shard: checksum mismatch"
+contains "resumed from $ck/step-4 (step 4), the newest intact checkpoint"
+contains "saved $ck/step-6 (replacing the damaged checkpoint of that name)"
+[ $failed = 0 ] || show
+
+echo "== the same damage with --checkpoint_fallback=false: an error naming the file"
+flip "$shard" $(( $(stat -c %s "$shard") - 5 ))
+run 1 --steps 6 --checkpoint_fallback=false
+contains "$shard: checksum mismatch"
+contains "--checkpoint_fallback=true resumes from the previous intact one"
+check "$(grep -q "resumed from" "$dir/out.txt" || echo 1)" "nothing resumed"
 [ $failed = 0 ] || show
 exit $failed

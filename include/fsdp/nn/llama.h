@@ -42,6 +42,11 @@ struct LlamaConfig {
   // models that are allocated (the published shapes' V = 32000 is fine), L <= kMaxLayers,
   // C <= kMaxChannels, F <= kMaxMlpHidden (model.h).
   absl::Status Validate() const;
+  // The config.json of transformers' LlamaForCausalLM for this model (model_type "llama",
+  // the sizes, rms_norm_eps, rope_theta, untied lm_head, no biases; torch_dtype from `dtype`:
+  // "float32", "bfloat16" or "float16"), so that from_pretrained loads a directory exported by
+  // ExportSafetensorsDirectory (SafetensorsExportOptions::extra_files).
+  std::string HuggingFaceConfigJson(DType dtype) const;
   int head_size() const { return channels / num_heads; }
   int64_t qkv_width() const {  // (H + 2 Hkv) D: columns of the fused q/k/v projection
     return static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_size();
