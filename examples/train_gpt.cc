@@ -427,7 +427,7 @@ absl::Status Finish(const Settings& s, ShardedModel& model, const fsdp::Backend&
   }
   if (!s.export_hf_dir.empty()) {
     fsdp::SafetensorsExportOptions o;
-    o.max_file_bytes = static_cast<uint64_t>(s.export_max_file_mb) * 1'000'000;
+    o.max_file_bytes = static_cast<uint64_t>(s.export_max_file_mb * 1e6);
     if (!s.config.is_gpt()) {
       o.extra_files["config.json"] = s.config.llama().HuggingFaceConfigJson(o.dtype);
     }

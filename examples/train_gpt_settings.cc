@@ -113,7 +113,8 @@ ABSL_FLAG(bool, checkpoint_fallback, true,
           "older intact one, saying so; false: such a checkpoint stops the run with the file "
           "and the reason");
 ABSL_FLAG(std::string, init_safetensors, "",
-          "start from the parameters of this .safetensors file (a checkpoint to resume from wins)");
+          "start from the parameters of this .safetensors file, index (.index.json) or "
+          "directory in the Hugging Face layout (a checkpoint to resume from wins)");
 ABSL_FLAG(std::string, export_safetensors, "",
           "write the trained model to this .safetensors file (a new file, or a safetensors "
           "file it replaces)");
@@ -123,8 +124,9 @@ ABSL_FLAG(std::string, export_hf_dir, "",
           "model.safetensors.index.json; config.json for Llama models, so that "
           "LlamaForCausalLM.from_pretrained loads it): a new directory or an earlier export, "
           "which it replaces");
-ABSL_FLAG(int64_t, export_max_file_mb, 5000,
-          "--export_hf_dir: the largest file, in MB of 10^6 bytes (5000: transformers' 5GB)");
+ABSL_FLAG(double, export_max_file_mb, 5000,
+          "--export_hf_dir: the largest file, in MB of 10^6 bytes (5000: transformers' 5GB; "
+          "0.5: 500 KB)");
 ABSL_FLAG(bool, allow_model_change, false,
           "resume from a checkpoint, or start from --init_safetensors, that records another "
           "model configuration (e.g. another number of heads) with tensors of the same shapes; "
@@ -696,14 +698,19 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   }
   s.init_safetensors = absl::GetFlag(FLAGS_init_safetensors);
   if (!s.init_safetensors.empty()) {
-    FSDP_RETURN_IF_ERROR(CheckReadableFile("init_safetensors", s.init_safetensors));
+    // A file or an index, or a directory in the Hugging Face layout (ImportSafetensors).
+    std::error_code ec;
+    if (!std::filesystem::is_directory(s.init_safetensors, ec)) {
+      FSDP_RETURN_IF_ERROR(CheckReadableFile("init_safetensors", s.init_safetensors));
+    }
   }
   s.allow_model_change = absl::GetFlag(FLAGS_allow_model_change);
   s.export_path = absl::GetFlag(FLAGS_export_safetensors);
   s.export_hf_dir = absl::GetFlag(FLAGS_export_hf_dir);
   s.export_max_file_mb = absl::GetFlag(FLAGS_export_max_file_mb);
-  if (s.export_max_file_mb < 1 || s.export_max_file_mb > (int64_t{1} << 40)) {
-    return BadFlag("export_max_file_mb", s.export_max_file_mb, "allowed: 1 to 2^40 MB");
+  if (!(s.export_max_file_mb >= 0.001 && s.export_max_file_mb <= 1e9)) {
+    return BadFlag("export_max_file_mb", s.export_max_file_mb,
+                   "allowed: 0.001 (1 KB) to 10^9 MB");
   }
   if (s.export_max_file_mb != 5000 && s.export_hf_dir.empty()) {
     return BadFlag("export_max_file_mb", s.export_max_file_mb, "needs --export_hf_dir");

@@ -37,7 +37,7 @@ struct Settings {
   std::shared_ptr<const fsdp::nn::TrainValSplit> data;  // read once, shared by the rank threads
   std::string checkpoint_dir, init_safetensors, export_path;
   std::string export_hf_dir;          // --export_hf_dir: the Hugging Face layout
-  int64_t export_max_file_mb = 5000;  // its largest file
+  double export_max_file_mb = 5000;  // its largest file, MB of 10^6 bytes
   bool allow_model_change = false;
   bool checkpoint_fallback = true;  // resume past a damaged checkpoint (--checkpoint_fallback)
   int64_t device_memory_bytes = 0;

@@ -294,8 +294,8 @@ absl::Status ExportSafetensors(ShardingRuntime& runtime, const std::string& path
 // Writes every registered tensor in the Hugging Face layout to the directory `dir`, as
 // save_pretrained does: model.safetensors when the tensors fit in options.max_file_bytes,
 // otherwise model-0000K-of-0000N.safetensors (tensors in order, a file closed before it would
-// pass the limit) and model.safetensors.index.json ({"metadata": {"total_size": BYTES},
-// "weight_map": {NAME: FILE}}), plus options.extra_files; every file has ExportSafetensors'
+// pass the limit) and model.safetensors.index.json ({"metadata": {"total_parameters": N,
+// "total_size": BYTES}, "weight_map": {NAME: FILE}}), plus options.extra_files; every file has ExportSafetensors'
 // "__metadata__". Units are gathered one at a time and rank 0 writes each tensor at its offset,
 // so no rank holds more than host_bytes_per_rank. Atomic: written into DIR.tmp-<pid> and
 // renamed; `dir` must be new, empty, or an earlier export (only safetensors files, indexes,

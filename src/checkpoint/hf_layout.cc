@@ -1,7 +1,8 @@
 // The Hugging Face layout of a model as safetensors (what `transformers`' save_pretrained
 // writes and from_pretrained reads): a directory holding model.safetensors, or, when the
 // tensors exceed the largest file, model-0000K-of-0000N.safetensors and
-// model.safetensors.index.json {"metadata": {"total_size": BYTES}, "weight_map": {NAME: FILE}}.
+// model.safetensors.index.json {"metadata": {"total_parameters": N, "total_size": BYTES},
+// "weight_map": {NAME: FILE}}.
 // ExportSafetensorsDirectory writes it the way ExportSafetensors writes one file (units
 // gathered one at a time, rank 0 writing each tensor at its offset) into a temporary directory
 // renamed into place; ImportSafetensors reads an index or such a directory, after checking the
@@ -38,7 +39,7 @@ struct PlannedFile {
   std::string header;
 };
 
-// Tensors into files in order, as huggingface_hub splits a state dict: a tensor that would take
+// Tensors into files in order, as transformers splits a state dict: a tensor that would take
 // the current file past `max_bytes` starts the next file; one larger than `max_bytes` has a file
 // of its own. One file is "model.safetensors"; more are "model-0000K-of-0000N.safetensors".
 std::vector<PlannedFile> PlanFiles(const std::vector<SafetensorsTensor>& tensors,
@@ -67,17 +68,20 @@ std::vector<PlannedFile> PlanFiles(const std::vector<SafetensorsTensor>& tensors
 
 std::string IndexJson(const std::vector<SafetensorsTensor>& tensors,
                       const std::vector<PlannedFile>& files) {
-  std::map<std::string, std::string> weight_map;  // sorted by name, as huggingface_hub writes it
+  std::map<std::string, std::string> weight_map;  // sorted by name, as transformers writes it
   uint64_t total = 0;
+  int64_t parameters = 0;
   for (const PlannedFile& f : files) {
     for (size_t i : f.tensors) {
       weight_map[tensors[i].name] = f.name;
       total += static_cast<uint64_t>(tensors[i].numel) * DTypeSize(tensors[i].dtype);
+      parameters += tensors[i].numel;
     }
   }
   json::Writer w;
-  w.BeginObject().Key("metadata").BeginObject().Key("total_size");
-  w.Int(static_cast<int64_t>(total)).EndObject().Key("weight_map").BeginObject();
+  w.BeginObject().Key("metadata").BeginObject().Key("total_parameters").Int(parameters);
+  w.Key("total_size").Int(static_cast<int64_t>(total)).EndObject();
+  w.Key("weight_map").BeginObject();
   for (const auto& [name, file] : weight_map) w.Key(name).String(file);
   w.EndObject().EndObject();
   return w.text() + "\n";

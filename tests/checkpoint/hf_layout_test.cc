@@ -4,7 +4,8 @@
 // readable by an independent reader, and imports back on 3 ranks bitwise (f32) from the
 // directory and from the index; the export's device and host memory stay within one unit; an
 // earlier export is replaced, anything else is not; a damaged or inconsistent index is an error
-// naming the file and the tensor.
+// naming the file and the tensor; a directory written by transformers imports, and libfsdp's
+// export of it holds the same tensors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_format.h"
@@ -326,6 +328,102 @@ TEST_F(HfLayoutTest, BadIndexesAreErrorsNamingTheFileAndTheTensor) {
     for (const std::string& s : c.says) {
       EXPECT_THAT(std::string(r.status().message()), HasSubstr(s));
     }
+  }
+}
+
+// A directory written by transformers' save_pretrained (tests/checkpoint/golden/
+// tiny_llama_hf_sharded: 6 files of at most 4 KB, the index, config.json; made by
+// make_hf_sharded_golden.py from the model of tests/nn/golden/make_llama_golden.py) imports on
+// 2 ranks bitwise as that model's single-file state_dict does and computes transformers' loss.
+// Exported again by libfsdp in files of at most 4000 bytes: the same tensors, bitwise, the
+// same total_size and total_parameters, each file within the limit.
+TEST_F(HfLayoutTest, ShardedDirectoryFromTransformersImportsAndExportsBack) {
+  const std::string source = std::string(FSDP_SOURCE_DIR) + "/tests/";
+  const std::string golden = source + "checkpoint/golden/tiny_llama_hf_sharded";
+  auto expect = ref_st::Parse(ReadAll(source + "nn/golden/tiny_llama_hf.safetensors"));
+  ASSERT_TRUE(expect.ok()) << expect.status();
+  const float want_loss = ref_st::F32Values(expect->tensors.at("out.loss")).at(0);
+  auto tokens = [&](const char* name) {
+    const std::string& b = expect->tensors.at(name).bytes;
+    std::vector<int32_t> v(b.size() / 4);
+    std::memcpy(v.data(), b.data(), b.size());
+    return v;
+  };
+  const std::vector<int32_t> idx = tokens("tokens.idx"), tgt = tokens("tokens.tgt");
+  nn::LlamaConfig config = *nn::LlamaConfig::FromName("llama-nano");
+  config.vocab_size = 32;
+  config.block_size = 8;
+  config.channels = 16;
+  config.mlp_hidden = 24;  // L = 2, H = 4, Hkv = 2 as llama-nano
+  const int world = 2, T = 8;
+  const std::string out = dir_ + "/out";
+  std::vector<float> losses(world);
+  std::vector<std::vector<float>> from_dir, from_file;
+  absl::Status s = LocalWorld::Run(world, {}, [&](Communicator& comm) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    nn::ShardedModelOptions o;
+    o.batch_size = 1;
+    o.seq_len = T;
+    FSDP_ASSIGN_OR_RETURN(auto model, nn::ShardedModel::Create(config, backend.get(), comm, o));
+    FSDP_RETURN_IF_ERROR(ImportSafetensors(model->runtime(), golden));
+    const int r = comm.rank();
+    FSDP_ASSIGN_OR_RETURN(float loss, model->Forward(idx.data() + r * T, tgt.data() + r * T));
+    FSDP_ASSIGN_OR_RETURN(losses[r], model->MeanOverRanks(loss));
+    FSDP_ASSIGN_OR_RETURN(auto a, model->GatherModelUnits());
+    SafetensorsExportOptions e;
+    e.max_file_bytes = 4000;
+    FSDP_RETURN_IF_ERROR(ExportSafetensorsDirectory(model->runtime(), out, e).status());
+    FSDP_RETURN_IF_ERROR(ImportSafetensors(
+        model->runtime(), source + "nn/golden/tiny_llama_hf_model.safetensors"));
+    FSDP_ASSIGN_OR_RETURN(auto b, model->GatherModelUnits());
+    if (r == 0) {
+      from_dir = std::move(a);
+      from_file = std::move(b);
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (float l : losses) EXPECT_NEAR(l, want_loss, 2e-6 * want_loss);
+  EXPECT_TRUE(BitEqual(from_dir, from_file)) << "the directory and the file differ";
+
+  auto theirs = json::Parse(ReadAll(golden + "/model.safetensors.index.json"));
+  auto ours = json::Parse(ReadAll(out + "/model.safetensors.index.json"));
+  ASSERT_TRUE(theirs.ok() && ours.ok());
+  for (const char* key : {"total_size", "total_parameters"}) {
+    EXPECT_EQ(ours->Find("metadata")->Find(key)->int_value(),
+              theirs->Find("metadata")->Find(key)->int_value())
+        << key;
+  }
+  const json::Value* their_map = theirs->Find("weight_map");
+  const json::Value* our_map = ours->Find("weight_map");
+  EXPECT_EQ(our_map->keys(), their_map->keys());
+  std::map<std::string, ref_st::File> files;
+  auto tensor = [&](const std::string& dir, const json::Value* map,
+                    const std::string& name) -> const ref_st::Tensor* {
+    const std::string path = dir + "/" + map->Find(name)->str();
+    if (!files.count(path)) {
+      auto f = ref_st::Parse(ReadAll(path));
+      if (!f.ok()) return nullptr;
+      files.emplace(path, *std::move(f));
+    }
+    auto it = files.at(path).tensors.find(name);
+    return it == files.at(path).tensors.end() ? nullptr : &it->second;
+  };
+  for (const std::string& name : their_map->keys()) {
+    const ref_st::Tensor* a = tensor(golden, their_map, name);
+    const ref_st::Tensor* b = tensor(out, our_map, name);
+    ASSERT_TRUE(a != nullptr && b != nullptr) << name;
+    EXPECT_EQ(b->dtype, a->dtype) << name;
+    EXPECT_EQ(b->shape, a->shape) << name;
+    EXPECT_TRUE(b->bytes == a->bytes) << name << ": data differs";
+  }
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().extension() != ".safetensors") continue;
+    auto f = ref_st::Parse(ReadAll(e.path().string()));
+    ASSERT_TRUE(f.ok());
+    uint64_t data = 0;
+    for (const auto& [n, t] : f->tensors) data += t.end - t.begin;
+    EXPECT_TRUE(data <= 4000 || f->tensors.size() == 1) << e.path() << ": " << data;
   }
 }
 
