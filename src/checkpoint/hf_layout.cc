@@ -129,7 +129,7 @@ absl::Status CheckExportDirectory(const std::string& dir,
   return absl::OkStatus();
 }
 
-// A name of the weight_map that is a file of the index's own directory.
+// A name of a file beside the model's (SafetensorsExportOptions::extra_files).
 bool IsPlainFileName(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\0') == std::string::npos;
@@ -140,42 +140,24 @@ absl::StatusOr<ImportSource> OpenIndex(const std::string& index) {
     return absl::DataLossError(absl::StrCat(index, ": ", what));
   };
   FSDP_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index, kMaxIndexBytes));
-  absl::StatusOr<json::Value> root = json::Parse(text);
-  if (!root.ok()) return bad(std::string(root.status().message()));
-  if (!root->is_object()) return bad("not a JSON object");
-  const json::Value* map = root->Find("weight_map");
-  if (map == nullptr || !map->is_object()) return bad("no \"weight_map\" object");
-  std::optional<int64_t> total_size;
-  if (const json::Value* meta = root->Find("metadata"); meta != nullptr) {
-    if (!meta->is_object()) return bad("\"metadata\" is not an object");
-    if (const json::Value* t = meta->Find("total_size"); t != nullptr) {
-      if (!t->is_int() || t->int_value() < 0) {
-        return bad("\"metadata\".\"total_size\" is not a byte count");
-      }
-      total_size = t->int_value();
-    }
-  }
+  absl::StatusOr<SafetensorsIndex> parsed = ParseSafetensorsIndex(text);
+  if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+  const std::optional<int64_t> total_size = parsed->total_size;
   const std::string dir = ParentOf(index);
   ImportSource src;
   src.what = index;
   src.in_what = "the index's weight_map";
   std::map<std::string, const ImportFile*> opened;
   std::map<std::string, std::string> file_of;  // tensor -> file, from the weight_map
-  for (size_t i = 0; i < map->keys().size(); ++i) {
-    const std::string& name = map->keys()[i];
-    const json::Value& v = map->items()[i];
-    if (!v.is_string() || !IsPlainFileName(v.str())) {
-      return bad(absl::StrCat("the weight_map gives tensor '", name,
-                              "' a file that is not a name in the index's directory"));
-    }
-    file_of[name] = v.str();
-    if (opened.count(v.str())) continue;
-    absl::StatusOr<std::unique_ptr<ImportFile>> f = OpenImportFile(absl::StrCat(dir, "/", v.str()));
+  for (const auto& [name, file] : parsed->weight_map) {
+    file_of[name] = file;
+    if (opened.count(file)) continue;
+    absl::StatusOr<std::unique_ptr<ImportFile>> f = OpenImportFile(absl::StrCat(dir, "/", file));
     if (!f.ok()) {
-      return bad(absl::StrCat("the weight_map puts tensor '", name, "' in ", v.str(), ": ",
+      return bad(absl::StrCat("the weight_map puts tensor '", name, "' in ", file, ": ",
                               std::string(f.status().message())));
     }
-    opened[v.str()] = f->get();
+    opened[file] = f->get();
     src.files.push_back(*std::move(f));
   }
   if (src.files.empty()) return bad("the weight_map is empty");

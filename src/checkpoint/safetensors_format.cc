@@ -91,6 +91,39 @@ const SafetensorsTensor* SafetensorsHeader::Find(std::string_view name) const {
   return nullptr;
 }
 
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view text) {
+  auto bad = [](const std::string& what) { return absl::DataLossError(what); };
+  absl::StatusOr<json::Value> root = json::Parse(text);
+  if (!root.ok()) return bad(std::string(root.status().message()));
+  if (!root->is_object()) return bad("not a JSON object");
+  const json::Value* map = root->Find("weight_map");
+  if (map == nullptr || !map->is_object()) return bad("no \"weight_map\" object");
+  if (map->keys().empty()) return bad("the weight_map is empty");
+  SafetensorsIndex index;
+  if (const json::Value* meta = root->Find("metadata"); meta != nullptr) {
+    if (!meta->is_object()) return bad("\"metadata\" is not an object");
+    if (const json::Value* t = meta->Find("total_size"); t != nullptr) {
+      if (!t->is_int() || t->int_value() < 0) {
+        return bad("\"metadata\".\"total_size\" is not a byte count");
+      }
+      index.total_size = t->int_value();
+    }
+  }
+  for (size_t i = 0; i < map->keys().size(); ++i) {
+    const std::string& name = map->keys()[i];
+    const json::Value& v = map->items()[i];
+    const bool plain = v.is_string() && !v.str().empty() && v.str() != "." && v.str() != ".." &&
+                       v.str().find('/') == std::string::npos &&
+                       v.str().find('\0') == std::string::npos;
+    if (!plain) {
+      return bad(absl::StrCat("the weight_map gives tensor '", name,
+                              "' a file that is not a name in the index's directory"));
+    }
+    index.weight_map.emplace_back(name, v.str());
+  }
+  return index;
+}
+
 std::string_view SafetensorsDTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "F32";

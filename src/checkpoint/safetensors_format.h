@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,6 +48,19 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header
 
 // Both steps over a whole file in memory (the fuzz target's entry point).
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsFile(std::string_view file);
+
+// A Hugging Face index (model.safetensors.index.json): the weight_map, tensor name -> file, in
+// the text's order, and metadata.total_size when present.
+struct SafetensorsIndex {
+  std::optional<int64_t> total_size;
+  std::vector<std::pair<std::string, std::string>> weight_map;
+};
+
+// Parses and checks an index: a JSON object with a non-empty "weight_map" object whose values
+// are file names of the index's own directory (no '/', not "." or ".."), and an optional
+// "metadata" object whose "total_size", when present, is a byte count >= 0. Other keys are
+// ignored (transformers writes "total_parameters").
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view text);
 
 // The safetensors name of a dtype ("F32", "BF16", "F16").
 std::string_view SafetensorsDTypeName(DType t);
