@@ -21,11 +21,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "fsdp/data_position.h"
 #include "fsdp/dtype.h"
 #include "fsdp/sharding.h"
@@ -99,6 +101,75 @@ struct LoadedCheckpoint {
 // or damaged one (options.replace_incomplete); otherwise it is an AlreadyExists error.
 absl::Status SaveCheckpoint(ShardingRuntime& runtime, const std::string& dir,
                             const TrainingState& state = {}, const SaveOptions& options = {});
+
+// ---- asynchronous saves ----------------------------------------------------------------------
+
+struct AsyncSaveOptions {
+  // A save asked for while the previous one is still being written: false waits for it (the
+  // training thread blocks until it is durable); true skips the new one (Save returns
+  // kSkipped). The ranks agree, so they all wait or all skip.
+  bool skip_when_busy = false;
+  // A bound on one snapshot's host memory on a rank (snapshot_bytes()); 0: none. A save over
+  // it, or one the host cannot allocate, is refused on every rank before anything is copied,
+  // and training goes on.
+  uint64_t max_snapshot_bytes = 0;
+  // How long Shutdown (and the destructor) waits for a save in flight before it gives up.
+  absl::Duration shutdown_deadline = absl::Minutes(10);
+};
+
+enum class AsyncSaveStart { kStarted, kSkipped };
+
+// The outcome of one background save.
+struct AsyncSaveResult {
+  std::string dir;
+  absl::Status status;            // as SaveCheckpoint's
+  double snapshot_seconds = 0;    // what Save blocked training for (agreement and copies)
+  double write_seconds = 0;       // the background write, to the rename
+};
+
+// Saves that do not stop training (docs/checkpoints.md, "Asynchronous saves"). Save() takes
+// this rank's shards (parameters and optimizer state) to host memory and returns; a writer
+// thread per rank then runs SaveCheckpoint's protocol on that snapshot: every rank writes and
+// fsyncs its shard file, the ranks agree (over their own group, split from the world at
+// Create, never from the training thread), rank 0 writes metadata.json and COMMIT only after
+// every rank's file is durable, and the directory is renamed into place. A crash during the
+// background write leaves the previous checkpoint intact, as for a synchronous save. At most
+// one save is in flight. One object per rank, used from the rank's training thread.
+class AsyncCheckpointer {
+ public:
+  // Collective over the runtime's world.
+  static absl::StatusOr<std::unique_ptr<AsyncCheckpointer>> Create(
+      ShardingRuntime& runtime, const AsyncSaveOptions& options = {});
+  // Shutdown(options.shutdown_deadline); an error is printed, as a destructor cannot return it.
+  ~AsyncCheckpointer();
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  // Collective, between steps, with SaveCheckpoint's arguments. Returns once the snapshot is
+  // taken (kStarted), or at once when a save is in flight and skip_when_busy (kSkipped). An
+  // error here (the snapshot's memory, the runtime) is the same on every rank and nothing is
+  // written; the background write's outcome comes from TakeFinished() and Wait().
+  absl::StatusOr<AsyncSaveStart> Save(const std::string& dir, const TrainingState& state = {},
+                                      const SaveOptions& options = {});
+  // Not collective: the saves that finished since the last call, in order.
+  std::vector<AsyncSaveResult> TakeFinished();
+  // Not collective: waits for this rank's save in flight; the latest finished save's status
+  // (OK when there was none). DeadlineExceeded, naming the directory, when it is still being
+  // written after `deadline`.
+  absl::Status Wait(absl::Duration deadline = absl::InfiniteDuration());
+  // Waits as Wait does; past the deadline it aborts the writers' group (the save fails on every
+  // rank; its temporary directory is left as after a crash) and returns the DeadlineExceeded
+  // error. Later Saves are refused.
+  absl::Status Shutdown(absl::Duration deadline);
+  bool in_flight() const;
+  // The host bytes of one snapshot on this rank: its shard's parameters and optimizer state.
+  uint64_t snapshot_bytes() const;
+
+ private:
+  struct State;
+  explicit AsyncCheckpointer(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
 
 // Loads a checkpoint saved by SaveCheckpoint, on any world size, strategy or wrap policy
 // whose tensors have the same names and shapes. Restores the parameters, the optimizer state

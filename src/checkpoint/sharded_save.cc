@@ -28,15 +28,13 @@
 #include "src/checkpoint/rank_sync.h"
 #include "src/checkpoint/shard_file.h"
 #include "src/checkpoint/shard_plan.h"
+#include "src/checkpoint/sharded_save.h"
 
 namespace fsdp {
 namespace checkpoint {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
-
-// Only replicate index 0 writes tensor data: the other replicas hold equal copies.
-bool WritesTensors(ShardingRuntime& rt) { return rt.replicate_group().rank() == 0; }
 
 struct FileInfo {
   uint64_t bytes = 0;
@@ -45,51 +43,47 @@ struct FileInfo {
 
 // This rank's shard file: per unit, its shard's parameters then each optimizer state (data
 // elements only, no padding), then the rank state.
-absl::StatusOr<FileInfo> WriteShardFile(ShardingRuntime& rt, const std::string& path,
-                                        const std::string& rank_state, bool allow_nonfinite) {
+absl::StatusOr<FileInfo> WriteShardFile(const SaveLayout& l, const ShardSource& source,
+                                        const std::string& path, bool allow_nonfinite) {
   FSDP_ASSIGN_OR_RETURN(OutFile f, OutFile::Create(path));
-  Backend* backend = rt.backend();
-  const int k = rt.shard_group().rank();
   uint64_t at = kShardHeaderBytes;
   uint32_t crc = 0;
   std::vector<float> buf;
-  auto put = [&](View device, int64_t n, const std::string& what) -> absl::Status {
-    buf.resize(n);
-    FSDP_RETURN_IF_ERROR(backend->CopyToHost(buf.data(), device.Slice(0, n)));
+  auto put = [&](int u, int j, int64_t n, const std::string& what) -> absl::Status {
+    FSDP_ASSIGN_OR_RETURN(const float* data, source(u, j, n, buf));
     if (!allow_nonfinite) {
       FSDP_RETURN_IF_ERROR(CheckFinite(
-          buf.data(), n, absl::StrCat(what, " on rank ", rt.world().rank()),
+          data, n, absl::StrCat(what, " on rank ", l.world_rank),
           "not saving a checkpoint that training could not resume from (a newer checkpoint "
           "would hide the last good one). SaveOptions::allow_nonfinite saves it anyway"));
     }
-    FSDP_RETURN_IF_ERROR(f.WriteAt(at, buf.data(), n * sizeof(float)));
-    crc = Crc32cExtend(crc, buf.data(), n * sizeof(float));
+    FSDP_RETURN_IF_ERROR(f.WriteAt(at, data, n * sizeof(float)));
+    crc = Crc32cExtend(crc, data, n * sizeof(float));
     at += n * sizeof(float);
     return absl::OkStatus();
   };
-  if (WritesTensors(rt)) {
-    for (int u = 0; u < rt.num_units(); ++u) {
-      const int64_t n = ShardDataNumel(rt.unit_numel(u), rt.unit_shard_numel(u), k);
-      if (n == 0) continue;
-      const std::vector<TensorSlot>& slots = rt.unit_tensors(u);
-      const std::string unit = slots.empty() ? std::to_string(u) : slots.front().name;
-      FSDP_RETURN_IF_ERROR(put(rt.param_shard(u), n,
+  if (l.writes_tensors) {
+    for (size_t u = 0; u < l.units.size(); ++u) {
+      const SaveLayout::Unit& unit = l.units[u];
+      if (unit.data_numel == 0) continue;
+      const int ui = static_cast<int>(u);
+      FSDP_RETURN_IF_ERROR(put(ui, 0, unit.data_numel,
                                absl::StrCat("the parameter shard of the unit starting with '",
-                                            unit, "'")));
-      for (const OptimizerState& s : rt.optimizer(u).state()) {
-        FSDP_RETURN_IF_ERROR(put(s.data, n, absl::StrCat("the optimizer state '",
-                                                         std::string(s.name), "' of the unit "
-                                                         "starting with '", unit, "'")));
+                                            unit.name, "'")));
+      for (size_t j = 0; j < l.state_names.size(); ++j) {
+        FSDP_RETURN_IF_ERROR(put(ui, static_cast<int>(j) + 1, unit.data_numel,
+                                 absl::StrCat("the optimizer state '", l.state_names[j],
+                                              "' of the unit starting with '", unit.name, "'")));
       }
     }
   }
   ShardHeader h;
-  h.rank = static_cast<uint32_t>(rt.world().rank());
-  h.world_size = static_cast<uint32_t>(rt.world().size());
+  h.rank = static_cast<uint32_t>(l.world_rank);
+  h.world_size = static_cast<uint32_t>(l.world_size);
   h.tensor_bytes = at - kShardHeaderBytes;
-  h.rank_state_bytes = rank_state.size();
-  FSDP_RETURN_IF_ERROR(f.WriteAt(at, rank_state.data(), rank_state.size()));
-  h.payload_crc32c = Crc32cExtend(crc, rank_state.data(), rank_state.size());
+  h.rank_state_bytes = l.state.rank_state.size();
+  FSDP_RETURN_IF_ERROR(f.WriteAt(at, l.state.rank_state.data(), l.state.rank_state.size()));
+  h.payload_crc32c = Crc32cExtend(crc, l.state.rank_state.data(), l.state.rank_state.size());
   const std::string header = EncodeShardHeader(h);
   FSDP_RETURN_IF_ERROR(f.WriteAt(0, header.data(), header.size()));
   FSDP_RETURN_IF_ERROR(f.SyncAndClose());
@@ -98,31 +92,22 @@ absl::StatusOr<FileInfo> WriteShardFile(ShardingRuntime& rt, const std::string& 
 
 // The metadata rank 0 writes: the piece layout of every writer's file follows from the
 // units and the shard size alone, so only sizes and checksums had to be gathered.
-absl::StatusOr<CheckpointMetadata> BuildMetadata(ShardingRuntime& rt, const TrainingState& state,
-                                                 const std::vector<uint64_t>& infos) {
+CheckpointMetadata BuildMetadata(const SaveLayout& l, const std::vector<uint64_t>& infos) {
   CheckpointMetadata m;
-  m.world_size = rt.world().size();
-  m.replicate_size = rt.replicate_group().size();
-  m.shard_size = rt.shard_group().size();
-  m.strategy = std::string(StrategyName(rt.strategy()));
-  m.optimizer = dynamic_cast<AdamW*>(&rt.optimizer(0)) != nullptr ? "adamw" : "sgd";
-  m.step = rt.steps();
-  m.optimizer_step = rt.optimizer(0).step();
-  m.model = rt.model_description();
-  const ShardingRuntime::LossScaleState ls = rt.loss_scale_state();
-  m.loss_scale = ls.scale;
-  m.loss_scale_good_steps = ls.good_steps;
-  m.skipped_steps = ls.skipped_steps;
-  FSDP_ASSIGN_OR_RETURN(m.state_names, RuntimeStateNames(rt));
-  for (int u = 1; u < rt.num_units(); ++u) {
-    if (rt.optimizer(u).step() != m.optimizer_step) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the optimizers of units 0 and ", u, " are at different steps (",
-                       m.optimizer_step, " and ", rt.optimizer(u).step(), ")"));
-    }
-  }
-  if (state.data) m.data_loader = std::make_pair(state.data->seed, state.data->step);
-  m.values.assign(state.values.begin(), state.values.end());
+  m.world_size = l.world_size;
+  m.replicate_size = l.replicate_size;
+  m.shard_size = l.shard_size;
+  m.strategy = l.strategy;
+  m.optimizer = l.optimizer;
+  m.step = l.step;
+  m.optimizer_step = l.optimizer_step;
+  m.model = l.model;
+  m.loss_scale = l.loss_scale.scale;
+  m.loss_scale_good_steps = l.loss_scale.good_steps;
+  m.skipped_steps = l.loss_scale.skipped_steps;
+  m.state_names = l.state_names;
+  if (l.state.data) m.data_loader = std::make_pair(l.state.data->seed, l.state.data->step);
+  m.values.assign(l.state.values.begin(), l.state.values.end());
   for (int r = 0; r < m.world_size; ++r) {
     m.files.push_back(
         {ShardFileName(r, m.world_size), infos[2 * r], static_cast<uint32_t>(infos[2 * r + 1])});
@@ -130,16 +115,16 @@ absl::StatusOr<CheckpointMetadata> BuildMetadata(ShardingRuntime& rt, const Trai
   const int S = m.shard_size;
   const size_t copies = 1 + m.state_names.size();
   std::vector<uint64_t> base(S, kShardHeaderBytes);  // next unit's block in writer k's file
-  for (int u = 0; u < rt.num_units(); ++u) {
-    const std::vector<TensorSlot>& slots = rt.unit_tensors(u);
+  for (const SaveLayout::Unit& unit : l.units) {
+    const std::vector<TensorSlot>& slots = unit.tensors;
     const size_t first = m.tensors.size();
     for (const TensorSlot& t : slots) {
       m.tensors.push_back(
           {t.name, t.shape, t.numel, {}, std::vector<std::vector<PieceRef>>(m.state_names.size())});
     }
-    const int64_t sn = rt.unit_shard_numel(u);
+    const int64_t sn = unit.shard_numel;
     for (int k = 0; k < S; ++k) {
-      const uint64_t n = ShardDataNumel(rt.unit_numel(u), sn, k);
+      const uint64_t n = ShardDataNumel(unit.numel, sn, k);
       for (const ShardPiece& p : ShardSlotPieces(slots, sn, k)) {
         TensorRecord& t = m.tensors[first + p.tensor];
         const uint64_t off = base[k] + p.shard_offset * sizeof(float);
@@ -231,12 +216,59 @@ absl::Status Publish(const std::string& tmp, const std::string& target) {
 }
 
 }  // namespace
-}  // namespace checkpoint
 
-absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const TrainingState& state,
-                            const SaveOptions& options) {
-  using namespace checkpoint;  // NOLINT: this file's own helpers
-  Communicator& world = rt.world();
+absl::StatusOr<SaveLayout> TakeSaveLayout(ShardingRuntime& rt, const TrainingState& state) {
+  SaveLayout l;
+  l.world_rank = rt.world().rank();
+  l.world_size = rt.world().size();
+  l.replicate_size = rt.replicate_group().size();
+  l.shard_size = rt.shard_group().size();
+  l.writes_tensors = rt.replicate_group().rank() == 0;  // the other replicas hold equal copies
+  l.strategy = std::string(StrategyName(rt.strategy()));
+  l.optimizer = dynamic_cast<AdamW*>(&rt.optimizer(0)) != nullptr ? "adamw" : "sgd";
+  l.step = rt.steps();
+  l.optimizer_step = rt.optimizer(0).step();
+  l.model = rt.model_description();
+  l.loss_scale = rt.loss_scale_state();
+  FSDP_ASSIGN_OR_RETURN(l.state_names, RuntimeStateNames(rt));
+  const int k = rt.shard_group().rank();
+  for (int u = 0; u < rt.num_units(); ++u) {
+    if (rt.optimizer(u).step() != l.optimizer_step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the optimizers of units 0 and ", u, " are at different steps (",
+                       l.optimizer_step, " and ", rt.optimizer(u).step(), ")"));
+    }
+    SaveLayout::Unit unit;
+    unit.tensors = rt.unit_tensors(u);
+    unit.name = unit.tensors.empty() ? std::to_string(u) : unit.tensors.front().name;
+    unit.numel = rt.unit_numel(u);
+    unit.shard_numel = rt.unit_shard_numel(u);
+    unit.data_numel = ShardDataNumel(unit.numel, unit.shard_numel, k);
+    l.units.push_back(std::move(unit));
+  }
+  l.state = state;
+  return l;
+}
+
+uint64_t SaveLayout::shard_data_bytes() const {
+  if (!writes_tensors) return 0;
+  uint64_t n = 0;
+  for (const Unit& u : units) n += static_cast<uint64_t>(u.data_numel);
+  return n * (1 + state_names.size()) * sizeof(float);
+}
+
+ShardSource DeviceShardSource(ShardingRuntime& rt) {
+  return [&rt](int u, int j, int64_t n, std::vector<float>& buf) -> absl::StatusOr<const float*> {
+    const View device = j == 0 ? rt.param_shard(u) : rt.optimizer(u).state()[j - 1].data;
+    buf.resize(n);
+    FSDP_RETURN_IF_ERROR(rt.backend()->CopyToHost(buf.data(), device.Slice(0, n)));
+    return buf.data();
+  };
+}
+
+absl::Status WriteCheckpoint(Communicator& world, const SaveLayout& layout,
+                             const ShardSource& source, const std::string& dir,
+                             const SaveOptions& options) {
   const bool root = world.rank() == 0;
   std::string target = dir;
   while (target.size() > 1 && target.back() == '/') target.pop_back();
@@ -285,7 +317,7 @@ absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const T
   FileInfo info;
   {
     auto written = WriteShardFile(
-        rt, absl::StrCat(tmp, "/", ShardFileName(world.rank(), world.size())), state.rank_state,
+        layout, source, absl::StrCat(tmp, "/", ShardFileName(world.rank(), world.size())),
         options.allow_nonfinite);
     local = written.status();
     if (written.ok()) info = *written;
@@ -294,12 +326,11 @@ absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const T
   FSDP_RETURN_IF_ERROR(end_phase());
   FSDP_ASSIGN_OR_RETURN(std::vector<uint64_t> infos, AllGatherU64(world, {info.bytes, info.crc}));
 
-  int64_t step = rt.steps();
+  const int64_t step = layout.step;
   if (root) {
-    auto meta = BuildMetadata(rt, state, infos);
-    local = meta.status();
-    if (local.ok()) {
-      const std::string text = SerializeMetadata(*meta);
+    const CheckpointMetadata meta = BuildMetadata(layout, infos);
+    {
+      const std::string text = SerializeMetadata(meta);
       local = WriteFileDurably(absl::StrCat(tmp, "/", kMetadataFile), text);
       hook("metadata_written");
       if (local.ok()) {
@@ -317,6 +348,16 @@ absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const T
 
   if (root) local = Publish(tmp, target);
   return end_phase();
+}
+
+}  // namespace checkpoint
+
+absl::Status SaveCheckpoint(ShardingRuntime& rt, const std::string& dir, const TrainingState& state,
+                            const SaveOptions& options) {
+  using namespace checkpoint;  // NOLINT: this file's own helpers
+  absl::StatusOr<SaveLayout> layout = TakeSaveLayout(rt, state);
+  FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), layout.status()));
+  return WriteCheckpoint(rt.world(), *layout, DeviceShardSource(rt), dir, options);
 }
 
 absl::Status CheckCheckpointDirWritable(const std::string& parent) {
