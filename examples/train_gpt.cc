@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -74,6 +75,12 @@ using train_gpt::SettingsFromFlags;
 std::string Seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), s < 100 ? "%.1f s" : "%.0f s", s);
+  return buf;
+}
+
+std::string Millis(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f ms", s * 1e3);
   return buf;
 }
 
@@ -251,9 +258,45 @@ absl::StatusOr<int> Resume(const Settings& s, ShardedModel& model, fsdp::nn::Dat
   return step;
 }
 
-// Saves checkpoint step-<step> with the data position.
+// The background saves that finished: each said, a failed one the run's error.
+absl::Status ReportBackgroundSaves(fsdp::AsyncCheckpointer& saver, bool lead) {
+  for (const fsdp::AsyncSaveResult& r : saver.TakeFinished()) {
+    if (!r.status.ok()) {
+      return absl::Status(r.status.code(), absl::StrCat("the background save of ", r.dir,
+                                                        " failed: ", r.status.message()));
+    }
+    if (lead) {
+      std::printf("saved %s in the background (written in %s)\n", r.dir.c_str(),
+                  Millis(r.write_seconds).c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A test's crash at a point of a save (FSDP_CHECKPOINT_KILL_AT=POINT:NAME, e.g.
+// "shard_written:step-4"): the process is killed with SIGKILL there, on the thread that
+// writes, as a machine that fails mid-save would be. Unset: no hook.
+std::function<absl::Status(std::string_view)> KillHook(const std::string& name) {
+  const char* env = std::getenv("FSDP_CHECKPOINT_KILL_AT");
+  if (env == nullptr || *env == '\0') return nullptr;
+  const std::string spec = env;
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos || spec.substr(colon + 1) != name) return nullptr;
+  return [point = spec.substr(0, colon)](std::string_view at) {
+    if (at == point) {
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+    return absl::OkStatus();
+  };
+}
+
+// Saves checkpoint step-<step> with the data position: at once, or (--checkpoint_async) as a
+// snapshot written in the background by `saver`. Rank 0 says what it did and what it cost the
+// training thread.
 absl::Status Save(const Settings& s, ShardedModel& model, const fsdp::nn::DataLoader& train,
-                  const std::vector<fsdp::SkippedCheckpoint>& skipped, int step, bool lead) {
+                  const std::vector<fsdp::SkippedCheckpoint>& skipped, int step, bool lead,
+                  fsdp::AsyncCheckpointer* saver) {
   fsdp::TrainingState state;
   state.data = train.state();
   const std::string name = "step-" + std::to_string(step);
@@ -265,10 +308,28 @@ absl::Status Save(const Settings& s, ShardedModel& model, const fsdp::nn::DataLo
   // marker is valid needs overwrite).
   fsdp::SaveOptions options;
   options.overwrite = replaces;
-  FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model.runtime(), dir, state, options));
-  if (lead) {
-    std::printf("saved %s%s\n", dir.c_str(),
-                replaces ? " (replacing the damaged checkpoint of that name)" : "");
+  options.fault_injection = KillHook(name);
+  const char* replacing = replaces ? " (replacing the damaged checkpoint of that name)" : "";
+  const auto start = std::chrono::steady_clock::now();
+  if (saver == nullptr) {
+    FSDP_RETURN_IF_ERROR(fsdp::SaveCheckpoint(model.runtime(), dir, state, options));
+    if (lead) {
+      std::printf("saved %s%s; training blocked for %s\n", dir.c_str(), replacing,
+                  Millis(std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                       start).count()).c_str());
+    }
+    return absl::OkStatus();
+  }
+  FSDP_ASSIGN_OR_RETURN(fsdp::AsyncSaveStart started, saver->Save(dir, state, options));
+  const double blocked =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Every rank's previous save has finished now (Save waited for any in flight): its outcome is
+  // known alike on every rank.
+  FSDP_RETURN_IF_ERROR(ReportBackgroundSaves(*saver, lead));
+  if (lead && started == fsdp::AsyncSaveStart::kStarted) {
+    std::printf("saving %s in the background%s; training blocked for %s (a snapshot of %s per "
+                "rank)\n", dir.c_str(), replacing, Millis(blocked).c_str(),
+                fsdp::FormatBytes(saver->snapshot_bytes()).c_str());
   }
   return absl::OkStatus();
 }
@@ -351,6 +412,10 @@ absl::StatusOr<Trained> Train(const Settings& s, const Communicator& world, Shar
   const int64_t skipped_at_start = model.runtime().skipped_steps();
   int64_t skipped_at_save = skipped_at_start;
   int saved_after = start_step;
+  std::unique_ptr<fsdp::AsyncCheckpointer> saver;
+  if (s.checkpoint_async) {
+    FSDP_ASSIGN_OR_RETURN(saver, fsdp::AsyncCheckpointer::Create(model.runtime()));
+  }
   for (int step = start_step; step < s.steps; ++step) {
     double step_loss = 0;
     for (int m = 0; m < s.micro_batches; ++m) {
@@ -408,11 +473,15 @@ absl::StatusOr<Trained> Train(const Settings& s, const Communicator& world, Shar
                                     : absl::StrCat("step ", saved_after).c_str());
         }
       } else {
-        FSDP_RETURN_IF_ERROR(Save(s, model, data.train, skipped, step + 1, lead));
+        FSDP_RETURN_IF_ERROR(Save(s, model, data.train, skipped, step + 1, lead, saver.get()));
       }
       skipped_at_save = skipped_now;
       saved_after = step + 1;
     }
+  }
+  if (saver != nullptr) {  // the last save is durable before the run goes on
+    saver->Wait().IgnoreError();  // its outcome, as every one's, is reported here
+    FSDP_RETURN_IF_ERROR(ReportBackgroundSaves(*saver, lead));
   }
   out.seconds = elapsed();
   return out;

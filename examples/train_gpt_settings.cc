@@ -108,6 +108,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "sharded checkpoints go to DIR/step-N; training resumes from the latest intact one");
 ABSL_FLAG(int, checkpoint_every, 0,
           "save a checkpoint every this many steps (0 = at the end); needs --checkpoint_dir");
+ABSL_FLAG(bool, checkpoint_async, false,
+          "save checkpoints in the background: each rank's shards are copied to host memory "
+          "and written while training goes on (at most one save in flight: a save waits for "
+          "the previous one); needs --checkpoint_dir");
 ABSL_FLAG(bool, checkpoint_fallback, true,
           "resume past a checkpoint one of whose files is damaged or missing, from the next "
           "older intact one, saying so; false: such a checkpoint stops the run with the file "
@@ -691,6 +695,10 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     return BadFlag("checkpoint_every", s.checkpoint_every, "needs --checkpoint_dir");
   }
   s.checkpoint_fallback = absl::GetFlag(FLAGS_checkpoint_fallback);
+  s.checkpoint_async = absl::GetFlag(FLAGS_checkpoint_async);
+  if (s.checkpoint_async && s.checkpoint_dir.empty()) {
+    return BadFlag("checkpoint_async", "true", "needs --checkpoint_dir");
+  }
   if (!s.checkpoint_dir.empty()) {
     if (absl::Status w = fsdp::CheckCheckpointDirWritable(s.checkpoint_dir); !w.ok()) {
       return FlagError("checkpoint_dir", s.checkpoint_dir, w);

@@ -40,6 +40,7 @@ struct Settings {
   double export_max_file_mb = 5000;  // its largest file, MB of 10^6 bytes
   bool allow_model_change = false;
   bool checkpoint_fallback = true;  // resume past a damaged checkpoint (--checkpoint_fallback)
+  bool checkpoint_async = false;     // --checkpoint_async: saves in the background
   int64_t device_memory_bytes = 0;
   // Rank 0 holds the checkpoint directory's lock for the whole run (no second job saves there).
   std::shared_ptr<fsdp::CheckpointDirLock> checkpoint_lock;
