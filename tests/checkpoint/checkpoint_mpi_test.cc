@@ -1,7 +1,8 @@
 // Sharded checkpoints with one rank per process, under `mpirun -np 2` and `-np 3` (ctest
 // registers both): save and load on the same world size with exact resume for every strategy
 // (HYBRID with one rank per shard group, the only mesh that 2 and 3 processes allow), a
-// corrupted shard as an error on every rank, and safetensors export/import. Rank 0 makes a
+// corrupted shard as an error on every rank, a save in the background while training goes on,
+// and safetensors export/import. Rank 0 makes a
 // temporary directory and broadcasts its path. Loading on other world sizes is in the thread
 // tests.
 #include <gtest/gtest.h>
@@ -75,6 +76,27 @@ TEST(CheckpointMpiTest, HybridOneRankPerShardGroupExactResume) {
   run.strategy = ShardingStrategy::kHybridShard;
   run.hybrid_shard = 1;
   ExpectExactResume(run, "hybrid");
+}
+
+// A background save (AsyncCheckpointer) at step 6 while training goes on to step 12: the run's
+// losses are the uninterrupted run's, and a resume from that checkpoint continues exactly.
+TEST(CheckpointMpiTest, AsyncSaveWhileTrainingExactResume) {
+  const std::string dir = g_dir + "/async";
+  auto full = RunRank(*g_world, CkptRun{}, 12, "", "");
+  ASSERT_TRUE(full.ok()) << full.status();
+  CkptRun async;
+  async.async_save = true;
+  async.steps_after_save = 6;
+  auto first = RunRank(*g_world, async, 6, "", dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->losses, full->losses) << "the background save disturbed training";
+  CkptRun resumed;
+  resumed.init_seed = 777;
+  auto second = RunRank(*g_world, resumed, 6, dir, "");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->loaded.rank_state_restored);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(second->losses[i], full->losses[6 + i]) << "step " << i;
+  EXPECT_TRUE(BitEqual(second->params, full->params));
 }
 
 TEST(CheckpointMpiTest, CorruptedShardFailsOnEveryRankAndLoadsNothing) {

@@ -33,6 +33,9 @@ struct CkptRun {
   uint64_t init_seed = 1337;
   float max_grad_norm = 0.5f;
   std::string backend = TestBackendName();  // the ranks' backend (tests/test_backend.h)
+  // Save with an AsyncCheckpointer, then train this many more steps while it writes.
+  bool async_save = false;
+  int steps_after_save = 0;
 };
 
 struct CkptResult {
@@ -129,7 +132,21 @@ inline absl::StatusOr<CkptResult> RunRank(Communicator& comm, const CkptRun& run
     st.data = loader.state();
     st.values["note"] = "ckpt test";
     st.rank_state = RankState(comm.rank(), model->runtime().steps());
-    FSDP_RETURN_IF_ERROR(SaveCheckpoint(model->runtime(), save_dir, st));
+    if (!run.async_save) {
+      FSDP_RETURN_IF_ERROR(SaveCheckpoint(model->runtime(), save_dir, st));
+    } else {
+      FSDP_ASSIGN_OR_RETURN(auto saver, AsyncCheckpointer::Create(model->runtime()));
+      FSDP_RETURN_IF_ERROR(saver->Save(save_dir, st).status());
+      for (int s = 0; s < run.steps_after_save; ++s) {  // while the writer writes
+        nn::Batch b = loader.Next();
+        FSDP_ASSIGN_OR_RETURN(float loss,
+                              model->ForwardBackward(b.inputs.data(), b.targets.data()));
+        FSDP_ASSIGN_OR_RETURN(float mean, model->MeanOverRanks(loss));
+        result.losses.push_back(mean);
+        FSDP_RETURN_IF_ERROR(model->runtime().Step(TestSchedule()).status());
+      }
+      FSDP_RETURN_IF_ERROR(saver->Wait());
+    }
   }
   FSDP_ASSIGN_OR_RETURN(result.params, model->GatherModelUnits());
   return result;
