@@ -373,6 +373,7 @@ absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::strin
   r.forward_prefetch = s.model.sharding.forward_prefetch;
   r.backward_prefetch = s.model.sharding.backward_prefetch;
   r.max_prefetch_units = s.model.sharding.max_prefetch_units;
+  r.async_checkpoint = s.checkpoint_async;
   const absl::StatusOr<fsdp::MemoryPlan> plan = fsdp::PlanMemory(r);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(),

@@ -63,6 +63,9 @@ ABSL_FLAG(int, prefetch, 1,
           "units gathered ahead of their use at most (max_prefetch_units); 0 = no prefetch");
 ABSL_FLAG(std::string, device_memory, "",
           "device memory per rank, e.g. 80GiB, 80GB, 40960MiB (empty = unknown: no fit check)");
+ABSL_FLAG(bool, async_checkpoint, false,
+          "checkpoints saved in the background (train_gpt --checkpoint_async): plan the "
+          "snapshot's host memory");
 ABSL_FLAG(bool, table, false,
           "print a table over strategies x world sizes instead of one plan (--strategies, "
           "--worlds or --nodes)");
@@ -235,6 +238,7 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
                                 config.block_size(), " (0 = the block size); --block_size "
                                 "changes the model's"));
   }
+  r.async_checkpoint = absl::GetFlag(FLAGS_async_checkpoint);
   r.max_prefetch_units = absl::GetFlag(FLAGS_prefetch);
   if (r.max_prefetch_units < 0) {
     return BadFlag("prefetch", absl::StrCat(r.max_prefetch_units),

@@ -104,6 +104,8 @@ struct PlanRequest {
   bool backward_prefetch = true;
   // Device memory per rank; 0 = unknown (the plan then says nothing about fitting).
   int64_t device_memory_bytes = 0;
+  // Checkpoints saved in the background (AsyncCheckpointer): plan the snapshot's host memory.
+  bool async_checkpoint = false;
 };
 
 // Bytes per rank. The first eight fields are the MemoryReport fields of the same names (the
@@ -125,6 +127,10 @@ struct MemoryPlan {
   // and this is their own peak. The transport's staging (the MPI
   // transport widens bf16/f16 reductions to f32 on the host) is host memory, outside the plan.
   int64_t communication_peak_bytes = 0;
+  // Host memory, not in peak_bytes: a background save's snapshot of the rank's shards of
+  // parameters and optimizer state (PlanRequest::async_checkpoint; 0 otherwise), an upper
+  // bound of AsyncCheckpointer::snapshot_bytes() (which leaves out a last shard's padding).
+  int64_t checkpoint_snapshot_bytes = 0;
 
   // What was planned.
   std::string model;

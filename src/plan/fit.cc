@@ -33,8 +33,11 @@ absl::Status CheckPlanFits(const MemoryPlan& plan, int64_t device_memory_bytes,
   }
   const int64_t host = HostPhysicalMemoryBytes();
   if (!device_is_host || host <= 0 || ranks_on_host < 1) return absl::OkStatus();
-  // In doubles: a plan of absurd size times the ranks must not wrap.
-  const double need = static_cast<double>(plan.peak_bytes) * ranks_on_host;
+  // In doubles: a plan of absurd size times the ranks must not wrap. A background save's
+  // snapshot is host memory too.
+  const double need =
+      (static_cast<double>(plan.peak_bytes) + static_cast<double>(plan.checkpoint_snapshot_bytes)) *
+      ranks_on_host;
   if (need <= static_cast<double>(host)) return absl::OkStatus();
   constexpr double kGiB = 1024.0 * kMiB;
   return absl::ResourceExhaustedError(absl::StrFormat(

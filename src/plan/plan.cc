@@ -399,6 +399,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   p.communication_peak_bytes = replay.comm().peak;
   p.activation_peak_bytes = model.activation_bytes;
   p.peak_bytes = peak;
+  // A background save's snapshot: the rank's shards of parameters and optimizer state, in host
+  // memory (AsyncCheckpointer::snapshot_bytes, which leaves out the padding of a last shard).
+  if (o.async_checkpoint) p.checkpoint_snapshot_bytes = p.param_shard_bytes + p.optimizer_bytes;
 
   p.model = model.name;
   p.num_parameters = model.num_parameters;
@@ -453,6 +456,9 @@ std::string FormatMemoryPlan(const MemoryPlan& p) {
   out += line("  without checkpointing", p.activation_bytes_without_checkpointing, "");
   out += line("  with checkpointing", p.activation_bytes_with_checkpointing, "");
   out += line("peak (all together)", p.peak_bytes, "");
+  if (p.checkpoint_snapshot_bytes > 0) {
+    out += line("background save's snapshot (host)", p.checkpoint_snapshot_bytes, "");
+  }
   if (p.device_memory_bytes > 0) {
     out += absl::StrFormat(
         "  %-34s %10.3f GiB: %s (%.1f%% of the device, %s %.3f GiB)\n", "device memory",
