@@ -215,7 +215,10 @@ struct ResumeOptions {
   // A checkpoint with a valid COMMIT marker one of whose files is damaged or missing: passed
   // over (reported in ResumedCheckpoint::skipped with the file and the reason) for the next
   // older intact one, as a checkpoint without a valid COMMIT marker always is. Off: the
-  // DataLoss error naming the file, and nothing is loaded.
+  // DataLoss error naming the file, and nothing is loaded. A damaged checkpoint directory that
+  // holds anything but regular checkpoint files (a FIFO in place of a shard file, a file of the
+  // user's) is never passed over: a save of that name could not replace it without removing
+  // what is not a checkpoint's; the error names the entries.
   bool fallback = true;
 };
 

@@ -387,6 +387,16 @@ absl::StatusOr<ResumedCheckpoint> ResumeFromLatestCheckpoint(ShardingRuntime& rt
   for (const std::string& dir : *candidates) {
     const absl::Status verified = VerifyCheckpoint(rt.world(), dir);
     if (!verified.ok()) {
+      // Passed over only when a later save of that name may replace it: it holds checkpoint
+      // files alone (a FIFO or a directory in place of one is not ours to remove).
+      if (absl::IsDataLoss(verified) && !HoldsOnlyCheckpointFiles(dir)) {
+        const std::vector<std::string> odd = CheckpointFilesOfOtherKinds(dir);
+        return absl::DataLossError(absl::StrCat(
+            verified.message(), " (", dir, " holds ",
+            odd.empty() ? std::string("files a checkpoint does not have")
+                        : absl::StrCat("entries a save never writes: ", absl::StrJoin(odd, ", ")),
+            "; not resuming past it: remove or move them)"));
+      }
       if (!absl::IsDataLoss(verified) || !options.fallback) {
         return absl::Status(verified.code(),
                             absl::StrCat(verified.message(),
