@@ -172,7 +172,8 @@ absl::Status InTrainGptTerms(const absl::Status& s) {
   return absl::Status(s.code(), absl::StrReplaceAll(
       s.message(), {{"LoadOptions::allow_model_change", "--allow_model_change"},
                     {"SafetensorsImportOptions::allow_model_change", "--allow_model_change"},
-                    {"ResumeOptions::fallback", "--checkpoint_fallback=true"}}));
+                    {"ResumeOptions::fallback", "--checkpoint_fallback=true"},
+                    {"AsyncSaveOptions::max_snapshot_bytes", "--checkpoint_async_max_mib"}}));
 }
 
 // ---- one rank's run, step by step ----------------------------------------------------------
@@ -320,16 +321,32 @@ absl::Status Save(const Settings& s, ShardedModel& model, const fsdp::nn::DataLo
     }
     return absl::OkStatus();
   }
-  FSDP_ASSIGN_OR_RETURN(fsdp::AsyncSaveStart started, saver->Save(dir, state, options));
+  const bool waits = saver->in_flight();  // this rank's previous save is still being written
+  absl::StatusOr<fsdp::AsyncSaveStart> started = saver->Save(dir, state, options);
+  if (absl::IsResourceExhausted(started.status()) && step < s.steps) {
+    // No host memory for the snapshot: this save is left out, said, and training goes on (the
+    // last save of the run is not: its failure is the run's).
+    if (lead) {
+      std::fprintf(stderr, "train_gpt: warning: %s; training goes on\n",
+                   std::string(InTrainGptTerms(started.status()).message()).c_str());
+    }
+    return ReportBackgroundSaves(*saver, lead);
+  }
+  if (!started.ok()) {
+    return absl::Status(started.status().code(),
+                        absl::StrCat("the run's last save was not taken: ",
+                                     InTrainGptTerms(started.status()).message()));
+  }
   const double blocked =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Every rank's previous save has finished now (Save waited for any in flight): its outcome is
   // known alike on every rank.
   FSDP_RETURN_IF_ERROR(ReportBackgroundSaves(*saver, lead));
-  if (lead && started == fsdp::AsyncSaveStart::kStarted) {
+  if (lead && *started == fsdp::AsyncSaveStart::kStarted) {
     std::printf("saving %s in the background%s; training blocked for %s (a snapshot of %s per "
-                "rank)\n", dir.c_str(), replacing, Millis(blocked).c_str(),
-                fsdp::FormatBytes(saver->snapshot_bytes()).c_str());
+                "rank%s)\n", dir.c_str(), replacing, Millis(blocked).c_str(),
+                fsdp::FormatBytes(saver->snapshot_bytes()).c_str(),
+                waits ? ", after waiting for the previous save to be written" : "");
   }
   return absl::OkStatus();
 }
@@ -414,7 +431,9 @@ absl::StatusOr<Trained> Train(const Settings& s, const Communicator& world, Shar
   int saved_after = start_step;
   std::unique_ptr<fsdp::AsyncCheckpointer> saver;
   if (s.checkpoint_async) {
-    FSDP_ASSIGN_OR_RETURN(saver, fsdp::AsyncCheckpointer::Create(model.runtime()));
+    fsdp::AsyncSaveOptions o;
+    o.max_snapshot_bytes = static_cast<uint64_t>(s.checkpoint_async_max_mib) << 20;
+    FSDP_ASSIGN_OR_RETURN(saver, fsdp::AsyncCheckpointer::Create(model.runtime(), o));
   }
   for (int step = start_step; step < s.steps; ++step) {
     double step_loss = 0;

@@ -112,6 +112,10 @@ ABSL_FLAG(bool, checkpoint_async, false,
           "save checkpoints in the background: each rank's shards are copied to host memory "
           "and written while training goes on (at most one save in flight: a save waits for "
           "the previous one); needs --checkpoint_dir");
+ABSL_FLAG(int64_t, checkpoint_async_max_mib, 0,
+          "--checkpoint_async: the most host memory a rank's snapshot may take, MiB (0: no "
+          "bound); a save over it is left out, saying so, and training goes on (the run's last "
+          "save is not: its failure fails the run)");
 ABSL_FLAG(bool, checkpoint_fallback, true,
           "resume past a checkpoint one of whose files is damaged or missing, from the next "
           "older intact one, saying so; false: such a checkpoint stops the run with the file "
@@ -699,6 +703,15 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   s.checkpoint_async = absl::GetFlag(FLAGS_checkpoint_async);
   if (s.checkpoint_async && s.checkpoint_dir.empty()) {
     return BadFlag("checkpoint_async", "true", "needs --checkpoint_dir");
+  }
+  s.checkpoint_async_max_mib = absl::GetFlag(FLAGS_checkpoint_async_max_mib);
+  if (s.checkpoint_async_max_mib < 0 || s.checkpoint_async_max_mib > (int64_t{1} << 30)) {
+    return BadFlag("checkpoint_async_max_mib", s.checkpoint_async_max_mib,
+                   "allowed: 0 (no bound) to 2^30 MiB");
+  }
+  if (s.checkpoint_async_max_mib > 0 && !s.checkpoint_async) {
+    return BadFlag("checkpoint_async_max_mib", s.checkpoint_async_max_mib,
+                   "needs --checkpoint_async");
   }
   if (!s.checkpoint_dir.empty()) {
     if (absl::Status w = fsdp::CheckCheckpointDirWritable(s.checkpoint_dir); !w.ok()) {

@@ -41,6 +41,7 @@ struct Settings {
   bool allow_model_change = false;
   bool checkpoint_fallback = true;  // resume past a damaged checkpoint (--checkpoint_fallback)
   bool checkpoint_async = false;     // --checkpoint_async: saves in the background
+  int64_t checkpoint_async_max_mib = 0;  // its snapshot's bound (0: none)
   int64_t device_memory_bytes = 0;
   // Rank 0 holds the checkpoint directory's lock for the whole run (no second job saves there).
   std::shared_ptr<fsdp::CheckpointDirLock> checkpoint_lock;

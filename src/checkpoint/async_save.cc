@@ -152,8 +152,8 @@ absl::StatusOr<AsyncSaveStart> AsyncCheckpointer::Save(const std::string& dir,
     if (s_->options.max_snapshot_bytes > 0 && bytes > s_->options.max_snapshot_bytes) {
       local = absl::ResourceExhaustedError(absl::StrCat(
           "not saving ", dir, ": the snapshot of rank ", world.rank(), "'s shards takes ", bytes,
-          " bytes of host memory, more than AsyncSaveOptions::max_snapshot_bytes = ",
-          s_->options.max_snapshot_bytes, "; training continues"));
+          " bytes of host memory, more than AsyncSaveOptions::max_snapshot_bytes (",
+          s_->options.max_snapshot_bytes, " bytes); nothing was copied or written"));
     } else {
       try {
         snapshot->data.resize(layout->units.size());
@@ -166,7 +166,7 @@ absl::StatusOr<AsyncSaveStart> AsyncCheckpointer::Save(const std::string& dir,
         snapshot->data.clear();
         local = absl::ResourceExhaustedError(absl::StrCat(
             "not saving ", dir, ": no host memory for the snapshot of rank ", world.rank(),
-            "'s shards (", bytes, " bytes); training continues"));
+            "'s shards (", bytes, " bytes); nothing was copied or written"));
       }
     }
   }

@@ -266,8 +266,8 @@ TEST_F(AsyncSaveTest, ASnapshotOverItsBoundIsRefusedAndTrainingContinues) {
   }).ok());
   for (const absl::Status& s : refused) {
     EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("max_snapshot_bytes = 1000"));
-    EXPECT_THAT(std::string(s.message()), HasSubstr("training continues"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("max_snapshot_bytes (1000 bytes)"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("nothing was copied or written"));
   }
   EXPECT_FALSE(fs::exists(parent_ + "/step-0"));
 }

@@ -4,7 +4,8 @@
 # the save of step-4 at each point (FSDP_CHECKPOINT_KILL_AT=POINT:step-4: after the shard
 # files are written, after metadata.json, after COMMIT, before the rename). No step-4 may then
 # be visible; the next run must resume from step-2, the last intact checkpoint, and end with
-# the losses of a run that was never killed.
+# the losses of a run that was never killed. Then a snapshot over --checkpoint_async_max_mib:
+# each save is left out, saying so, training goes on, and the refused last save fails the run.
 #
 # Usage: checkpoint_kill_test.sh TRAIN_GPT
 set -uo pipefail
@@ -54,4 +55,18 @@ for mode in sync async; do
     fi
   done
 done
+
+echo "== --checkpoint_async with a snapshot bound below the snapshot: each save left out, said"
+rm -rf "$ck"
+run "$dir/bound.txt" 1 --checkpoint_dir "$ck" --checkpoint_async --layers 4 \
+  --checkpoint_async_max_mib 1
+check "$(grep -qF "not saving $ck/step-2: the snapshot of rank 0's shards takes" "$dir/bound.txt" && grep -qF "more than --checkpoint_async_max_mib (1048576 bytes); nothing was copied or written; training goes on" "$dir/bound.txt" && echo 1)" \
+  "the refused save of step-2 said"
+check "$(grep -q "^step *6/6 | loss" "$dir/bound.txt" && echo 1)" "training went on to step 6"
+check "$(grep -qF "the run's last save was not taken: rank 0: not saving $ck/step-6" "$dir/bound.txt" && [ ! -e "$ck/step-2" ] && echo 1)" \
+  "the run's last save refused fails the run; nothing saved"
+run "$dir/bound.txt" 2 --checkpoint_dir "$ck" --checkpoint_async_max_mib 1
+check "$(grep -qF -- "--checkpoint_async_max_mib=1: needs --checkpoint_async" "$dir/bound.txt" && echo 1)" \
+  "--checkpoint_async_max_mib without --checkpoint_async: bad usage"
+[ $failed = 0 ] || cat "$dir/bound.txt"
 exit $failed
