@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,9 +184,11 @@ TEST(WorkerStreamTest, TheFirstFailureStaysAndItemsCarryTheSubmittersRankAndSpan
     stream.Submit("kit_item", [&] { seen_rank = TraceRank(); });
     stream.Submit(nullptr, [&] { stream.SetFailure(absl::InternalError("first")); });
     stream.Submit(nullptr, [&] { stream.SetFailure(absl::InternalError("second")); });
-    HostEvent done;
-    stream.Submit(nullptr, [&] { done.Complete(stream.failure()); });
-    EXPECT_EQ(done.Wait().message(), "first");
+    // Shared with the item, as the backends share their events: Complete may still be
+    // notifying when Wait returns.
+    auto done = std::make_shared<HostEvent>();
+    stream.Submit(nullptr, [&stream, done] { done->Complete(stream.failure()); });
+    EXPECT_EQ(done->Wait().message(), "first");
   }
   tracer.Disable();
   SetTraceRank(saved_rank);
