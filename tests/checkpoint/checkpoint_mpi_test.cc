@@ -25,15 +25,6 @@ namespace {
 Communicator* g_world = nullptr;
 std::string g_dir;  // shared by all ranks, made by rank 0
 
-bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t u = 0; u < a.size(); ++u) {
-    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * 4)) {
-      return false;
-    }
-  }
-  return true;
-}
 
 void ExpectExactResume(const CkptRun& run, const std::string& name) {
   const std::string dir = g_dir + "/" + name;

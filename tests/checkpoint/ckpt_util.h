@@ -3,6 +3,7 @@
 // schedule and a per-rank state, so resumption has everything to restore.
 #pragma once
 
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -45,6 +46,19 @@ struct CkptResult {
   int clipped_steps = 0;
   LoadedCheckpoint loaded;                 // what the load returned, when there was one
 };
+
+// Whether two models' units (GatherModelUnits) are equal bit for bit.
+inline bool BitEqual(const std::vector<std::vector<float>>& a,
+                     const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t u = 0; u < a.size(); ++u) {
+    if (a[u].size() != b[u].size() ||
+        std::memcmp(a[u].data(), b[u].data(), a[u].size() * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // The whole of a file (empty when it cannot be read).
 inline std::string ReadAll(const std::string& path) {

@@ -99,15 +99,6 @@ absl::StatusOr<std::vector<std::vector<float>>> Import(int world, const std::str
   return params;
 }
 
-bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t u = 0; u < a.size(); ++u) {
-    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * 4)) {
-      return false;
-    }
-  }
-  return true;
-}
 
 std::set<std::string> Entries(const std::string& dir) {
   std::set<std::string> out;
