@@ -134,7 +134,8 @@ struct AsyncSaveResult {
 // Create, never from the training thread), rank 0 writes metadata.json and COMMIT only after
 // every rank's file is durable, and the directory is renamed into place. A crash during the
 // background write leaves the previous checkpoint intact, as for a synchronous save. At most
-// one save is in flight. One object per rank, used from the rank's training thread.
+// one save is in flight. One object per rank, used from the rank's training thread; destroy it
+// before the runtime and its world (its writers' group is split from that world).
 class AsyncCheckpointer {
  public:
   // Collective over the runtime's world.
