@@ -174,7 +174,6 @@ absl::StatusOr<AsyncSaveStart> AsyncCheckpointer::Save(const std::string& dir,
   snapshot->layout = *std::move(layout);
   const SaveLayout& l = snapshot->layout;
   ShardSource device = DeviceShardSource(rt);
-  std::vector<float> unused;
   for (size_t u = 0; u < l.units.size() && local.ok() && l.writes_tensors; ++u) {
     for (size_t j = 0; j < snapshot->data[u].size() && local.ok(); ++j) {
       std::vector<float>& to = snapshot->data[u][j];

@@ -129,12 +129,6 @@ absl::Status CheckExportDirectory(const std::string& dir,
   return absl::OkStatus();
 }
 
-// A name of a file beside the model's (SafetensorsExportOptions::extra_files).
-bool IsPlainFileName(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos;
-}
-
 absl::StatusOr<ImportSource> OpenIndex(const std::string& index) {
   auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(index, ": ", what));
@@ -232,12 +226,7 @@ absl::StatusOr<ImportSource> OpenHuggingFaceImport(const std::string& path) {
         "file"));
   }
   const std::string name = files.size() == 1 ? files[0] : "model.safetensors";
-  const std::string file_path = absl::StrCat(path, "/", name);
-  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<ImportFile> file, OpenImportFile(file_path));
-  ImportSource src{file_path, "the file", {}, {}, file->header.metadata};
-  for (const SafetensorsTensor& t : file->header.tensors) src.tensors[t.name] = {file.get(), &t};
-  src.files.push_back(std::move(file));
-  return src;
+  return OpenSingleFileImport(absl::StrCat(path, "/", name));
 }
 
 }  // namespace checkpoint

@@ -91,6 +91,11 @@ const SafetensorsTensor* SafetensorsHeader::Find(std::string_view name) const {
   return nullptr;
 }
 
+bool IsPlainFileName(std::string_view name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos;
+}
+
 absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view text) {
   auto bad = [](const std::string& what) { return absl::DataLossError(what); };
   absl::StatusOr<json::Value> root = json::Parse(text);
@@ -112,10 +117,7 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view text) {
   for (size_t i = 0; i < map->keys().size(); ++i) {
     const std::string& name = map->keys()[i];
     const json::Value& v = map->items()[i];
-    const bool plain = v.is_string() && !v.str().empty() && v.str() != "." && v.str() != ".." &&
-                       v.str().find('/') == std::string::npos &&
-                       v.str().find('\0') == std::string::npos;
-    if (!plain) {
+    if (!v.is_string() || !IsPlainFileName(v.str())) {
       return bad(absl::StrCat("the weight_map gives tensor '", name,
                               "' a file that is not a name in the index's directory"));
     }

@@ -56,6 +56,9 @@ struct SafetensorsIndex {
   std::vector<std::pair<std::string, std::string>> weight_map;
 };
 
+// Whether `name` names a file of one directory: not empty, ".", "..", and without '/' or NUL.
+bool IsPlainFileName(std::string_view name);
+
 // Parses and checks an index: a JSON object with a non-empty "weight_map" object whose values
 // are file names of the index's own directory (no '/', not "." or ".."), and an optional
 // "metadata" object whose "total_size", when present, is a byte count >= 0. Other keys are

@@ -255,6 +255,14 @@ absl::Status GatherForExport(ShardingRuntime& rt, const std::string& what,
   return local;
 }
 
+absl::StatusOr<ImportSource> OpenSingleFileImport(const std::string& path) {
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<ImportFile> file, OpenImportFile(path));
+  ImportSource src{path, "the file", {}, {}, file->header.metadata};
+  for (const SafetensorsTensor& t : file->header.tensors) src.tensors[t.name] = {file.get(), &t};
+  src.files.push_back(std::move(file));
+  return src;
+}
+
 absl::StatusOr<std::unique_ptr<ImportFile>> OpenImportFile(const std::string& path) {
   FSDP_ASSIGN_OR_RETURN(InFile f, InFile::Open(path));
   absl::StatusOr<SafetensorsHeader> header = ReadHeader(f);
@@ -342,22 +350,8 @@ absl::StatusOr<std::vector<std::string>> RemoveDeadExportTemporaries(const std::
 absl::Status ImportSafetensors(ShardingRuntime& rt, const std::string& path,
                                const SafetensorsImportOptions& options) {
   using namespace checkpoint;  // NOLINT
-  absl::StatusOr<ImportSource> src;
-  if (IsHuggingFaceImportPath(path)) {
-    src = OpenHuggingFaceImport(path);
-  } else {
-    absl::StatusOr<std::unique_ptr<ImportFile>> file = OpenImportFile(path);
-    if (file.ok()) {
-      ImportSource one{path, "the file", {}, {}, (*file)->header.metadata};
-      for (const SafetensorsTensor& t : (*file)->header.tensors) {
-        one.tensors[t.name] = {file->get(), &t};
-      }
-      one.files.push_back(*std::move(file));
-      src = std::move(one);
-    } else {
-      src = file.status();
-    }
-  }
+  const absl::StatusOr<ImportSource> src =
+      IsHuggingFaceImportPath(path) ? OpenHuggingFaceImport(path) : OpenSingleFileImport(path);
   absl::StatusOr<std::vector<std::vector<float>>> staged =
       src.ok() ? StageImport(rt, *src, options)
                : absl::StatusOr<std::vector<std::vector<float>>>(src.status());

@@ -55,6 +55,8 @@ struct ImportSource {
   std::map<std::string, std::pair<const ImportFile*, const SafetensorsTensor*>> tensors;
   std::vector<std::pair<std::string, std::string>> metadata;  // the model keys are read here
 };
+// One safetensors file as an import's source, its tensors by name.
+absl::StatusOr<ImportSource> OpenSingleFileImport(const std::string& path);
 // The Hugging Face layout: `path` an index (*.index.json) or a directory (its one index, or
 // its one safetensors file), checked against its files (hf_layout.cc).
 absl::StatusOr<ImportSource> OpenHuggingFaceImport(const std::string& path);
