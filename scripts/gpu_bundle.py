@@ -9,6 +9,8 @@ train_gpt are built here, on a machine that has them, and carried there:
                                                     # train_gpt, their libraries, the entries
   scripts/gpu_bundle.py run BUNDLE.tar.xz [WORKDIR] # there: every `gpu` entry as CTest would
                                                     # run it, then exits 1 if one failed
+On a short lease, GPU_BUNDLE_TIMEOUT (seconds) caps each entry's CTest timeout, and
+GPU_BUNDLE_LOGS names a folder that gets each entry's whole output (ENTRY.log).
 
 BUILD_DIR must be a CUDA build (its CUDA architectures must include the GPU's: the default
 80-real;90 covers A100, H100 and H200). The entries come from `ctest -L gpu --show-only=json-v1`,
@@ -120,19 +122,28 @@ def run(bundle, workdir):
     env["LD_LIBRARY_PATH"] = ":".join([os.path.join(root, "lib")] + cuda_library_dirs())
     with open(os.path.join(root, "entries.json")) as f:
         entries = json.load(f)
+    cap = int(os.environ.get("GPU_BUNDLE_TIMEOUT", "0") or 0)
+    logs = os.environ.get("GPU_BUNDLE_LOGS", "")
+    if logs:
+        os.makedirs(logs, exist_ok=True)
     failed = []
     for e in entries:
+        timeout = min(e["timeout"], cap) if cap > 0 else e["timeout"]
         cmd = [a.replace("{bin}", os.path.join(root, "bin")).replace("{results}", results)
                for a in e["command"]]
         run_env = dict(env)
         run_env.update(kv.split("=", 1) for kv in e["env"])
         start = time.time()
         try:
-            p = subprocess.run(cmd, env=run_env, cwd=workdir, timeout=e["timeout"],
+            p = subprocess.run(cmd, env=run_env, cwd=workdir, timeout=timeout,
                                capture_output=True, text=True)
             rc, out = p.returncode, p.stdout + p.stderr
         except subprocess.TimeoutExpired as t:
-            rc, out = -1, f"timed out after {e['timeout']} s\n{t.stdout or ''}"
+            partial = t.stdout.decode(errors="replace") if isinstance(t.stdout, bytes) else t.stdout
+            rc, out = -1, f"timed out after {timeout} s\n{partial or ''}"
+        if logs:
+            with open(os.path.join(logs, e["name"] + ".log"), "w") as f:
+                f.write(out)
         verdict = "Passed" if rc == 0 else "Skipped" if rc == 77 else "FAILED"
         print(f"{e['name']:32s} {verdict} ({rc}) {time.time() - start:.1f} s", flush=True)
         if rc not in (0, 77):

@@ -26,6 +26,7 @@ peak=${PEAK_TFLOPS:-989}
 steps=${GPT2_STEPS:-30}
 batch=${GPT2_BATCH:-16}
 seq=${GPT2_SEQ:-1024}
+# GPT2_TIMEOUT: seconds each training run may take (600).
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "gpu_check: SKIPPED: no CUDA device (nvidia-smi lists no GPU on this machine)"
@@ -64,7 +65,7 @@ echo "== gpu_check: gpt2 bf16 FULL_SHARD, B=$batch per rank, T=$seq, $steps step
 fail=0
 for ranks in 1 2; do
   log="$build/gpt2_${ranks}rank.log"
-  "$train_gpt" --backend cuda --model gpt2 --ranks "$ranks" --batch $((batch * ranks)) \
+  timeout "${GPT2_TIMEOUT:-600}" "$train_gpt" --backend cuda --model gpt2 --ranks "$ranks" --batch $((batch * ranks)) \
     --seq "$seq" --steps "$steps" --param_dtype bf16 --log_every 5 --eval_every 0 \
     --sample_tokens 0 --warmup 5 >"$log" 2>&1
   rc=$?

@@ -46,7 +46,10 @@ class MemoryCounter {
   // Reserved bytes that were not allocated after all, or an allocation freed.
   void Release(int64_t bytes) { in_use_.fetch_sub(bytes); }
 
-  MemoryStats stats() const { return {in_use_.load(), peak_.load(), allocs_.load()}; }
+  MemoryStats stats() const {
+    const int64_t in_use = in_use_.load();
+    return {in_use, peak_.load(), allocs_.load(), in_use};
+  }
   void ResetPeak() { peak_.store(in_use_.load()); }
   int64_t limit() const { return limit_; }
 

@@ -124,7 +124,8 @@ void CpuBackend::Free(const Allocation& a) {
 }
 
 MemoryStats CpuBackend::memory_stats() const {
-  return MemoryStats{in_use_.load(), peak_.load(), allocs_.load()};
+  const int64_t in_use = in_use_.load();
+  return MemoryStats{in_use, peak_.load(), allocs_.load(), in_use};
 }
 
 void CpuBackend::ResetPeak() { peak_.store(in_use_.load()); }

@@ -42,7 +42,7 @@ CachingAllocator::~CachingAllocator() {
   pending_.clear();
 }
 
-absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
+absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes, bool scratch) {
   if (bytes == 0) return nullptr;
   const size_t rounded = bytes > kMaxRequest ? 0 : RoundUp(bytes);
   if (rounded == 0) {
@@ -52,9 +52,9 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     CollectDoneLocked();
-    if (void* p = TakeFromPoolLocked(rounded, bytes)) return p;
+    if (void* p = TakeFromPoolLocked(rounded, bytes, scratch)) return p;
   }
-  absl::StatusOr<void*> p = MallocBlock(rounded, bytes);
+  absl::StatusOr<void*> p = MallocBlock(rounded, bytes, scratch);
   if (p.ok() || p.status().code() != absl::StatusCode::kResourceExhausted) return p;
 
   // Out of memory. One thread at a time trims; a thread that waited here sees what the one
@@ -72,11 +72,11 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     CollectDoneLocked();
-    if (void* q = TakeFromPoolLocked(rounded, bytes)) return q;
+    if (void* q = TakeFromPoolLocked(rounded, bytes, scratch)) return q;
   }
   // 2. Give the free blocks back and retry the device.
   ReleaseFreeBlocks();
-  p = MallocBlock(rounded, bytes);
+  p = MallocBlock(rounded, bytes, scratch);
   if (p.ok() || p.status().code() != absl::StatusCode::kResourceExhausted) return p;
   // 3. Fail.
   std::lock_guard<std::mutex> lock(mu_);
@@ -92,7 +92,7 @@ void CachingAllocator::Free(void* p, std::shared_ptr<Fence> fence) {
     return;
   }
   Block& block = it->second;
-  in_use_ -= static_cast<int64_t>(block.requested);
+  (block.scratch ? scratch_in_use_ : in_use_) -= static_cast<int64_t>(block.requested);
   handed_out_ -= static_cast<int64_t>(block.size);
   block.requested = 0;
   if (fence == nullptr) {
@@ -107,12 +107,18 @@ void CachingAllocator::Free(void* p, std::shared_ptr<Fence> fence) {
 
 MemoryStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return MemoryStats{in_use_, peak_, num_allocs_};
+  return MemoryStats{in_use_, peak_, num_allocs_, reserved_};
+}
+
+int64_t CachingAllocator::scratch_peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scratch_peak_;
 }
 
 void CachingAllocator::ResetPeak() {
   std::lock_guard<std::mutex> lock(mu_);
   peak_ = in_use_;
+  scratch_peak_ = scratch_in_use_;
 }
 
 int64_t CachingAllocator::reserved_bytes() const {
@@ -147,25 +153,32 @@ void CachingAllocator::CollectDoneLocked() {
   pending_.erase(still_pending, pending_.end());
 }
 
-void* CachingAllocator::TakeFromPoolLocked(size_t rounded, size_t requested) {
+void* CachingAllocator::TakeFromPoolLocked(size_t rounded, size_t requested, bool scratch) {
   auto it = free_.lower_bound({rounded, nullptr});
   if (it == free_.end() || it->first > rounded + rounded / 4) return nullptr;
   void* p = it->second;
   free_.erase(it);
-  HandOutLocked(blocks_[p], requested);
+  HandOutLocked(blocks_[p], requested, scratch);
   return p;
 }
 
-void CachingAllocator::HandOutLocked(Block& block, size_t requested) {
+void CachingAllocator::HandOutLocked(Block& block, size_t requested, bool scratch) {
   block.state = State::kInUse;
   block.requested = requested;
-  in_use_ += static_cast<int64_t>(requested);
+  block.scratch = scratch;
   handed_out_ += static_cast<int64_t>(block.size);
+  if (scratch) {
+    scratch_in_use_ += static_cast<int64_t>(requested);
+    scratch_peak_ = std::max(scratch_peak_, scratch_in_use_);
+    return;
+  }
+  in_use_ += static_cast<int64_t>(requested);
   peak_ = std::max(peak_, in_use_);
   ++num_allocs_;
 }
 
-absl::StatusOr<void*> CachingAllocator::MallocBlock(size_t rounded, size_t requested) {
+absl::StatusOr<void*> CachingAllocator::MallocBlock(size_t rounded, size_t requested,
+                                                    bool scratch) {
   const auto n = static_cast<int64_t>(rounded);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -185,8 +198,8 @@ absl::StatusOr<void*> CachingAllocator::MallocBlock(size_t rounded, size_t reque
   }
   reserved_ += n;
   Block& block = blocks_[*p];
-  block = Block{rounded, 0, State::kInUse, nullptr};
-  HandOutLocked(block, requested);
+  block = Block{rounded, 0, false, State::kInUse, nullptr};
+  HandOutLocked(block, requested, scratch);
   return *p;
 }
 
@@ -220,7 +233,7 @@ absl::Status CachingAllocator::OutOfMemory(size_t requested, size_t rounded,
       limit_ > 0 ? absl::StrCat("the ", limit_, "-byte limit")
                  : std::string("the device's memory (no limit set)");
   return absl::ResourceExhaustedError(absl::StrCat(
-      "out of device memory: ", requested, " bytes asked for (a ", rounded, "-byte block) with ",
+      "out of memory on the device: ", requested, " bytes asked for (a ", rounded, "-byte block) with ",
       in_use_, " bytes in use and ", reserved_, " bytes reserved (", reserved_ - handed_out_,
       " of them cached) of ", limit, "; cause: ", std::string(device.message()),
       "; use a smaller batch, activation checkpointing or FULL_SHARD, or a larger memory "

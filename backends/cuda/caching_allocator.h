@@ -85,14 +85,20 @@ class CachingAllocator {
 
   // A block of at least `bytes` (see the top of the file); nullptr for 0 bytes. Out of memory
   // is ResourceExhausted.
-  absl::StatusOr<void*> Allocate(size_t bytes);
+  // `scratch`: the backend's own working memory (kernel workspaces, rounded GEMM operands), not
+  // a buffer asked for through Backend::Allocate: it counts towards reserved_bytes() and the
+  // limit, not towards stats()' bytes in use, peak and allocations (so that those stay what the
+  // runtime asked for, as on the CPU backend); scratch_peak_bytes() has its own high-water mark.
+  absl::StatusOr<void*> Allocate(size_t bytes, bool scratch = false);
   // Stream-ordered free: `p` counts free at once and is handed out again once `fence` is done
   // (a null fence: at once). `p` must come from Allocate and not be freed yet; otherwise nothing
   // changes and bad_frees() counts it. Free(nullptr, ...) does nothing.
   void Free(void* p, std::shared_ptr<Fence> fence);
 
-  MemoryStats stats() const;
-  // peak_bytes = bytes_in_use now.
+  MemoryStats stats() const;  // reserved_bytes: reserved_bytes()
+  // The most scratch bytes handed out at once since construction or ResetPeak().
+  int64_t scratch_peak_bytes() const;
+  // peak_bytes = bytes_in_use now (and the scratch peak the scratch in use).
   void ResetPeak();
   // Bytes the device gave and has not got back.
   int64_t reserved_bytes() const;
@@ -109,6 +115,7 @@ class CachingAllocator {
   struct Block {
     size_t size = 0;       // rounded: what the device gave
     size_t requested = 0;  // while handed out
+    bool scratch = false;  // while handed out
     State state = State::kInUse;
     std::shared_ptr<Fence> fence;  // while pending
   };
@@ -116,11 +123,11 @@ class CachingAllocator {
   // Moves the pending blocks whose fence is done to the free pool.
   void CollectDoneLocked();
   // The best-fitting free block for a request of `rounded` bytes, handed out; nullptr if none.
-  void* TakeFromPoolLocked(size_t rounded, size_t requested);
-  void HandOutLocked(Block& block, size_t requested);
+  void* TakeFromPoolLocked(size_t rounded, size_t requested, bool scratch);
+  void HandOutLocked(Block& block, size_t requested, bool scratch);
   // A new block from the device (within the limit). ResourceExhausted when out of memory;
   // other errors are the device's.
-  absl::StatusOr<void*> MallocBlock(size_t rounded, size_t requested);
+  absl::StatusOr<void*> MallocBlock(size_t rounded, size_t requested, bool scratch);
   // Gives the free blocks back to the device. Called with trim_mu_ held, not mu_.
   void ReleaseFreeBlocks();
   absl::Status OutOfMemory(size_t requested, size_t rounded, const absl::Status& device) const;
@@ -136,6 +143,8 @@ class CachingAllocator {
   int64_t in_use_ = 0;        // requested bytes handed out
   int64_t peak_ = 0;
   int64_t num_allocs_ = 0;
+  int64_t scratch_in_use_ = 0;  // requested scratch bytes handed out
+  int64_t scratch_peak_ = 0;
   int64_t reserved_ = 0;      // bytes the device gave and has not got back
   int64_t handed_out_ = 0;    // rounded bytes of the blocks handed out
   int64_t in_flight_ = 0;     // bytes of device Mallocs under way (counted against the limit)

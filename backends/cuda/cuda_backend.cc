@@ -272,9 +272,11 @@ absl::Status UseDevice(CudaBackend& b) { return b.impl().Use(); }
 absl::StatusOr<Scratch> Scratch::Create(CudaBackend& b, size_t bytes) {
   Scratch s;
   if (bytes == 0) return s;
-  FSDP_ASSIGN_OR_RETURN(Allocation a, b.Allocate(bytes));
+  // The backend's own memory: within the limit, outside memory_stats()' buffers.
+  FSDP_RETURN_IF_ERROR(b.impl().Use());
+  FSDP_ASSIGN_OR_RETURN(void* p, b.impl().allocator->Allocate(bytes, /*scratch=*/true));
   s.b_ = &b;
-  s.p_ = a.storage;
+  s.p_ = p;
   s.bytes_ = bytes;
   return s;
 }

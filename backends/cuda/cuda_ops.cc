@@ -280,7 +280,10 @@ class CudaOps final : public Ops {
   // ---- reductions into device scalars ----------------------------------------------------------
   void SumSquares(Stream s, View out, View x) override {
     if (!Begin(__func__, s, {out, x})) return;
-    k::sum_squares(stream(s), F64(out), F32(x), x.count);
+    absl::StatusOr<Scratch> partials =
+        Scratch::Create(*b_, static_cast<size_t>(k::kSumSquaresPartials) * sizeof(double));
+    if (!partials.ok()) return Fail(__func__, partials.status());
+    k::sum_squares(stream(s), F64(out), F32(x), x.count, partials->as<double>());
     End(__func__);
   }
   void SplitF64(Stream s, View out, View in) override {

@@ -135,6 +135,10 @@ struct MemoryStats {
   int64_t bytes_in_use = 0;  // allocated now through this backend
   int64_t peak_bytes = 0;    // high-water mark since creation or ResetPeak()
   int64_t num_allocs = 0;    // allocations ever made
+  // What the backend holds from its device for them and for its own working memory: rounding,
+  // cached blocks and kernel scratch (a caching allocator's reserved bytes). Host backends hold
+  // exactly what is allocated: bytes_in_use. A memory_limit_bytes option bounds this figure.
+  int64_t reserved_bytes = 0;
 };
 
 // `count` elements of `dtype` at host memory `p` that the caller owns, as a view of a host

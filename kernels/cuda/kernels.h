@@ -70,7 +70,8 @@ void softmax_crossentropy_backward(cudaStream_t s, float* dlogits, const float* 
                                    const int32_t* targets, float dloss, int64_t N, int64_t V);
 void embedding_forward(cudaStream_t s, float* out, const int32_t* idx, const float* table,
                        int64_t N, int64_t C);
-// dtable[idx[n],:] += dout[n,:] (atomics: repeated indices add in any order).
+// dtable[idx[n],:] += dout[n,:], repeated indices in position order (no atomics: the CPU's
+// result bit for bit, the same on every run).
 void embedding_backward(cudaStream_t s, float* dtable, const float* dout, const int32_t* idx,
                         int64_t N, int64_t C);
 
@@ -108,8 +109,11 @@ void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum
                 bool first_step);
 
 // ---- reductions into device scalars ---------------------------------------------------------
-// out[0] (f64) += sum of x^2, accumulated in double.
-void sum_squares(cudaStream_t s, double* out, const float* x, int64_t n);
+// out[0] (f64) += sum of x^2, accumulated in double: each block's sum into `partials` (at
+// least kSumSquaresPartials doubles of scratch), then one block adds them in a fixed order, so
+// the result depends only on n and x (no atomics).
+inline constexpr int64_t kSumSquaresPartials = 1024;
+void sum_squares(cudaStream_t s, double* out, const float* x, int64_t n, double* partials);
 // out[0] = float(in[0]); out[1] = float(in[0] - double(out[0])).
 void split_f64(cudaStream_t s, float* out, const double* in);
 // total_sq[0] = the sum over r < n, in rank order in double, of partials[r] when `wide`

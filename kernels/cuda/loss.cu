@@ -9,9 +9,13 @@
 //   A target < 0 gives loss 0.
 // - Cross-entropy backward: one block per row; a row whose target is < 0 is skipped (no
 //   gradient), the others get dlogits += dloss * probs, then dlogits[target] -= dloss.
-// - Embedding: a two-dimensional grid, x over the C columns and y over the N rows, both
-//   grid-strided. Backward scatter-adds with atomicAdd, so repeated indices add in an
-//   unspecified order (the CPU adds them in position order): equal to f32 rounding, not bitwise.
+// - Embedding forward: a two-dimensional grid, x over the C columns and y over the N rows, both
+//   grid-strided.
+// - Embedding backward: no atomics, so the result is the CPU's bit for bit and the same on
+//   every run. A thread owns one column of the rows whose index is y modulo the grid's height
+//   (kEmbeddingPartitions), and walks every position in order, adding the positions whose index
+//   is one of its rows: each element of the table adds its positions in position order, as the
+//   CPU does. The indices are staged through shared memory in chunks.
 #include <cstdint>
 
 #include "kernels/cuda/kernels.h"
@@ -30,6 +34,8 @@ using reduce_utils::RowThreads;
 
 constexpr int64_t kSoftmaxThreads = 512;  // most threads per row of the cross-entropy kernels
 constexpr int kThreads = 256;             // threads per block of the embedding kernels
+constexpr int kEmbeddingPartitions = 64;  // the backward's grid height: rows by index modulo it
+constexpr int kIndexChunk = 1024;         // indices staged in shared memory at a time
 
 // ---- softmax cross-entropy -----------------------------------------------------------------
 
@@ -101,13 +107,23 @@ __global__ void EmbeddingForwardKernel(float* out, const int32_t* idx, const flo
 
 __global__ void EmbeddingBackwardKernel(float* dtable, const float* dout, const int32_t* idx,
                                         int64_t N, int64_t C) {
+  __shared__ int32_t ids[kIndexChunk];
+  const int32_t part = static_cast<int32_t>(blockIdx.y);
+  const int32_t parts = static_cast<int32_t>(gridDim.y);
   const int64_t col_stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
-    float* dst = dtable + static_cast<int64_t>(idx[n]) * C;
-    const float* src = dout + n * C;
-    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < C;
-         c += col_stride) {
-      atomicAdd(dst + c, src[c]);
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * blockDim.x; c0 < C; c0 += col_stride) {
+    const int64_t c = c0 + threadIdx.x;
+    for (int64_t n0 = 0; n0 < N; n0 += kIndexChunk) {
+      const int64_t len = N - n0 < kIndexChunk ? N - n0 : kIndexChunk;
+      __syncthreads();  // the previous chunk is read by every thread
+      for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ids[i] = idx[n0 + i];
+      __syncthreads();
+      if (c >= C) continue;
+      for (int64_t i = 0; i < len; ++i) {
+        const int32_t row = ids[i];
+        if (row % parts != part) continue;
+        dtable[static_cast<int64_t>(row) * C + c] += dout[(n0 + i) * C + c];
+      }
     }
   }
 }
@@ -142,7 +158,7 @@ void embedding_forward(cudaStream_t s, float* out, const int32_t* idx, const flo
 void embedding_backward(cudaStream_t s, float* dtable, const float* dout, const int32_t* idx,
                         int64_t N, int64_t C) {
   if (N <= 0 || C <= 0 || dtable == nullptr) return;
-  const dim3 grid(Blocks(C, kThreads, kMaxBlocksX), Blocks(N, 1, kMaxBlocksY));
+  const dim3 grid(Blocks(C, kThreads, kMaxBlocksX), kEmbeddingPartitions);
   FSDP_LAUNCH(EmbeddingBackwardKernel, grid, kThreads, 0, s)(dtable, dout, idx, N, C);
 }
 

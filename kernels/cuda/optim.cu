@@ -11,9 +11,9 @@
 //   -ffp-contract=off). The default CPU build (GCC, -march=x86-64-v3) fuses some of these
 //   products and sums into FMAs, so against it they agree to an ulp or so, not bitwise.
 // - sum_squares: each thread sums x^2 in double over its grid-stride elements, the block adds
-//   its threads' sums in a fixed order, and one atomicAdd per block adds the block's sum to
-//   out[0]: accumulated in double, but in a different order from the CPU's (and, through the
-//   atomics, from run to run).
+//   its threads' sums in a fixed order into its partial, and one block adds the partials in a
+//   fixed order to out[0]: accumulated in double, in a different order from the CPU's but the
+//   same on every run (no atomics).
 // - mean: one block walks all of x and sums in double in a fixed order: deterministic.
 // - split_f64, global_norm_clip: one thread, the host op's code in double.
 #include <cuda_runtime_api.h>
@@ -87,20 +87,29 @@ __global__ void SgdMomentumKernel(float* param, const float* grad, float* moment
 
 // ---- reductions ----------------------------------------------------------------------------
 
-// The most blocks of sum_squares: each adds its sum to out[0] with one atomic.
-constexpr int64_t kSumSquaresMaxBlocks = 1024;
+// The most blocks of sum_squares, one partial each; the block that adds them has as many
+// threads.
+constexpr int64_t kSumSquaresMaxBlocks = kSumSquaresPartials;
+static_assert(kSumSquaresMaxBlocks <= 1024 && kSumSquaresMaxBlocks % 32 == 0);
 // The single block of mean.
 constexpr int kMeanThreads = 1024;
 
 // Block size kThreads.
-__global__ void SumSquaresKernel(double* out, const float* x, int64_t n) {
+__global__ void SumSquaresKernel(double* partials, const float* x, int64_t n) {
   double acc = 0.0;
   for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
     const double xd = x[i];
     acc += xd * xd;  // the product of two floats is exact in double
   }
   acc = ew::BlockSum(acc);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// One block of kSumSquaresMaxBlocks threads: out[0] += the first `blocks` partials.
+__global__ void SumPartialsKernel(double* out, const double* partials, int64_t blocks) {
+  double acc = threadIdx.x < blocks ? partials[threadIdx.x] : 0.0;
+  acc = ew::BlockSum(acc);
+  if (threadIdx.x == 0) out[0] = __dadd_rn(out[0], acc);
 }
 
 // One block of kMeanThreads threads.
@@ -161,11 +170,13 @@ void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum
   (param, grad, momentum_buf, n, lr, momentum, keep, weight_decay, nesterov, first_step);
 }
 
-void sum_squares(cudaStream_t s, double* out, const float* x, int64_t n) {
+void sum_squares(cudaStream_t s, double* out, const float* x, int64_t n, double* partials) {
   if (n <= 0) return;  // adds 0: out[0] is unchanged
   const unsigned int grid = static_cast<unsigned int>(
       std::min<int64_t>((n + kThreads - 1) / kThreads, kSumSquaresMaxBlocks));
-  FSDP_LAUNCH(SumSquaresKernel, grid, kThreads, 0, s)(out, x, n);
+  FSDP_LAUNCH(SumSquaresKernel, grid, kThreads, 0, s)(partials, x, n);
+  FSDP_LAUNCH(SumPartialsKernel, 1, static_cast<unsigned int>(kSumSquaresMaxBlocks), 0, s)
+  (out, partials, static_cast<int64_t>(grid));
 }
 
 void split_f64(cudaStream_t s, float* out, const double* in) {

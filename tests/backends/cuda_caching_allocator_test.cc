@@ -278,6 +278,39 @@ TEST(CudaCachingAllocatorTest, StatsCountRequestedBytes) {
   EXPECT_EQ(a.cached_bytes(), a.reserved_bytes());
 }
 
+// Scratch (the backend's own working memory) is reserved and bounded by the limit like any
+// block, but stays out of the buffers' statistics; it has its own peak. A block freed as
+// scratch is handed out again as a buffer and counted as one.
+TEST(CudaCachingAllocatorTest, ScratchIsReservedButNotCountedAsBuffers) {
+  FakeDevice device;
+  CachingAllocator a(&device, 3 * kMiB);
+  void* buf = MustAllocate(a, 1000);
+  absl::StatusOr<void*> scratch = a.Allocate(2000, /*scratch=*/true);
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  MemoryStats s = a.stats();
+  EXPECT_EQ(s.bytes_in_use, 1000);
+  EXPECT_EQ(s.peak_bytes, 1000);
+  EXPECT_EQ(s.num_allocs, 1);
+  EXPECT_EQ(s.reserved_bytes, 1024 + 2048);
+  EXPECT_EQ(a.scratch_peak_bytes(), 2000);
+  // The limit counts the scratch: 3 MiB - 3 KiB left, so a 3 MiB scratch block does not fit.
+  EXPECT_EQ(a.Allocate(3 * kMiB, /*scratch=*/true).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  a.Free(*scratch, Done());
+  EXPECT_EQ(a.stats().bytes_in_use, 1000);
+  EXPECT_EQ(a.scratch_peak_bytes(), 2000);
+  void* again = MustAllocate(a, 1900);  // the scratch block, now a buffer
+  EXPECT_EQ(again, *scratch);
+  s = a.stats();
+  EXPECT_EQ(s.bytes_in_use, 2900);
+  EXPECT_EQ(s.num_allocs, 2);
+  a.ResetPeak();
+  EXPECT_EQ(a.scratch_peak_bytes(), 0);
+  a.Free(again, Done());
+  a.Free(buf, Done());
+  EXPECT_EQ(a.stats().bytes_in_use, 0);
+}
+
 // Past the limit, the pending fences are waited for and their blocks reused, without giving
 // anything back to the device.
 TEST(CudaCachingAllocatorTest, PastTheLimitPendingFencesAreWaitedForAndTheirBlocksReused) {
