@@ -363,6 +363,11 @@ void PrintBanner(const Settings& s, const Communicator& world, ShardedModel& mod
   if (mp.dynamic_loss_scale) {
     absl::StrAppend(&extras, " | dynamic loss scaling from ", mp.initial_loss_scale);
   }
+  if (const fsdp::CommunicationOptions& c = s.model.sharding.communication;
+      c.all_gather != fsdp::WireFormat::kDType) {
+    absl::StrAppend(&extras, " | all-gather ", std::string(fsdp::WireFormatName(c.all_gather)),
+                    ", a scale per ", c.block_size, " elements");
+  }
   if (s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShard ||
       s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShardGradOp) {
     absl::StrAppend(&extras, " | mesh ", model.runtime().replicate_group().size(), " x ",
@@ -373,6 +378,10 @@ void PrintBanner(const Settings& s, const Communicator& world, ShardedModel& mod
     absl::StrAppend(&extras, " | no prefetch");
   } else if (s.model.sharding.max_prefetch_units > 1) {
     absl::StrAppend(&extras, " | prefetch ", s.model.sharding.max_prefetch_units, " units ahead");
+  }
+  if (s.micro_batches > 1) {
+    absl::StrAppend(&extras, " | ", s.micro_batches, " micro-batches accumulated ",
+                    std::string(fsdp::AccumulationName(s.accumulation)));
   }
   if (s.model.checkpoint_every > 0) {
     absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,
@@ -438,7 +447,7 @@ absl::StatusOr<Trained> Train(const Settings& s, const Communicator& world, Shar
   for (int step = start_step; step < s.steps; ++step) {
     double step_loss = 0;
     for (int m = 0; m < s.micro_batches; ++m) {
-      model.runtime().set_sync_gradients(m + 1 == s.micro_batches);  // no_sync until the last
+      fsdp::ConfigureMicroBatch(model.runtime(), s.accumulation, m, s.micro_batches);
       const fsdp::nn::Batch b = data.train.Next();
       FSDP_ASSIGN_OR_RETURN(float loss, model.ForwardBackward(b.inputs.data(), b.targets.data()));
       step_loss += loss / s.micro_batches;

@@ -69,6 +69,12 @@ ABSL_FLAG(int, prefetch_units, 1,
 ABSL_FLAG(int, batch, 16,
           "sequences per step, over all ranks (a multiple of ranks x micro_batches)");
 ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
+ABSL_FLAG(std::string, accumulate, "auto",
+          "how micro-batches accumulate their gradients: no_sync (whole gradients held until "
+          "the last micro-batch, one reduction per step), sharded (reduce-scattered every "
+          "micro-batch into the gradient shard; HYBRID all-reduces across replicas only in the "
+          "last), every (every reduction every micro-batch), or auto (sharded for the HYBRID "
+          "strategies, no_sync for the others)");
 ABSL_FLAG(int, seq, 64, "sequence length T (at most the config's block size)");
 ABSL_FLAG(int, steps, 1000, "optimizer steps (a resumed run continues up to this step)");
 ABSL_FLAG(double, lr, 3e-4, "peak learning rate (AdamW; MODEL_SPEC.md's default)");
@@ -85,6 +91,12 @@ ABSL_FLAG(std::string, param_dtype, "f32",
           "mixed precision: f32, bf16 or f16 for the gathered parameters and the matmuls");
 ABSL_FLAG(std::string, reduce_dtype, "f32",
           "mixed precision: f32, bf16 or f16 for gradient reductions");
+ABSL_FLAG(std::string, all_gather_format, "dtype",
+          "what the parameter all-gather carries: dtype (param_dtype), int8 or fp8 (e4m3 codes "
+          "with one f32 scale per --quant_block elements: about a quarter of f32's bytes; "
+          "DeepSpeed ZeRO++'s qwZ)");
+ABSL_FLAG(int, quant_block, 256,
+          "elements per scale of a quantized all-gather: a power of two from 16 to 65536");
 ABSL_FLAG(double, loss_scaling, 0,
           "dynamic loss scaling starting from this scale, e.g. 65536 (for f16; 0 = off)");
 ABSL_FLAG(int, checkpoint_every_blocks, 0,
@@ -377,7 +389,11 @@ absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::strin
   r.forward_prefetch = s.model.sharding.forward_prefetch;
   r.backward_prefetch = s.model.sharding.backward_prefetch;
   r.max_prefetch_units = s.model.sharding.max_prefetch_units;
+  r.communication = s.model.sharding.communication;
   r.async_checkpoint = s.checkpoint_async;
+  // The peak of K >= 2 micro-batches is that of 2: the second holds whatever the first kept.
+  r.micro_batches = std::min(s.micro_batches, 2);
+  r.accumulation = s.accumulation;
   const absl::StatusOr<fsdp::MemoryPlan> plan = fsdp::PlanMemory(r);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(),
@@ -487,6 +503,17 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   const int batch = absl::GetFlag(FLAGS_batch);
   s.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   if (s.micro_batches < 1) return BadFlag("micro_batches", s.micro_batches, "allowed: 1 or more");
+  if (const std::string a = absl::GetFlag(FLAGS_accumulate); a == "auto") {
+    const fsdp::ShardingStrategy st = s.model.sharding.strategy;
+    s.accumulation = st == fsdp::ShardingStrategy::kHybridShard ||
+                             st == fsdp::ShardingStrategy::kHybridShardGradOp
+                         ? fsdp::Accumulation::kSharded
+                         : fsdp::Accumulation::kNoSync;
+  } else {
+    absl::StatusOr<fsdp::Accumulation> acc = fsdp::ParseAccumulation(a);
+    if (!acc.ok()) return BadFlag("accumulate", a, "allowed: auto, no_sync, sharded or every");
+    s.accumulation = *acc;
+  }
   const int rows = world_size * s.micro_batches;
   if (batch < 1 || batch % rows != 0) {
     return BadFlag("batch", batch,
@@ -544,6 +571,18 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
                         FloatDTypeFlag("param_dtype", absl::GetFlag(FLAGS_param_dtype)));
   FSDP_ASSIGN_OR_RETURN(mp.reduce_dtype,
                         FloatDTypeFlag("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype)));
+  fsdp::CommunicationOptions& comm = s.model.sharding.communication;
+  {
+    const std::string f = absl::GetFlag(FLAGS_all_gather_format);
+    absl::StatusOr<fsdp::WireFormat> format = fsdp::ParseWireFormat(f);
+    if (!format.ok()) return BadFlag("all_gather_format", f, "allowed: dtype, int8 or fp8");
+    comm.all_gather = *format;
+    comm.block_size = absl::GetFlag(FLAGS_quant_block);
+    if (comm.all_gather != fsdp::WireFormat::kDType &&
+        !fsdp::CheckCommunicationOptions(comm).ok()) {
+      return BadFlag("quant_block", comm.block_size, "allowed: a power of two from 16 to 65536");
+    }
+  }
   const double loss_scaling = absl::GetFlag(FLAGS_loss_scaling);
   if (!Finite(loss_scaling) || loss_scaling < 0 || loss_scaling > 3e38) {
     return BadFlag("loss_scaling", loss_scaling,

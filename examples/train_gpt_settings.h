@@ -25,6 +25,7 @@ struct Settings {
   ModelConfig config;
   fsdp::nn::ShardedModelOptions model;
   int micro_batches = 1, steps = 0, warmup = 0, log_every = 1, eval_every = 0, threads = 0;
+  fsdp::Accumulation accumulation = fsdp::Accumulation::kNoSync;  // --accumulate
   int ranks_on_host = 1;
   std::string backend = "cpu";          // --backend: a name in the registry
   fsdp::BackendOptions backend_options;  // its options, from the flags

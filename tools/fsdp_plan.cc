@@ -59,6 +59,15 @@ ABSL_FLAG(std::string, checkpoint, "off",
           "activation checkpointing: off, all (every block), or k (blocks 0, k, 2k, ...)");
 ABSL_FLAG(int, batch, 1, "micro-batch size B: sequences per rank and micro-batch");
 ABSL_FLAG(int, seq, 0, "sequence length T (0 = the model's block size)");
+ABSL_FLAG(int, micro_batches, 1, "micro-batches per step (gradient accumulation), 1 to 1024");
+ABSL_FLAG(std::string, accumulate, "no_sync",
+          "how micro-batches accumulate: no_sync (whole gradients held until the last), "
+          "sharded (reduce-scattered every micro-batch; HYBRID all-reduces in the last) or "
+          "every");
+ABSL_FLAG(std::string, all_gather_format, "dtype",
+          "what the parameter all-gather carries: dtype (param_dtype), int8 or fp8 (codes and "
+          "an f32 scale per --quant_block elements, kept beside each parameter shard)");
+ABSL_FLAG(int, quant_block, 256, "elements per scale of a quantized all-gather (16 to 65536)");
 ABSL_FLAG(int, prefetch, 1,
           "units gathered ahead of their use at most (max_prefetch_units); 0 = no prefetch");
 ABSL_FLAG(std::string, device_memory, "",
@@ -237,6 +246,28 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
                    absl::StrCat("allowed: 1 to ", config.name(), "'s block size ",
                                 config.block_size(), " (0 = the block size); --block_size "
                                 "changes the model's"));
+  }
+  r.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  if (r.micro_batches < 1 || r.micro_batches > fsdp::kMaxPlanMicroBatches) {
+    return BadFlag("micro_batches", absl::StrCat(r.micro_batches),
+                   absl::StrCat("allowed: 1 to ", fsdp::kMaxPlanMicroBatches));
+  }
+  {
+    const std::string a = absl::GetFlag(FLAGS_accumulate);
+    absl::StatusOr<fsdp::Accumulation> acc = fsdp::ParseAccumulation(a);
+    if (!acc.ok()) return BadFlag("accumulate", a, "allowed: no_sync, sharded or every");
+    r.accumulation = *acc;
+  }
+  {
+    const std::string f = absl::GetFlag(FLAGS_all_gather_format);
+    absl::StatusOr<fsdp::WireFormat> format = fsdp::ParseWireFormat(f);
+    if (!format.ok()) return BadFlag("all_gather_format", f, "allowed: dtype, int8 or fp8");
+    r.communication.all_gather = *format;
+    r.communication.block_size = absl::GetFlag(FLAGS_quant_block);
+    if (!fsdp::CheckCommunicationOptions(r.communication).ok()) {
+      return BadFlag("quant_block", absl::StrCat(r.communication.block_size),
+                     "allowed: a power of two from 16 to 65536");
+    }
   }
   r.async_checkpoint = absl::GetFlag(FLAGS_async_checkpoint);
   r.max_prefetch_units = absl::GetFlag(FLAGS_prefetch);

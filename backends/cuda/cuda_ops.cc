@@ -277,6 +277,24 @@ class CudaOps final : public Ops {
     End(__func__);
   }
 
+  // ---- block quantization for the wire ---------------------------------------------------------
+  bool supports_wire_format(WireFormat) const override { return true; }
+  void QuantizeBlocks(Stream s, View codes, View scales, View x, int64_t block,
+                      WireFormat format) override {
+    if (!Begin(__func__, s, {codes, scales, x})) return;
+    k::quantize_blocks(stream(s), reinterpret_cast<uint8_t*>(Ptr(codes)), F32(scales), F32(x),
+                       x.count, block, static_cast<int>(format));
+    End(__func__);
+  }
+  void DequantizeBlocks(Stream s, View out, View codes, View scales, int64_t block,
+                        WireFormat format) override {
+    if (!Begin(__func__, s, {out, codes, scales})) return;
+    k::dequantize_blocks(stream(s), Ptr(out), KernelDType(out.dtype),
+                         reinterpret_cast<const uint8_t*>(Ptr(codes)), F32(scales), out.count,
+                         block, static_cast<int>(format));
+    End(__func__);
+  }
+
   // ---- reductions into device scalars ----------------------------------------------------------
   void SumSquares(Stream s, View out, View x) override {
     if (!Begin(__func__, s, {out, x})) return;

@@ -278,6 +278,25 @@ class HostOps final : public Ops {
       *f = static_cast<float>(ClipCoefficient(std::sqrt(sum) / k, max_norm) / k);
     });
   }
+  bool supports_wire_format(WireFormat) const override { return true; }
+  void QuantizeBlocks(Stream s, View codes, View scales, View x, int64_t block,
+                      WireFormat format) override {
+    uint8_t* c = reinterpret_cast<uint8_t*>(Bytes(codes));
+    float* sc = F32(scales);
+    const float* in = F32(x);
+    const int64_t n = x.count;
+    exec_->Run(s, __func__, [=] { kernels::cpu::quantize_blocks(c, sc, in, n, block, format); });
+  }
+  void DequantizeBlocks(Stream s, View out, View codes, View scales, int64_t block,
+                        WireFormat format) override {
+    void* o = Bytes(out);
+    const DType d = out.dtype;
+    const uint8_t* c = reinterpret_cast<const uint8_t*>(Bytes(codes));
+    const float* sc = F32(scales);
+    const int64_t n = out.count;
+    exec_->Run(s, __func__,
+               [=] { kernels::cpu::dequantize_blocks(o, d, c, sc, n, block, format); });
+  }
   void Mean(Stream s, View out, View x) override {
     float* o = F32(out);
     const float* p = F32(x);

@@ -14,6 +14,7 @@
 
 #include "fsdp/dtype.h"
 #include "fsdp/optim_scalars.h"
+#include "fsdp/wire_format.h"
 
 namespace fsdp::kernels::cpu {
 
@@ -127,6 +128,19 @@ void cast_f32_to_bf16(uint16_t* out, const float* in, int64_t n);
 void cast_bf16_to_f32(float* out, const uint16_t* in, int64_t n);
 void cast_f32_to_f16(uint16_t* out, const float* in, int64_t n);
 void cast_f16_to_f32(float* out, const uint16_t* in, int64_t n);
+
+// ---- Block quantization (fsdp/wire_format.h) ----------------------------------------------
+// codes[n] and scales[QuantizedLayout{n, block}.blocks()] of in[n] in `format` (int8 or fp8).
+void quantize_blocks(uint8_t* codes, float* scales, const float* in, int64_t n, int64_t block,
+                     WireFormat format);
+// out[n] (f32, bf16 or f16 by out_dtype, rounded to nearest even) = codes decoded times their
+// block's scale.
+void dequantize_blocks(void* out, DType out_dtype, const uint8_t* codes, const float* scales,
+                       int64_t n, int64_t block, WireFormat format);
+// One fp8 e4m3 (E4M3FN) code of x, rounded to nearest even, saturating at +-448 (NaN for NaN),
+// and its value.
+uint8_t float_to_e4m3(float x);
+float e4m3_to_float(uint8_t code);
 
 // ---- Optimizer element-wise updates (MODEL_SPEC.md; PyTorch semantics) ---------------------
 // AdamW, step >= 1:  p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

@@ -19,6 +19,7 @@
 #include "fsdp/backend.h"
 #include "fsdp/collective_types.h"
 #include "fsdp/optim_scalars.h"
+#include "fsdp/wire_format.h"
 
 namespace fsdp {
 
@@ -55,6 +56,21 @@ class RuntimeOps {
   // clipping, max_norm <= 0), where k undoes the accumulation and loss scaling.
   virtual void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
                               float max_norm) = 0;
+
+  // ---- block quantization for the wire (fsdp/wire_format.h) ---------------------------------
+  // Whether this backend has QuantizeBlocks / DequantizeBlocks for `format` (kDType needs
+  // neither). The runtime refuses a format its backend lacks when it is created, so a backend
+  // without them never has them called (they abort with a message: a program error).
+  virtual bool supports_wire_format(WireFormat format) const {
+    return format == WireFormat::kDType;
+  }
+  // codes (u8, at least x.count) and scales (f32, one per block) of x (f32) in blocks of
+  // `block` elements.
+  virtual void QuantizeBlocks(Stream s, View codes, View scales, View x, int64_t block,
+                              WireFormat format);
+  // out (f32, bf16 or f16; out.count elements) = the codes decoded times their block's scale.
+  virtual void DequantizeBlocks(Stream s, View out, View codes, View scales, int64_t block,
+                                WireFormat format);
 };
 
 // The layers of the bundled models (MODEL_SPEC.md) and the other ops they use, grouped as a

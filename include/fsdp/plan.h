@@ -54,6 +54,8 @@ namespace fsdp {
 inline constexpr int kMaxPlanUnits = nn::kMaxLayers + 1;
 inline constexpr int kMaxPlanWorldSize = 1 << 20;
 inline constexpr int64_t kMaxPlanUnitNumel = int64_t{1} << 56;
+// Micro-batches per step the replay runs (each one replays every unit's hooks).
+inline constexpr int kMaxPlanMicroBatches = 1024;
 
 // A model as the planner needs it: plain numbers. PlanModelFor builds one from a bundled
 // model's configuration; a framework with its own model fills it in itself.
@@ -99,7 +101,15 @@ struct PlanRequest {
   std::vector<bool> checkpoint_blocks;
   int batch_size = 1;  // B, sequences per rank and micro-batch
   int seq_len = 0;     // T; 0 = the model's block size
+  // Micro-batches per step and how their gradients accumulate (fsdp/sharding.h): no_sync holds
+  // every unit's whole gradient between micro-batches; sharded and every hold only shards.
+  int micro_batches = 1;
+  Accumulation accumulation = Accumulation::kNoSync;
   int max_prefetch_units = 1;
+  // A quantized parameter all-gather (ShardingOptions::communication): each rank's codes and
+  // scales are kept with its parameter shard, and the shard group's are held while a unit is
+  // gathered, until decoded.
+  CommunicationOptions communication;
   bool forward_prefetch = true;
   bool backward_prefetch = true;
   // Device memory per rank; 0 = unknown (the plan then says nothing about fitting).

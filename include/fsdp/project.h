@@ -111,6 +111,9 @@ struct LinkSpec {
 // The link of a BenchConfig's CommOptions, as the local communicator charges it.
 LinkSpec SimulatedLink(const CommOptions& options);
 
+// The most micro-batches a projected step replays (each is a replay of every block).
+inline constexpr int kMaxProjectedMicroBatches = 1024;
+
 // The strategy and world of one projected run.
 struct ProjectionRun {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -119,6 +122,14 @@ struct ProjectionRun {
   // else the world.
   int hybrid_shard_size = 0;
   int prefetch = 1;  // forward and backward prefetch: units gathered ahead (0 = none)
+  // Micro-batches per step (the profile's times are one micro-batch's; the optimizer runs
+  // once), and how their gradients accumulate (fsdp/sharding.h).
+  int micro_batches = 1;
+  Accumulation accumulation = Accumulation::kNoSync;
+  // A quantized parameter all-gather: each unit's all-gather carries S x its chunk's codes and
+  // scales (fsdp/wire_format.h) instead of the padded unit in param_dtype. The quantize and
+  // decode kernels are not in the profile's times.
+  CommunicationOptions communication;
   // The fraction by which compute slows down while a collective runs beside it (on a GPU,
   // NCCL's kernels take streaming multiprocessors and memory bandwidth); 0 = not at all.
   double overlap_slowdown = 0;
@@ -135,7 +146,8 @@ struct ProjectedCollective {
 
 struct Projection {
   double step_s = 0;          // the step's time (every rank alike)
-  double compute_s = 0;       // the compute thread's work (StepProfile::compute_s), at full speed
+  double compute_s = 0;  // the compute thread's work (StepProfile::compute_s per micro-batch,
+                         // the optimizer once), at full speed
   double exposed_comm_s = 0;  // the compute thread waiting for collectives
   double comm_busy_s = 0;     // time at least one collective of the rank is running
   double comm_total_s = 0;    // the collectives' durations added up
@@ -143,7 +155,7 @@ struct Projection {
                                   // per all_reduce, as BenchResult counts them
   double comm_bytes_per_rank = 0;  // the sizes S added up
   int shard_size = 1, replicate_size = 1;
-  double tokens_per_s = 0;  // world x tokens_per_rank / step_s (0 without tokens)
+  double tokens_per_s = 0;  // world x micro_batches x tokens_per_rank / step_s (0 without tokens)
   std::vector<ProjectedCollective> collectives;  // in the order they were issued
 };
 
@@ -153,6 +165,7 @@ struct Projection {
 // ranks_per_host that does not divide the world, or an overlap_slowdown outside [0, 1).
 // The bounds are the memory planner's (plan.h): a world of at most kMaxPlanWorldSize (1 << 20)
 // ranks, at most nn::kMaxLayers (10000) blocks, units of at most kMaxPlanUnitNumel elements.
+// micro_batches: 1 to kMaxProjectedMicroBatches.
 // A collective's cost is worked out from its group's shape (ranks, hosts, the most and fewest
 // ranks on a host), once per group, so the replay does not grow with the world: a projection
 // at the bounds answers in well under a second (tests/bench/project_test.cc).

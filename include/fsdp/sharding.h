@@ -20,7 +20,10 @@
 //   Step()                      // clip by global norm, optimizer update of the local shards
 //
 // With set_sync_gradients(false) (FSDP's no_sync) PostBackward keeps the unit's full
-// gradient and accumulates into it; the next backward with sync on reduces it once. The
+// gradient and accumulates into it; the next backward with sync on reduces it once. With
+// set_requires_all_reduce(false) (HYBRID strategies, FSDP2's set_requires_all_reduce) each
+// backward reduce-scatters inside the shard group and accumulates the shard, and the next
+// backward with it on all-reduces the sum across replicas once (Accumulation below). The
 // gradient that Step() uses is the mean over the data-parallel ranks and over the backward
 // passes since the last step, i.e. the gradient of the mean loss of the concatenated batch.
 //
@@ -42,6 +45,7 @@
 #include "fsdp/data_plane.h"
 #include "fsdp/optim.h"
 #include "fsdp/status.h"
+#include "fsdp/wire_format.h"
 
 namespace fsdp {
 
@@ -55,6 +59,24 @@ enum class ShardingStrategy : uint8_t {
 std::string_view StrategyName(ShardingStrategy s);  // "FULL_SHARD", ...
 // Accepts the names of StrategyName, case-insensitive, '-' or '_'.
 absl::StatusOr<ShardingStrategy> ParseStrategy(std::string_view name);
+
+// How a step of K micro-batches accumulates its gradients: the switches of micro-batch j
+// (ConfigureMicroBatch). train_gpt --accumulate, the collective-count tests and the
+// projection (fsdp/project.h) use the same modes.
+enum class Accumulation : uint8_t {
+  // sync_gradients off until the last micro-batch: every unit's whole gradient is held
+  // between micro-batches, and one reduction per unit and step (FSDP's no_sync).
+  kNoSync,
+  // sync on every micro-batch: each reduce-scatters inside the shard group into the f32
+  // gradient shard, and HYBRID strategies all-reduce across replicas only in the last (FSDP2's
+  // set_requires_all_reduce(False) until the last). Gradients stay sharded; the link between
+  // hosts carries one all-reduce per step. Without replicas it is kEvery.
+  kSharded,
+  // Every reduction on every micro-batch.
+  kEvery,
+};
+std::string_view AccumulationName(Accumulation a);  // "no_sync", "sharded", "every"
+absl::StatusOr<Accumulation> ParseAccumulation(std::string_view name);
 
 struct ParamInfo {
   ParamInfo() = default;
@@ -97,6 +119,24 @@ enum class NonFinitePolicy : uint8_t {
   kSkip,   // the step is skipped on every rank (no update, gradients dropped) and counted
 };
 
+// Quantized communication (DeepSpeed ZeRO++'s qwZ, torchao's float8 all-gather): what a unit's
+// parameter all-gather carries on the wire across its shard group.
+struct CommunicationOptions {
+  // kDType: param_dtype, as without it. int8 / fp8: each rank block-quantizes its f32 master
+  // shard once per forward pass (the backward's regather reuses those codes), the shard group
+  // all-gathers codes and scales (fsdp/wire_format.h: about 1 + 4 / block_size bytes per
+  // element), and every rank decodes all of them, its own included, into the gathered buffer
+  // in param_dtype: every rank computes with the same parameters. The f32 master shards and
+  // the optimizer stay exact. A shard group of one rank gathers nothing and ignores it.
+  WireFormat all_gather = WireFormat::kDType;
+  // Elements per scale: a power of two from 16 to 65536. Blocks split each rank's shard (the
+  // last block of a shard may be shorter).
+  int block_size = 256;
+};
+// InvalidArgument, naming the field and the allowed values, for a block size out of range when
+// a format is set. (Whether the backend has the format is checked when the runtime is created.)
+absl::Status CheckCommunicationOptions(const CommunicationOptions& c);
+
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // HYBRID strategies: ranks per shard group (the mesh is world/shard x shard). Must divide
@@ -116,6 +156,7 @@ struct ShardingOptions {
   // most this many units.
   int max_prefetch_units = 1;
   MixedPrecision mixed_precision;
+  CommunicationOptions communication;
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;
 };
 
@@ -235,6 +276,15 @@ class ShardingRuntime {
   // no_sync: while false, backward passes accumulate full gradients locally.
   void set_sync_gradients(bool sync);
   bool sync_gradients() const;
+  // HYBRID strategies: while false, a backward with sync on reduce-scatters each unit inside
+  // its shard group and adds the result into the f32 gradient shard, without the all-reduce
+  // across replicas; the next backward with it on all-reduces the whole accumulated shard
+  // once. Step() and GatherUnitGradient() refuse gradients still waiting for that all-reduce.
+  // Every rank must set it alike (else their collectives differ and fail). Strategies without
+  // a replica all-reduce after a shard-group reduction (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,
+  // HYBRID with one rank per shard group or one replica) ignore it. Default true.
+  void set_requires_all_reduce(bool all_reduce);
+  bool requires_all_reduce() const;
 
   // ---- inspection -----------------------------------------------------------------------------
   int num_units() const;
@@ -296,5 +346,16 @@ class ShardingRuntime {
   explicit ShardingRuntime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The switches of micro-batch `micro_batch` (0-based) of `micro_batches` under `mode`; both are
+// on in the last micro-batch.
+struct MicroBatchSwitches {
+  bool sync_gradients = true;
+  bool requires_all_reduce = true;
+};
+MicroBatchSwitches AccumulationSwitches(Accumulation mode, int micro_batch, int micro_batches);
+// Sets them on `rt`.
+void ConfigureMicroBatch(ShardingRuntime& rt, Accumulation mode, int micro_batch,
+                         int micro_batches);
 
 }  // namespace fsdp

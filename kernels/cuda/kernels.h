@@ -108,6 +108,14 @@ void sgd_update(cudaStream_t s, float* param, const float* grad, float* momentum
                 float lr, float momentum, float dampening, float weight_decay, bool nesterov,
                 bool first_step);
 
+// ---- block quantization for the wire (fsdp/wire_format.h): kernels/cpu/quantize.cc bit for bit
+// format: 1 int8, 2 fp8 e4m3 (WireFormat's values). codes[n], scales[ceil(n / block)].
+void quantize_blocks(cudaStream_t s, uint8_t* codes, float* scales, const float* in, int64_t n,
+                     int64_t block, int format);
+// out[n] in out_dtype (0 f32, 1 bf16, 2 f16) = each code's value times its block's scale.
+void dequantize_blocks(cudaStream_t s, void* out, int out_dtype, const uint8_t* codes,
+                       const float* scales, int64_t n, int64_t block, int format);
+
 // ---- reductions into device scalars ---------------------------------------------------------
 // out[0] (f64) += sum of x^2, accumulated in double: each block's sum into `partials` (at
 // least kSumSquaresPartials doubles of scratch), then one block adds them in a fixed order, so

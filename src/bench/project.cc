@@ -195,7 +195,8 @@ class Replay {
     schedule_.AssumeRecorded(forward, backward);
   }
 
-  absl::StatusOr<Projection> Run() {
+  // One micro-batch's forward and backward, with its accumulation switches.
+  absl::Status MicroBatch(const MicroBatchSwitches& sw) {
     const int L = p_.num_blocks();
     // Forward.
     FSDP_RETURN_IF_ERROR(schedule_.PreForward(0));
@@ -213,11 +214,19 @@ class Replay {
     for (int i = L - 1; i >= 0; --i) {
       FSDP_RETURN_IF_ERROR(schedule_.PreBackward(i + 1));
       Compute(p_.backward_gaps_s / L + p_.block_recompute_s[i] + p_.block_backward_s[i]);
-      FSDP_RETURN_IF_ERROR(schedule_.PostBackward(i + 1, /*sync=*/true));
+      FSDP_RETURN_IF_ERROR(
+          schedule_.PostBackward(i + 1, sw.sync_gradients, sw.requires_all_reduce));
     }
     Compute(p_.after_blocks_s);
-    FSDP_RETURN_IF_ERROR(schedule_.PostBackward(0, /*sync=*/true));
-    FSDP_RETURN_IF_ERROR(schedule_.FinishBackward());
+    FSDP_RETURN_IF_ERROR(schedule_.PostBackward(0, sw.sync_gradients, sw.requires_all_reduce));
+    return schedule_.FinishBackward();
+  }
+
+  absl::StatusOr<Projection> Run() {
+    const int K = run_.micro_batches;
+    for (int j = 0; j < K; ++j) {
+      FSDP_RETURN_IF_ERROR(MicroBatch(AccumulationSwitches(run_.accumulation, j, K)));
+    }
     // The optimizer step: the gradient norm's all_gather (an f32 pair per rank) over the
     // shard group, then the update.
     if (S_ > 1) {
@@ -230,7 +239,8 @@ class Replay {
 
     Projection out;
     out.step_s = t_;
-    out.compute_s = p_.compute_s();
+    const double once = p_.optimizer_s + p_.after_optimizer_s;  // per step, not micro-batch
+    out.compute_s = (p_.compute_s() - once) * K + once;
     out.exposed_comm_s = exposed_;
     out.shard_size = S_;
     out.replicate_size = R_;
@@ -253,7 +263,7 @@ class Replay {
       }
     }
     out.tokens_per_s = p_.tokens_per_rank > 0 && t_ > 0
-                           ? static_cast<double>(p_.tokens_per_rank) * run_.world_size / t_
+                           ? static_cast<double>(p_.tokens_per_rank) * K * run_.world_size / t_
                            : 0;
     out.collectives = std::move(colls_);
     return out;
@@ -266,6 +276,13 @@ class Replay {
     Unit& unit = units_[u];
     if (unit.gathered || S_ == 1) return absl::OkStatus();
     unit.gathered = true;
+    const CommunicationOptions& c = run_.communication;
+    if (c.all_gather != WireFormat::kDType) {  // codes and scales, bytes on the wire
+      const QuantizedLayout chunk{Padded(u) / S_, c.block_size};
+      FSDP_ASSIGN_OR_RETURN(unit.gather,
+                            Issue(true, CollectiveKind::kAllGather, chunk.bytes() * S_, 1, u));
+      return absl::OkStatus();
+    }
     const int e = static_cast<int>(DTypeSize(p_.param_dtype));
     FSDP_ASSIGN_OR_RETURN(unit.gather, Issue(true, CollectiveKind::kAllGather, Padded(u) * e, e, u));
     return absl::OkStatus();
@@ -300,7 +317,8 @@ class Replay {
   absl::Status ReductionStatus(int /*u*/) { return absl::OkStatus(); }
   // On a host backend, moving a reduction on waits for it (the stream waits block the host);
   // HYBRID then all-reduces the reduced shard across replicas.
-  absl::Status AdvanceReduction(int u, internal::Reduction /*stage*/, bool to_replicas) {
+  absl::Status AdvanceReduction(int u, internal::Reduction /*stage*/, bool to_replicas,
+                                bool /*with_accumulated*/) {
     Wait(units_[u].reduce);
     units_[u].reduce = -1;
     if (!to_replicas) return absl::OkStatus();
@@ -522,6 +540,11 @@ absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& lin
     return Bad(absl::StrCat("world_size=", W, ": allowed: 1 to ", kMaxPlanWorldSize,
                             " ranks (1 << 20)"));
   }
+  if (run.micro_batches < 1 || run.micro_batches > kMaxProjectedMicroBatches) {
+    return Bad(absl::StrCat("micro_batches=", run.micro_batches, ": allowed: 1 to ",
+                            kMaxProjectedMicroBatches, " per step"));
+  }
+  FSDP_RETURN_IF_ERROR(CheckCommunicationOptions(run.communication));
   if (run.prefetch < 0) {
     return Bad(absl::StrCat("prefetch=", run.prefetch,
                             ": allowed: 0 (none) or the units gathered ahead of their use"));

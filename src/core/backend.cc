@@ -29,6 +29,23 @@ std::string_view ModelOpName(ModelOp op) {
   return "unknown";
 }
 
+namespace {
+[[noreturn]] void NoWireFormat(const char* op, WireFormat format) {
+  std::fprintf(stderr,
+               "fsdp: RuntimeOps::%s(%s) on a backend that does not support that wire format: "
+               "check supports_wire_format() first\n",
+               op, std::string(WireFormatName(format)).c_str());
+  std::abort();
+}
+}  // namespace
+
+void RuntimeOps::QuantizeBlocks(Stream, View, View, View, int64_t, WireFormat format) {
+  NoWireFormat("QuantizeBlocks", format);
+}
+void RuntimeOps::DequantizeBlocks(Stream, View, View, View, int64_t, WireFormat format) {
+  NoWireFormat("DequantizeBlocks", format);
+}
+
 Ops& Backend::ops() {
   Ops* o = model_ops();
   if (o == nullptr) {

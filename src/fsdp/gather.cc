@@ -23,6 +23,7 @@ absl::Status ShardingRuntime::Impl::IssueGather(int u) {
   throttle_waits += pending.WaitUntilAtMost(&book.gathered, 1);
   FSDP_ASSIGN_OR_RETURN(unit.gathered,
                         Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
+  if (quantized_gather()) return IssueQuantizedGather(unit);
   // In place, as NCCL defines it: the shard is staged into its own slot of the gathered
   // buffer (cast from the fp32 master on the way in a low param_dtype), and the all-gather
   // fills the other slots. Nothing copies the own chunk twice and no separate low-precision
@@ -42,6 +43,46 @@ absl::Status ShardingRuntime::Impl::IssueGather(int u) {
   return absl::OkStatus();
 }
 
+// The quantized form of IssueGather: this rank's codes and scales (made from the f32 master
+// once per forward pass; a backward's regather reuses them) go into their slot of the gathered
+// codes, which the shard group all-gathers in place; WaitGather decodes them.
+absl::Status ShardingRuntime::Impl::IssueQuantizedGather(Unit& unit) {
+  const CommunicationOptions& c = options.communication;
+  const QuantizedLayout chunk = QuantizedChunk(unit);
+  const fsdp::View own = unit.quantized_shard.view(DType::kU8);
+  if (!schedule->in_backward()) {
+    ops().QuantizeBlocks(Stream::kCompute, own.Slice(0, chunk.code_bytes()),
+                         own.Slice(chunk.code_bytes()).As(DType::kF32),
+                         unit.param_shard.view(), c.block_size, c.all_gather);
+  }
+  FSDP_ASSIGN_OR_RETURN(unit.quantized_gathered,
+                        Alloc(book.gathered, "the gathered parameter codes", &unit,
+                              chunk.bytes() * S(), DType::kU8));
+  const fsdp::View all = unit.quantized_gathered.view(DType::kU8);
+  const fsdp::View slot = all.Slice(mesh->shard_index() * chunk.bytes(), chunk.bytes());
+  FSDP_RETURN_IF_ERROR(backend->Copy(slot, own, Stream::kCompute));
+  unit.gather_issued_ns = internal::NowIfTracing();
+  FSDP_ASSIGN_OR_RETURN(unit.gather_event, shard_plane->AllGather(slot, all, Stream::kCompute));
+  return absl::OkStatus();
+}
+
+// Every rank's codes, its own included, decoded into the gathered parameters on the compute
+// stream; the codes go back once decoded.
+void ShardingRuntime::Impl::DecodeGathered(Unit& unit) {
+  const CommunicationOptions& c = options.communication;
+  const QuantizedLayout chunk = QuantizedChunk(unit);
+  const fsdp::View all = unit.quantized_gathered.view(DType::kU8);
+  const fsdp::View gathered = unit.gathered.view(param_dtype());
+  for (int r = 0; r < S(); ++r) {
+    const fsdp::View codes = all.Slice(r * chunk.bytes(), chunk.bytes());
+    ops().DequantizeBlocks(Stream::kCompute, gathered.Slice(r * chunk.n, chunk.n),
+                           codes.Slice(0, chunk.code_bytes()),
+                           codes.Slice(chunk.code_bytes()).As(DType::kF32), c.block_size,
+                           c.all_gather);
+  }
+  pending.Add(std::move(unit.quantized_gathered), {backend->Record(Stream::kCompute)});
+}
+
 absl::Status ShardingRuntime::Impl::WaitGather(int u, bool prefetched) {
   Unit& unit = units[u];
   if (!unit.gather_event.valid()) return absl::OkStatus();
@@ -50,6 +91,7 @@ absl::Status ShardingRuntime::Impl::WaitGather(int u, bool prefetched) {
   internal::RecordInflight(unit.gather_event, "all_gather", unit.gather_issued_ns, unit.name,
                            prefetched);
   unit.gather_event = Event();
+  if (s.ok() && unit.quantized_gathered.allocated()) DecodeGathered(unit);
   return s;
 }
 
@@ -60,6 +102,7 @@ void ShardingRuntime::Impl::FreeGathered(int u) {
   // that read the parameters are done.
   std::vector<Event> users = {backend->Record(Stream::kCompute)};
   if (unit.gather_event.valid()) users.push_back(unit.gather_event);
+  pending.Add(std::move(unit.quantized_gathered), users);  // a prefetch never decoded
   pending.Add(std::move(unit.gathered), std::move(users));
   unit.gather_event = Event();
 }

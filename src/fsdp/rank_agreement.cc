@@ -48,7 +48,11 @@ std::vector<Setting> ShardingOptionSettings(const ShardingOptions& o) {
       {"reduce_dtype", std::string(DTypeName(mp.reduce_dtype))},
       {"dynamic_loss_scale", absl::StrCat(mp.dynamic_loss_scale)},
       {"nonfinite", o.nonfinite == NonFinitePolicy::kError ? "error" : "skip"},
+      {"communication.all_gather", std::string(WireFormatName(o.communication.all_gather))},
   };
+  if (o.communication.all_gather != WireFormat::kDType) {
+    out.push_back({"communication.block_size", absl::StrCat(o.communication.block_size)});
+  }
   if (mp.dynamic_loss_scale) {
     out.push_back({"initial_loss_scale", num(mp.initial_loss_scale)});
     out.push_back({"growth_factor", num(mp.growth_factor)});

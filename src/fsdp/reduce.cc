@@ -104,10 +104,37 @@ absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit, Reduction stage)
   return absl::OkStatus();
 }
 
+// The earlier micro-batches' shard-group reductions, which the gradient shard holds in f32,
+// join this one in `reduced` before its all-reduce across replicas, and the gradient shard
+// starts again from zero: the all-reduce then carries the sum of every micro-batch since the
+// last step, rounded once to reduce_dtype. On the compute stream, after the reduce-scatter;
+// the communication stream waits for it.
+absl::Status ShardingRuntime::Impl::FoldAccumulatedShard(Unit& unit) {
+  FSDP_RETURN_IF_ERROR(StreamWait(Stream::kCompute, unit.reduce_event, "reduce", unit.name));
+  const DType rd = reduce_dtype();
+  const int64_t sn = unit.layout.shard_numel;
+  const fsdp::View g = unit.grad_shard.view();
+  const fsdp::View reduced = unit.reduced.view(rd).Slice(0, sn);
+  internal::Accounted wide;
+  if (rd == DType::kF32) {
+    ops().Add(Stream::kCompute, reduced, reduced, g);
+  } else {
+    FSDP_ASSIGN_OR_RETURN(wide, Alloc(book.grad_buffers, "the widened gradient shard", &unit, sn));
+    ops().Cast(Stream::kCompute, wide.view(), reduced);
+    ops().Add(Stream::kCompute, wide.view(), wide.view(), g);
+    ops().Cast(Stream::kCompute, reduced, wide.view());
+  }
+  FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, Stream::kCompute));
+  const Event folded = backend->Record(Stream::kCompute);
+  pending.Add(std::move(wide), {folded});
+  return backend->Wait(Stream::kComm, folded);
+}
+
 // The reduction of the unit in its current group has been issued; move it on (the events
 // order the work, the host does not wait here): to the replica all-reduce (HYBRID) or into the
 // gradient shard. The unsharded gradient goes back as soon as the shard group is done with it.
-absl::Status ShardingRuntime::Impl::AdvanceReduction(int u, Reduction stage, bool to_replicas) {
+absl::Status ShardingRuntime::Impl::AdvanceReduction(int u, Reduction stage, bool to_replicas,
+                                                     bool with_accumulated) {
   Unit& unit = units[u];
   const bool shard_step = stage == Reduction::kShardGroup;
   internal::RecordInflight(unit.reduce_event,
@@ -119,8 +146,12 @@ absl::Status ShardingRuntime::Impl::AdvanceReduction(int u, Reduction stage, boo
     pending.Add(std::move(unit.lowp_grad), {unit.reduce_event});
   }
   if (!to_replicas) return FinishReduction(unit, stage);
-  // The replicas all-reduce the reduced shard once the reduce-scatter wrote it.
-  FSDP_RETURN_IF_ERROR(StreamWait(Stream::kComm, unit.reduce_event, "reduce", unit.name));
+  if (with_accumulated) {
+    FSDP_RETURN_IF_ERROR(FoldAccumulatedShard(unit));
+  } else {
+    // The replicas all-reduce the reduced shard once the reduce-scatter wrote it.
+    FSDP_RETURN_IF_ERROR(StreamWait(Stream::kComm, unit.reduce_event, "reduce", unit.name));
+  }
   unit.reduce_issued_ns = internal::NowIfTracing();
   const fsdp::View shard = unit.reduced.view(reduce_dtype());
   FSDP_ASSIGN_OR_RETURN(unit.reduce_event,

@@ -47,6 +47,7 @@ struct ShardingRuntime::Impl {
   std::set<std::string> param_names;
   bool finalized = false;
   bool sync_gradients = true;
+  bool requires_all_reduce = true;
   absl::Status failure;  // set once a hook failed: the runtime is then unusable
   int64_t passes_since_step = 0;
   // The unit schedule, executed by this Impl (made in Create, once the mesh is known).
@@ -62,6 +63,15 @@ struct ShardingRuntime::Impl {
   RuntimeOps& ops() const { return backend->runtime_ops(); }
   DType param_dtype() const { return options.mixed_precision.param_dtype; }
   DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
+  // The parameters' all-gather carries codes and scales (CommunicationOptions): a format is set
+  // and the shard group has more than one rank.
+  bool quantized_gather() const {
+    return options.communication.all_gather != WireFormat::kDType && S() > 1;
+  }
+  // One rank's codes and scales of a unit.
+  QuantizedLayout QuantizedChunk(const internal::Unit& unit) const {
+    return {unit.layout.shard_numel, options.communication.block_size};
+  }
 
   // ---- errors and checks (sharding_runtime.cc) ----------------------------------------------
   // Fails the runtime and every group, so that peers blocked in (or later entering) a
@@ -95,8 +105,10 @@ struct ShardingRuntime::Impl {
   // Starts the all-gather of a unit's parameters unless they are gathered or on their way
   // (or need none: f32 in a shard group of one), within the rate limit.
   absl::Status IssueGather(int u);
-  // The compute stream waits for the unit's all-gather.
+  absl::Status IssueQuantizedGather(internal::Unit& unit);
+  // The compute stream waits for the unit's all-gather (and decodes a quantized one).
   absl::Status WaitGather(int u, bool prefetched);
+  void DecodeGathered(internal::Unit& unit);
   // Gives the gathered parameters back (once the device is done with them).
   void FreeGathered(int u);
   // The unsharded gradient, zeroed, unless it holds an earlier micro-batch's accumulation.
@@ -105,13 +117,18 @@ struct ShardingRuntime::Impl {
   bool ReductionDone(int u) const { return units[u].reduce_event.Done(); }
   absl::Status WaitReduction(int u);
   absl::Status ReductionStatus(int u);
-  absl::Status AdvanceReduction(int u, internal::Reduction stage, bool to_replicas);
+  absl::Status AdvanceReduction(int u, internal::Reduction stage, bool to_replicas,
+                                bool with_accumulated);
   void Collect() { pending.Collect(); }
 
   absl::Status FinishReduction(internal::Unit& unit, internal::Reduction stage);
+  absl::Status FoldAccumulatedShard(internal::Unit& unit);
   void AccumulateShard(internal::Unit& unit, fsdp::View add);
 
   // ---- the optimizer step (sharding_runtime.cc), in the order Step() runs them -------------
+  // HYBRID: FailedPrecondition when unit u's gradient shard still waits for its all-reduce
+  // across replicas (set_requires_all_reduce), naming `what` and the unit.
+  absl::Status CheckAllReduced(int u, absl::string_view what) const;
   // Every unit idle and synced, a backward pass since the last step, a usable learning rate.
   absl::Status CheckStepAllowed(float lr);
   // The global gradient norm over the shard group, on the device, and the clip factor.

@@ -24,8 +24,11 @@
 //   absl::Status ReductionStatus(int u);    // the status of a completed reduction
 //   // Moves a reduction on from `stage`: with `to_replicas` issues the replica all-reduce of
 //   // the reduced shard (HYBRID after the shard group), else adds it into the gradient shard;
-//   // gives back what the stage used.
-//   absl::Status AdvanceReduction(int u, Reduction stage, bool to_replicas);
+//   // gives back what the stage used. `with_accumulated`: the all-reduce also carries what
+//   // earlier micro-batches' shard-group reductions added into the gradient shard (their
+//   // replica all-reduce was left out: ShardingRuntime::set_requires_all_reduce).
+//   absl::Status AdvanceReduction(int u, Reduction stage, bool to_replicas,
+//                                 bool with_accumulated);
 //   void Collect();                // frees what the device is done with
 #pragma once
 
@@ -89,6 +92,9 @@ class UnitSchedule {
   bool prefetched(int u) const { return units_[u].prefetched; }
   // The unit holds gradients accumulated with sync_gradients off that were never reduced.
   bool unsynced(int u) const { return units_[u].unsynced; }
+  // HYBRID: the unit's gradient shard holds shard-group reductions whose all-reduce across
+  // replicas was left out (requires_all_reduce off); a later one carries them.
+  bool replica_pending(int u) const { return units_[u].replica_pending; }
   Reduction reduction(int u) const { return units_[u].reduction; }
   bool forward_recorded() const { return forward_recorded_; }
   bool in_backward() const { return in_backward_; }
@@ -130,12 +136,15 @@ class UnitSchedule {
   }
 
   // `sync`: reduce the gradient now (ShardingRuntime::set_sync_gradients), or keep
-  // accumulating it locally.
-  absl::Status PostBackward(int u, bool sync) {
+  // accumulating it locally. `all_reduce` (HYBRID; ShardingRuntime::set_requires_all_reduce):
+  // the reduction goes on across replicas, or stops at the shard group and the gradient shard
+  // keeps it for a later backward's all-reduce.
+  absl::Status PostBackward(int u, bool sync, bool all_reduce = true) {
     Free(u);
     if (sync) {
       FSDP_ASSIGN_OR_RETURN(const bool in_flight, exec_->IssueReduction(u));
       units_[u].unsynced = false;
+      units_[u].all_reduce = all_reduce;
       if (in_flight) {
         units_[u].reduction = Reduction::kShardGroup;
         shard_reductions_.push_back(u);
@@ -182,9 +191,9 @@ class UnitSchedule {
     // stream), so when depends on counts, never on timing. A device moves it on at once (its
     // stream orders the all-reduce after the reduce-scatter); a host backend, whose stream
     // waits block the host, when more than `in_flight` are held.
-    const bool collective_next = o_.shard_size > 1 && o_.replicate_size > 1;
     while (!shard_reductions_.empty()) {
       const int u = shard_reductions_.front();
+      const bool collective_next = hybrid() && units_[u].all_reduce;
       const bool done = exec_->ReductionDone(u);
       const bool move_now = collective_next ? !exec_->is_host() : done;
       if (!move_now && !drain) {
@@ -225,8 +234,13 @@ class UnitSchedule {
     UnitState state = UnitState::kIdle;
     bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
     bool unsynced = false;
+    bool all_reduce = true;  // the reduction in flight goes on across replicas (HYBRID)
+    bool replica_pending = false;
     Reduction reduction = Reduction::kNone;
   };
+
+  // Both groups have more than one rank: a shard-group reduction goes on across replicas.
+  bool hybrid() const { return o_.shard_size > 1 && o_.replicate_size > 1; }
 
   // The state a unit is in right before the hook that the current direction calls next.
   UnitState NextState() const {
@@ -280,13 +294,16 @@ class UnitSchedule {
 
   absl::Status Advance(int u) {
     UnitRecord& unit = units_[u];
-    const bool to_replicas = unit.reduction == Reduction::kShardGroup && o_.shard_size > 1 &&
-                             o_.replicate_size > 1;
-    FSDP_RETURN_IF_ERROR(exec_->AdvanceReduction(u, unit.reduction, to_replicas));
+    const bool shard_stage = unit.reduction == Reduction::kShardGroup && hybrid();
+    const bool to_replicas = shard_stage && unit.all_reduce;
+    FSDP_RETURN_IF_ERROR(exec_->AdvanceReduction(u, unit.reduction, to_replicas,
+                                                 to_replicas && unit.replica_pending));
     if (to_replicas) {
+      unit.replica_pending = false;
       unit.reduction = Reduction::kReplicaGroup;
       replica_reductions_.push_back(u);
     } else {
+      if (shard_stage) unit.replica_pending = true;
       unit.reduction = Reduction::kNone;
     }
     return absl::OkStatus();

@@ -141,7 +141,7 @@ namespace {
 
 // The checks of Create that need no other rank. The hybrid shard size 0 (a shard group per
 // host) is checked once the hosts are known.
-absl::Status CheckOptions(const Backend* backend, const ShardingOptions& options, int world_size) {
+absl::Status CheckOptions(Backend* backend, const ShardingOptions& options, int world_size) {
   if (backend == nullptr) return absl::InvalidArgumentError("ShardingRuntime: backend is null");
   const bool hybrid = options.strategy == ShardingStrategy::kHybridShard ||
                       options.strategy == ShardingStrategy::kHybridShardGradOp;
@@ -162,6 +162,16 @@ absl::Status CheckOptions(const Backend* backend, const ShardingOptions& options
     if (!IsFloat16Or32(d)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "mixed precision dtypes must be f32, bf16 or f16, got ", std::string(DTypeName(d))));
+    }
+  }
+  const CommunicationOptions& c = options.communication;
+  FSDP_RETURN_IF_ERROR(CheckCommunicationOptions(c));
+  if (c.all_gather != WireFormat::kDType) {
+    if (!backend->runtime_ops().supports_wire_format(c.all_gather)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "communication.all_gather is ", std::string(WireFormatName(c.all_gather)),
+          ", which the ", std::string(backend->name()),
+          " backend does not implement (the cpu, sim and cuda backends do); use dtype"));
     }
   }
   if (mp.dynamic_loss_scale &&
@@ -289,7 +299,6 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
   }
   FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names));
   // (The options were compared in Create.)
-
   // Allocate and initialise; a failure on one rank (out of memory) fails every rank.
   auto allocate = [&]() -> absl::Status {
     const int shard_rank = m.mesh->shard_index();
@@ -307,6 +316,11 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
         }
       }
       FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.view(), host.data()));
+      if (m.quantized_gather()) {
+        FSDP_ASSIGN_OR_RETURN(u.quantized_shard,
+                              m.Alloc(m.book.params, "the quantized parameter shard", &u,
+                                      m.QuantizedChunk(u).bytes(), DType::kU8));
+      }
       std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
       absl::StatusOr<std::unique_ptr<Optimizer>> opt;
       if (m.options.optimizer == OptimizerKind::kAdamW) {
@@ -366,7 +380,7 @@ absl::Status ShardingRuntime::PostBackward(int u) {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PostBackward").status());
   FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(u, "PostBackward", {UnitState::kBackward})));
-  return m.Fail(m.schedule->PostBackward(u, m.sync_gradients));
+  return m.Fail(m.schedule->PostBackward(u, m.sync_gradients, m.requires_all_reduce));
 }
 
 absl::Status ShardingRuntime::FinishBackward() {
@@ -416,6 +430,15 @@ absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   return stats;
 }
 
+absl::Status ShardingRuntime::Impl::CheckAllReduced(int u, absl::string_view what) const {
+  if (!schedule->replica_pending(u)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": unit '", units[u].name,
+      "' holds gradients reduced inside its shard group but not yet across the replicas "
+      "(requires_all_reduce was off in every backward since the last step); run the last "
+      "micro-batch's backward with set_requires_all_reduce(true)"));
+}
+
 absl::Status ShardingRuntime::Impl::CheckStepAllowed(float lr) {
   FSDP_RETURN_IF_ERROR(CheckUsable("Step"));
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
@@ -431,6 +454,7 @@ absl::Status ShardingRuntime::Impl::CheckStepAllowed(float lr) {
           "' holds gradients accumulated with sync_gradients off that were never reduced; "
           "run the last micro-batch's backward with sync_gradients on")));
     }
+    FSDP_RETURN_IF_ERROR(Fail(CheckAllReduced(u, "Step()")));
   }
   if (passes_since_step == 0) {
     return Fail(absl::FailedPreconditionError(
@@ -552,6 +576,10 @@ void ShardingRuntime::Impl::CloseStep(StepStats& stats) {
 
 void ShardingRuntime::set_sync_gradients(bool sync) { impl_->sync_gradients = sync; }
 bool ShardingRuntime::sync_gradients() const { return impl_->sync_gradients; }
+void ShardingRuntime::set_requires_all_reduce(bool all_reduce) {
+  impl_->requires_all_reduce = all_reduce;
+}
+bool ShardingRuntime::requires_all_reduce() const { return impl_->requires_all_reduce; }
 int ShardingRuntime::num_units() const { return static_cast<int>(impl_->units.size()); }
 const std::vector<TensorSlot>& ShardingRuntime::unit_tensors(int u) const {
   return impl_->units.at(u).slots;
@@ -603,6 +631,7 @@ absl::Status ShardingRuntime::GatherUnitGradient(int u, float* out) {
         "GatherUnitGradient: no backward pass since the last step, so there is no gradient; "
         "call it between FinishBackward() and Step()");
   }
+  FSDP_RETURN_IF_ERROR(m.CheckAllReduced(u, "GatherUnitGradient"));
   FSDP_RETURN_IF_ERROR(m.GatherToHost(*unit, unit->grad_shard, "GatherUnitGradient", out));
   const double k = static_cast<double>(m.passes_since_step) * m.scaler.scale();
   for (int64_t i = 0; i < unit->layout.numel; ++i) out[i] = static_cast<float>(out[i] / k);

@@ -33,6 +33,39 @@ absl::StatusOr<ShardingStrategy> ParseStrategy(std::string_view name) {
       "'; use FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP"));
 }
 
+std::string_view AccumulationName(Accumulation a) {
+  switch (a) {
+    case Accumulation::kNoSync: return "no_sync";
+    case Accumulation::kSharded: return "sharded";
+    case Accumulation::kEvery: return "every";
+  }
+  return "?";
+}
+
+absl::StatusOr<Accumulation> ParseAccumulation(std::string_view name) {
+  std::string n = absl::AsciiStrToLower(absl::string_view(name.data(), name.size()));
+  std::replace(n.begin(), n.end(), '-', '_');
+  for (auto a : {Accumulation::kNoSync, Accumulation::kSharded, Accumulation::kEvery}) {
+    if (n == AccumulationName(a)) return a;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown accumulation mode '", std::string(name),
+      "'; use no_sync (whole gradients held until the last micro-batch), sharded (reduce-scatter "
+      "every micro-batch, all-reduce across replicas in the last) or every"));
+}
+
+MicroBatchSwitches AccumulationSwitches(Accumulation mode, int micro_batch, int micro_batches) {
+  const bool last = micro_batch + 1 >= micro_batches;
+  return {mode != Accumulation::kNoSync || last, mode != Accumulation::kSharded || last};
+}
+
+void ConfigureMicroBatch(ShardingRuntime& rt, Accumulation mode, int micro_batch,
+                         int micro_batches) {
+  const MicroBatchSwitches s = AccumulationSwitches(mode, micro_batch, micro_batches);
+  rt.set_sync_gradients(s.sync_gradients);
+  rt.set_requires_all_reduce(s.requires_all_reduce);
+}
+
 namespace internal {
 
 absl::StatusOr<MeshShape> StrategyMesh(const ShardingOptions& options, int world_size) {
@@ -57,4 +90,15 @@ absl::StatusOr<MeshShape> StrategyMesh(const ShardingOptions& options, int world
 }
 
 }  // namespace internal
+absl::Status CheckCommunicationOptions(const CommunicationOptions& c) {
+  if (c.all_gather == WireFormat::kDType) return absl::OkStatus();
+  const int b = c.block_size;
+  if (b < 16 || b > 65536 || (b & (b - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communication.block_size is ", b, "; allowed: a power of two from 16 to 65536 "
+        "(elements per f32 scale; 256 is DeepSpeed's default)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace fsdp

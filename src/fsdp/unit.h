@@ -123,6 +123,9 @@ struct Unit {
   std::vector<std::pair<int64_t, int64_t>> frozen;  // flat ranges without gradient
   Accounted param_shard, grad_shard;
   Accounted gathered;    // padded unit parameters in param_dtype while gathered
+  // A quantized all-gather (CommunicationOptions): this rank's shard as codes and scales (from
+  // Finalize on), and the shard group's, gathered, until they are decoded into `gathered`.
+  Accounted quantized_shard, quantized_gathered;
   Accounted full_grad;   // padded unit gradient (f32), from PreBackward until reduced
   Accounted lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
   Accounted reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)

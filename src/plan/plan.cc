@@ -44,6 +44,7 @@ constexpr int kEmptyEvent = -1;  // Event(): complete (the CPU backend's Record)
 struct SimUnit {
   int64_t numel = 0, shard_numel = 0, padded_numel = 0;
   Buf gathered, full_grad, lowp_grad, reduced;
+  Buf quantized_gathered;  // the shard group's codes and scales, until decoded
   int gather_event = kEmptyEvent;
   int reduce_event = kEmptyEvent;
 };
@@ -67,15 +68,23 @@ class Replay {
   void Finalize() {
     for (SimUnit& u : units_) {
       Keep(Alloc(kParams, u.shard_numel * 4));
+      if (quantized()) Keep(Alloc(kParams, Chunk(u).bytes()));
       Keep(Alloc(kGrads, u.shard_numel * 4));
       const int states = o_.optimizer == OptimizerKind::kAdamW ? 2 : o_.sgd_momentum ? 1 : 0;
       for (int i = 0; i < states; ++i) Keep(Alloc(kOptimizer, u.shard_numel * 4));
     }
   }
 
-  // One micro-batch and the optimizer step, with the hooks in ShardedModel's order. (The
+  // The micro-batches and the optimizer step, with the hooks in ShardedModel's order. (The
   // replay's executor never fails: its functions return OK.)
   void TrainStep() {
+    for (int j = 0; j < o_.micro_batches; ++j) {
+      MicroBatch(AccumulationSwitches(o_.accumulation, j, o_.micro_batches));
+    }
+    Step();
+  }
+
+  void MicroBatch(const MicroBatchSwitches& sw) {
     const int n = static_cast<int>(units_.size());
     schedule_.PreForward(0).IgnoreError();
     for (int u = 1; u < n; ++u) {
@@ -86,11 +95,10 @@ class Replay {
     schedule_.PreBackward(0).IgnoreError();
     for (int u = n - 1; u >= 1; --u) {
       schedule_.PreBackward(u).IgnoreError();
-      schedule_.PostBackward(u, /*sync=*/true).IgnoreError();
+      schedule_.PostBackward(u, sw.sync_gradients, sw.requires_all_reduce).IgnoreError();
     }
-    schedule_.PostBackward(0, /*sync=*/true).IgnoreError();
+    schedule_.PostBackward(0, sw.sync_gradients, sw.requires_all_reduce).IgnoreError();
     schedule_.FinishBackward().IgnoreError();
-    Step();
   }
 
   const Gauge& gauge(Category c) const { return gauges_[c]; }
@@ -112,6 +120,7 @@ class Replay {
     unit.gathered =
         Alloc(kGathered, unit.padded_numel * static_cast<int64_t>(DTypeSize(pd())));
     if (S_ == 1) return absl::OkStatus();
+    if (quantized()) unit.quantized_gathered = Alloc(kGathered, Chunk(unit).bytes() * S_);
     unit.gather_event = NewCollective();
     return absl::OkStatus();
   }
@@ -120,6 +129,9 @@ class Replay {
     if (unit.gather_event == kEmptyEvent) return absl::OkStatus();
     Wait(unit.gather_event);
     unit.gather_event = kEmptyEvent;
+    // Decoded on the compute stream, then given back (DecodeGathered).
+    if (unit.quantized_gathered.allocated()) PendingAdd(unit.quantized_gathered, {kEmptyEvent});
+    unit.quantized_gathered = Buf{};
     return absl::OkStatus();
   }
   void FreeGathered(int u) {
@@ -127,6 +139,8 @@ class Replay {
     if (!unit.gathered.allocated()) return;
     std::vector<int> users = {kEmptyEvent};
     if (unit.gather_event != kEmptyEvent) users.push_back(unit.gather_event);
+    if (unit.quantized_gathered.allocated()) PendingAdd(unit.quantized_gathered, users);
+    unit.quantized_gathered = Buf{};
     PendingAdd(unit.gathered, std::move(users));
     unit.gather_event = kEmptyEvent;
   }
@@ -160,7 +174,8 @@ class Replay {
     return absl::OkStatus();
   }
   absl::Status ReductionStatus(int /*u*/) { return absl::OkStatus(); }
-  absl::Status AdvanceReduction(int u, internal::Reduction stage, bool to_replicas) {
+  absl::Status AdvanceReduction(int u, internal::Reduction stage, bool to_replicas,
+                                bool with_accumulated) {
     SimUnit& unit = units_[u];
     if (stage == internal::Reduction::kShardGroup && S_ > 1) {
       PendingAdd(unit.full_grad, {unit.reduce_event});
@@ -171,6 +186,11 @@ class Replay {
       return absl::OkStatus();
     }
     Wait(unit.reduce_event);  // the comm stream waits for the reduce-scatter
+    if (with_accumulated && rd() != DType::kF32) {
+      // FoldAccumulatedShard: the reduced shard widened to f32 while the gradient shard joins it.
+      Buf wide = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
+      PendingAdd(wide, {kEmptyEvent});
+    }
     unit.reduce_event = NewCollective();
     return absl::OkStatus();
   }
@@ -197,6 +217,13 @@ class Replay {
     return so;
   }
   DType pd() const { return o_.param_dtype; }
+  // ShardingRuntime::Impl::quantized_gather() and QuantizedChunk().
+  bool quantized() const {
+    return o_.communication.all_gather != WireFormat::kDType && S_ > 1;
+  }
+  QuantizedLayout Chunk(const SimUnit& u) const {
+    return {u.shard_numel, o_.communication.block_size};
+  }
   DType rd() const { return o_.reduce_dtype; }
 
   // ---- the memory book ------------------------------------------------------------------------
@@ -365,6 +392,13 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   if (o.max_prefetch_units < 0) {
     return Invalid(absl::StrCat("max_prefetch_units must be >= 0 (0 disables prefetching), got ",
                                 o.max_prefetch_units));
+  }
+  if (o.micro_batches < 1 || o.micro_batches > kMaxPlanMicroBatches) {
+    return Invalid(absl::StrCat("micro_batches must be 1 to ", kMaxPlanMicroBatches, ", got ",
+                                o.micro_batches));
+  }
+  if (absl::Status c = CheckCommunicationOptions(o.communication); !c.ok()) {
+    return Invalid(std::string(c.message()));
   }
   if (o.device_memory_bytes < 0) {
     return Invalid(absl::StrCat("device memory must be >= 0 bytes (0 = unknown), got ",

@@ -518,6 +518,66 @@ TEST_F(CudaKernelsEmulated, AdamWAndSgd) {
   }
 }
 
+// Block quantization, codes, scales and decoded values the CPU's bit for bit (NaN where the
+// CPU has NaN): blocks of very different magnitudes, a short last block, a zero block, an inf
+// block and a NaN block followed by larger values.
+// Bit for bit, except that any NaN matches any NaN (payloads are the hardware's).
+::testing::AssertionResult SameOrNaN(const Vec& got, const Vec& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size differs";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      return ::testing::AssertionFailure() << "element " << i << " of " << got.size()
+                                           << ": emulated " << got[i] << ", cpu " << want[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CudaKernelsEmulated, QuantizeAndDequantizeBlocks) {
+  struct Case {
+    int64_t n, block;
+  };
+  for (const Case& c : {Case{1000, 16}, Case{777, 256}}) {
+    SCOPED_TRACE("n=" + std::to_string(c.n) + " block=" + std::to_string(c.block));
+    Vec x = Rand(c.n);
+    for (int64_t i = 0; i < c.n; ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i / 64 % 40) - 20);
+    if (c.n >= 64) {
+      for (int64_t i = 0; i < 16; ++i) x[i] = 0.0f;
+      x[20] = INFINITY;
+      x[33] = NAN;
+      x[34] = 1e30f;
+    }
+    const int64_t blocks = (c.n + c.block - 1) / c.block;
+    for (int format : {1, 2}) {
+      SCOPED_TRACE(format == 1 ? "int8" : "fp8");
+      const fsdp::WireFormat f = static_cast<fsdp::WireFormat>(format);
+      std::vector<uint8_t> gc(c.n, 0xcd), cc(c.n);
+      Vec gs(blocks, -1.0f), cs(blocks);
+      gpu::quantize_blocks(nullptr, gc.data(), gs.data(), x.data(), c.n, c.block, format);
+      cpu::quantize_blocks(cc.data(), cs.data(), x.data(), c.n, c.block, f);
+      EXPECT_TRUE(Same(gc, cc));
+      EXPECT_TRUE(SameOrNaN(gs, cs));
+      Vec g32(c.n), c32(c.n);
+      gpu::dequantize_blocks(nullptr, g32.data(), 0, cc.data(), cs.data(), c.n, c.block, format);
+      cpu::dequantize_blocks(c32.data(), fsdp::DType::kF32, cc.data(), cs.data(), c.n, c.block, f);
+      EXPECT_TRUE(SameOrNaN(g32, c32));
+      for (int d : {1, 2}) {
+        const fsdp::DType dt = d == 1 ? fsdp::DType::kBF16 : fsdp::DType::kF16;
+        std::vector<uint16_t> g16(c.n), c16(c.n);
+        gpu::dequantize_blocks(nullptr, g16.data(), d, cc.data(), cs.data(), c.n, c.block, format);
+        cpu::dequantize_blocks(c16.data(), dt, cc.data(), cs.data(), c.n, c.block, f);
+        Vec gw(c.n), cw(c.n);
+        for (int64_t i = 0; i < c.n; ++i) {
+          gw[i] = d == 1 ? fsdp::Bf16ToFloat(g16[i]) : fsdp::F16ToFloat(g16[i]);
+          cw[i] = d == 1 ? fsdp::Bf16ToFloat(c16[i]) : fsdp::F16ToFloat(c16[i]);
+        }
+        EXPECT_TRUE(SameOrNaN(gw, cw));
+      }
+    }
+  }
+}
+
 TEST_F(CudaKernelsEmulated, SumSquaresAndMean) {
   for (int64_t n : {0, 1, 1000, 70000}) {
     SCOPED_TRACE("n=" + std::to_string(n));

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/bench.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/bench/cli_util.h"
 #include "tests/sanitizer.h"
@@ -148,6 +149,82 @@ TEST(ProjectStep, HybridAllReducesAcrossHosts) {
     }
     EXPECT_EQ(all_reduces, 3);
   }
+}
+
+// K micro-batches per step, through the same schedule as the runtime (collective_counts_test
+// counts the runtime's): no_sync reduces once, "sharded" reduce-scatters every micro-batch and
+// all-reduces across replicas once, "every" does both every time. Compute is K micro-batches'
+// plus one optimizer step, and the tokens are K micro-batches'.
+// A quantized all-gather carries each rank's codes (its 200 elements, one byte each) and scales
+// (one f32 per block of 64: 4 blocks) instead of 200 f32: 216 bytes a rank instead of 800, so
+// on a link of 800 bytes/s each gather takes 0.27 s instead of 1 s and the step gets shorter.
+TEST(ProjectStep, QuantizedAllGatherCarriesCodesAndScales) {
+  const StepProfile profile = TwoBlocks();
+  double step_s[2] = {0, 0};
+  for (WireFormat f : {WireFormat::kDType, WireFormat::kInt8}) {
+    ProjectionRun run = MakeRun(ShardingStrategy::kFullShard, 2, false);
+    run.communication.all_gather = f;
+    run.communication.block_size = 64;
+    absl::StatusOr<Projection> p = ProjectStep(profile, OneSecondPerUnit(), run);
+    ASSERT_TRUE(p.ok()) << p.status();
+    int gathers = 0;
+    for (const ProjectedCollective& c : p->collectives) {
+      if (c.kind != "all_gather" || c.unit < 0) continue;
+      ++gathers;
+      EXPECT_EQ(c.bytes, f == WireFormat::kDType ? 1600 : 2 * 216) << "unit " << c.unit;
+      EXPECT_NEAR(c.end_s - c.start_s, f == WireFormat::kDType ? 1.0 : 0.27, 1e-9);
+    }
+    EXPECT_GT(gathers, 0);
+    step_s[f == WireFormat::kInt8] = p->step_s;
+  }
+  EXPECT_LT(step_s[1], step_s[0]);
+  ProjectionRun bad = MakeRun(ShardingStrategy::kFullShard, 2, false);
+  bad.communication.all_gather = WireFormat::kFp8E4M3;
+  bad.communication.block_size = 7;
+  EXPECT_THAT(std::string(ProjectStep(profile, OneSecondPerUnit(), bad).status().message()),
+              ::testing::HasSubstr("communication.block_size is 7"));
+}
+
+TEST(ProjectStep, MicroBatchesAccumulateAsTheModeSays) {
+  LinkSpec l;
+  l.ranks_per_host = 2;
+  l.inter_bytes_per_s = 448;
+  const StepProfile profile = TwoBlocks();
+  constexpr int kUnits = 3, kMicro = 4;
+  struct Want {
+    Accumulation mode;
+    int reduce_scatters, all_reduces;
+  };
+  double sharded_s = 0, every_s = 0;
+  for (Want w : {Want{Accumulation::kNoSync, kUnits, kUnits},
+                 Want{Accumulation::kSharded, kMicro * kUnits, kUnits},
+                 Want{Accumulation::kEvery, kMicro * kUnits, kMicro * kUnits}}) {
+    SCOPED_TRACE(std::string(AccumulationName(w.mode)));
+    ProjectionRun run = MakeRun(ShardingStrategy::kHybridShard, 4, true);
+    run.micro_batches = kMicro;
+    run.accumulation = w.mode;
+    absl::StatusOr<Projection> p = ProjectStep(profile, l, run);
+    ASSERT_TRUE(p.ok()) << p.status();
+    int reduce_scatters = 0, all_reduces = 0;
+    for (const ProjectedCollective& c : p->collectives) {
+      reduce_scatters += c.kind == "reduce_scatter";
+      all_reduces += c.kind == "all_reduce";
+    }
+    EXPECT_EQ(reduce_scatters, w.reduce_scatters);
+    EXPECT_EQ(all_reduces, w.all_reduces);
+    EXPECT_NEAR(p->compute_s, profile.compute_s() + (kMicro - 1) * (profile.compute_s() -
+                                                                     profile.optimizer_s -
+                                                                     profile.after_optimizer_s),
+                1e-9);
+    (w.mode == Accumulation::kSharded ? sharded_s : every_s) = p->step_s;
+  }
+  // Three fewer all-reduces of 2 s each across the hosts.
+  EXPECT_LT(sharded_s, every_s);
+  ProjectionRun bad = MakeRun(ShardingStrategy::kHybridShard, 4, true);
+  bad.micro_batches = 0;
+  absl::StatusOr<Projection> p = ProjectStep(profile, l, bad);
+  EXPECT_NE(p.status().message().find("micro_batches=0: allowed: 1 to 1024"), std::string::npos)
+      << p.status();
 }
 
 // ---- the bytes of every group shape ---------------------------------------------------------

@@ -68,7 +68,8 @@ struct CountCase {
   int world = 2;
   int hybrid_shard = 0;    // S of the HYBRID strategies
   int prefetch = 1;        // 0: forward_prefetch and backward_prefetch off; else max_prefetch_units
-  int micro_batches = 1;   // > 1: no_sync until the last one
+  int micro_batches = 1;   // > 1: accumulated as `accumulation` says
+  Accumulation accumulation = Accumulation::kNoSync;
   bool checkpoint = false; // checkpoint_every = 1: every block recomputed in backward
   int layers = 4;          // L blocks of nano's width: U = L + 1 units with the root
 };
@@ -79,6 +80,9 @@ inline std::string CountCaseName(const CountCase& c) {
   if (c.hybrid_shard > 0) absl::StrAppend(&name, "_S", c.hybrid_shard);
   absl::StrAppend(&name, c.prefetch == 0 ? "_noprefetch" : absl::StrCat("_prefetch", c.prefetch),
                   "_accum", c.micro_batches, c.checkpoint ? "_ckpt" : "");
+  if (c.accumulation != Accumulation::kNoSync) {
+    absl::StrAppend(&name, "_", std::string(AccumulationName(c.accumulation)));
+  }
   return name;
 }
 
@@ -121,17 +125,21 @@ inline GroupsIssued ExpectedForward(const CountCase& c, int units) {
 //   the last and frees it.
 // - shard-group reduce-scatters: U on a backward with sync on when S > 1, else 0.
 // - replicate-group all-reduces: U on a backward with sync on when R > 1, else 0 (NO_SHARD:
-//   the unsharded gradient; HYBRID: the shard the reduce-scatter produced, once per unit).
+//   the unsharded gradient; HYBRID: the shard the reduce-scatter produced, once per unit),
+//   except HYBRID (S > 1) with requires_all_reduce off: 0, the shards accumulate until a
+//   backward with it on, whose U all-reduces carry them.
 // - with sync off (no_sync): no reduction at all, on any group; the gradients accumulate.
 inline GroupsIssued ExpectedBackward(const CountCase& c, int units, bool first_backward,
-                                     bool sync) {
+                                     bool sync, bool all_reduce = true) {
   GroupsIssued e;
   if (ShardSize(c) > 1 && ReshardsAfterForward(c)) {
     e.shard.all_gather = first_backward ? units - 1 : units - 2;
   }
   if (sync) {
     if (ShardSize(c) > 1) e.shard.reduce_scatter = units;
-    if (ReplicaCount(c) > 1) e.replicate.all_reduce = units;
+    if (ReplicaCount(c) > 1 && (all_reduce || ShardSize(c) == 1)) {
+      e.replicate.all_reduce = units;
+    }
   }
   return e;
 }
@@ -180,8 +188,8 @@ inline absl::Status CheckCollectiveCounts(Communicator& comm, const CountCase& c
     const GroupsIssued at_step = IssuedBy(rt);
     GroupsIssued want_step;
     for (int j = 0; j < c.micro_batches; ++j) {
-      const bool sync = j + 1 == c.micro_batches;
-      rt.set_sync_gradients(sync);
+      ConfigureMicroBatch(rt, c.accumulation, j, c.micro_batches);
+      const bool sync = rt.sync_gradients();
       nn::Batch b = RankBatch(spec, comm.rank(), comm.size(), s, j);
       const std::string where = absl::StrCat(name, " step ", s, " micro-batch ", j,
                                              sync ? "" : " (no_sync)");
@@ -191,7 +199,8 @@ inline absl::Status CheckCollectiveCounts(Communicator& comm, const CountCase& c
       FSDP_RETURN_IF_ERROR(model->Backward());
       const GroupsIssued after_backward = IssuedBy(rt);
       const GroupsIssued fwd = ExpectedForward(c, units);
-      const GroupsIssued bwd = ExpectedBackward(c, units, first_backward, sync);
+      const GroupsIssued bwd =
+          ExpectedBackward(c, units, first_backward, sync, rt.requires_all_reduce());
       ExpectIssued(after_forward - before, fwd, where + " forward");
       ExpectIssued(after_backward - after_forward, bwd, where + " backward");
       want_step = want_step + fwd + bwd;

@@ -1,8 +1,9 @@
 // The collectives each forward, backward and Step() issues, per group, for every strategy,
-// prefetch depth (off, 1, 2), accumulation mode (1 micro-batch; 4 with no_sync until the last)
-// and activation checkpointing setting (off, every block), counted by the communicators
-// themselves (tests/fsdp/collective_counts.h has the formulas). Ranks as threads on the CPU
-// backend, whose data plane is the groups' own communicators.
+// prefetch depth (off, 1, 2), accumulation mode (1 micro-batch; 4 with no_sync until the last;
+// 4 reduce-scattered each, all-reduced across replicas in the last) and activation
+// checkpointing setting (off, every block), counted by the communicators themselves
+// (tests/fsdp/collective_counts.h has the formulas). Ranks as threads on the CPU backend, whose
+// data plane is the groups' own communicators.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -52,6 +53,17 @@ std::vector<CountCase> AllCases() {
         }
       }
     }
+  }
+  // Gradients reduce-scattered every micro-batch: HYBRID all-reduces across replicas only in
+  // the last one; without replicas each micro-batch reduces as with one.
+  for (const Mesh& m : meshes) {
+    CountCase c;
+    c.strategy = m.strategy;
+    c.world = m.world;
+    c.hybrid_shard = m.hybrid_shard;
+    c.micro_batches = 4;
+    c.accumulation = Accumulation::kSharded;
+    out.push_back(c);
   }
   return out;
 }

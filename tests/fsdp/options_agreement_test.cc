@@ -47,6 +47,7 @@ void Hybrid(ShardingOptions& o) {
   o.hybrid_shard_size = 2;
 }
 void Dynamic(ShardingOptions& o) { o.mixed_precision.dynamic_loss_scale = true; }
+void Int8(ShardingOptions& o) { o.communication.all_gather = WireFormat::kInt8; }
 void Sgd(ShardingOptions& o) {
   o.optimizer = OptimizerKind::kSgd;
   o.sgd.momentum = 0.9f;
@@ -90,6 +91,10 @@ const OptionField kFields[] = {
      [](ShardingOptions& o) { o.mixed_precision.backoff_factor = 0.25f; }},
     {"growth_interval", "MixedPrecision", Dynamic,
      [](ShardingOptions& o) { o.mixed_precision.growth_interval = 100; }},
+    {"communication.all_gather", "CommunicationOptions", Defaults,
+     [](ShardingOptions& o) { o.communication.all_gather = WireFormat::kFp8E4M3; }},
+    {"communication.block_size", "CommunicationOptions", Int8,
+     [](ShardingOptions& o) { o.communication.block_size = 64; }},
     {"adamw.lr", "AdamWOptions", Defaults, [](ShardingOptions& o) { o.adamw.lr = 1e-3f; }},
     {"adamw.beta1", "AdamWOptions", Defaults, [](ShardingOptions& o) { o.adamw.beta1 = 0.8f; }},
     {"adamw.beta2", "AdamWOptions", Defaults, [](ShardingOptions& o) { o.adamw.beta2 = 0.99f; }},
@@ -120,9 +125,10 @@ std::set<std::string> Names(const ShardingOptions& o) {
 TEST(ShardingOptionsAgreementTest, EveryFieldIsInTheComparedSettings) {
   const char* add = "a field was added: compare it in internal::ShardingOptionSettings "
                     "(src/fsdp/rank_agreement.cc) and add it to kFields here";
-  // The plain fields, and the three structs inside: adamw, sgd, mixed_precision.
-  EXPECT_EQ(FieldCount<ShardingOptions>(), FieldsOf("ShardingOptions") + 3) << add;
+  // The plain fields, and the four structs inside: adamw, sgd, mixed_precision, communication.
+  EXPECT_EQ(FieldCount<ShardingOptions>(), FieldsOf("ShardingOptions") + 4) << add;
   EXPECT_EQ(FieldCount<MixedPrecision>(), FieldsOf("MixedPrecision")) << add;
+  EXPECT_EQ(FieldCount<CommunicationOptions>(), FieldsOf("CommunicationOptions")) << add;
   EXPECT_EQ(FieldCount<AdamWOptions>(), FieldsOf("AdamWOptions")) << add;
   EXPECT_EQ(FieldCount<SgdOptions>(), FieldsOf("SgdOptions")) << add;
   // The names the runtime emits, over the options that bring every field into play, are the

@@ -25,7 +25,8 @@ struct TrainSpec {
   int batch_size = 2;  // per rank and micro-batch
   int seq_len = 32;
   int steps = 20;
-  int micro_batches = 1;  // > 1: accumulate with sync off until the last one
+  int micro_batches = 1;  // > 1: accumulate as `accumulation` says
+  Accumulation accumulation = Accumulation::kNoSync;
   float lr = 1e-3f;
   float max_grad_norm = 0.5f;
   std::vector<std::string> frozen;
@@ -97,7 +98,7 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
   for (int s = 0; s < spec.steps; ++s) {
     double loss_sum = 0;
     for (int j = 0; j < spec.micro_batches; ++j) {
-      model->runtime().set_sync_gradients(j + 1 == spec.micro_batches);
+      ConfigureMicroBatch(model->runtime(), spec.accumulation, j, spec.micro_batches);
       nn::Batch b = RankBatch(spec, comm.rank(), comm.size(), s, j);
       FSDP_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(b.inputs.data(), b.targets.data()));
       loss_sum += loss;

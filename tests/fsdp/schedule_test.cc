@@ -59,10 +59,10 @@ class FakeExec {
     return absl::OkStatus();
   }
   absl::Status ReductionStatus(int) { return absl::OkStatus(); }
-  absl::Status AdvanceReduction(int u, Reduction stage, bool to_replicas) {
+  absl::Status AdvanceReduction(int u, Reduction stage, bool to_replicas, bool with_accumulated) {
     if (to_replicas) {
       reduce_[u] = kInFlight;
-      Log("replica-reduce", u);
+      Log(with_accumulated ? "replica-reduce+accumulated" : "replica-reduce", u);
     } else {
       reduce_[u] = kNone;
       Log(stage == Reduction::kShardGroup ? "land" : "land-replica", u);
@@ -111,7 +111,8 @@ struct StepLog {
   std::string finish;
 };
 
-StepLog Step(UnitSchedule<FakeExec>& s, FakeExec& e, int units, bool sync = true) {
+StepLog Step(UnitSchedule<FakeExec>& s, FakeExec& e, int units, bool sync = true,
+             bool all_reduce = true) {
   StepLog log;
   e.Take();
   EXPECT_TRUE(s.PreForward(0).ok());
@@ -126,10 +127,10 @@ StepLog Step(UnitSchedule<FakeExec>& s, FakeExec& e, int units, bool sync = true
   log.backward.push_back(e.Take());
   for (int u = units - 1; u >= 1; --u) {
     EXPECT_TRUE(s.PreBackward(u).ok());
-    EXPECT_TRUE(s.PostBackward(u, sync).ok());
+    EXPECT_TRUE(s.PostBackward(u, sync, all_reduce).ok());
     log.backward.push_back(e.Take());
   }
-  EXPECT_TRUE(s.PostBackward(0, sync).ok());
+  EXPECT_TRUE(s.PostBackward(0, sync, all_reduce).ok());
   EXPECT_TRUE(s.FinishBackward().ok());
   log.finish = e.Take();
   return log;
@@ -239,6 +240,37 @@ TEST(UnitScheduleTest, HybridMovesReductionsToTheReplicas) {
   Step(d, device, 3);
   const StepLog dl = Step(d, device, 3);
   EXPECT_EQ(dl.backward[1], "use 2,grad 2,free 2,reduce 2,replica-reduce 2");
+}
+
+// HYBRID without the replica all-reduce (requires_all_reduce off): each backward reduces in
+// the shard group and lands the shard; the next backward with it on carries what landed.
+TEST(UnitScheduleTest, HybridAccumulatesShardsAndAllReducesOnce) {
+  for (bool host : {true, false}) {
+    SCOPED_TRACE(host ? "host" : "device");
+    FakeExec e(3, host);
+    auto s = Make(&e, Opts(ShardingStrategy::kHybridShard, 1, 2, 2), 3);
+    Step(s, e, 3);
+    for (int micro = 0; micro < 2; ++micro) {
+      const StepLog log = Step(s, e, 3, /*sync=*/true, /*all_reduce=*/false);
+      std::string all = log.finish;
+      for (const std::string& b : log.backward) all += "," + b;
+      EXPECT_EQ(all.find("replica"), std::string::npos) << all;
+      EXPECT_NE(log.finish.find("land 0"), std::string::npos) << log.finish;
+      EXPECT_TRUE(s.replica_pending(0) && s.replica_pending(1) && s.replica_pending(2));
+    }
+    e.CompleteAll();
+    const StepLog last = Step(s, e, 3);
+    EXPECT_NE(last.finish.find("replica-reduce+accumulated 0"), std::string::npos)
+        << last.finish;
+    EXPECT_NE(last.finish.find("land-replica 0"), std::string::npos) << last.finish;
+    EXPECT_EQ(last.finish.find("replica-reduce 0"), std::string::npos) << last.finish;
+    EXPECT_FALSE(s.replica_pending(0) || s.replica_pending(1) || s.replica_pending(2));
+    // Without replicas (FULL_SHARD) the switch changes nothing: the shard lands, nothing waits.
+    FakeExec f(2, host);
+    auto full = Make(&f, Opts(ShardingStrategy::kFullShard, 1, 2, 1), 2);
+    Step(full, f, 2, /*sync=*/true, /*all_reduce=*/false);
+    EXPECT_FALSE(full.replica_pending(0) || full.replica_pending(1));
+  }
 }
 
 // no_sync: backward passes accumulate locally; the last one with sync reduces.

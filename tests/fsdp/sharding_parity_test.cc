@@ -20,6 +20,7 @@ struct Case {
   int micro_batches = 1;
   Clip clip = Clip::kAlways;
   std::string model = "nano";
+  Accumulation accumulation = Accumulation::kNoSync;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
@@ -28,6 +29,9 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   s += "_N" + std::to_string(info.param.world);
   if (info.param.hybrid_shard) s += "_S" + std::to_string(info.param.hybrid_shard);
   if (info.param.micro_batches > 1) s += "_accum" + std::to_string(info.param.micro_batches);
+  if (info.param.accumulation != Accumulation::kNoSync) {
+    s += "_" + std::string(AccumulationName(info.param.accumulation));
+  }
   s += std::string("_") + ClipName(info.param.clip);
   return s;
 }
@@ -54,6 +58,7 @@ TEST_P(ParityTest, LossesAndParamsMatchSingleRankOnConcatenatedBatch) {
   TrainSpec spec;
   spec.config = c.model;
   spec.micro_batches = c.micro_batches;
+  spec.accumulation = c.accumulation;
   spec.max_grad_norm = 0;
   spec.max_grad_norm = ClipThreshold(c.clip, Reference(spec, c.world).grad_norms);
   const TrainResult& ref = Reference(spec, c.world);
@@ -96,6 +101,15 @@ std::vector<Case> AllCases() {
       out.push_back(c);
     }
   }
+  // Gradients reduce-scattered every micro-batch: HYBRID (replica all-reduce in the last only,
+  // carrying the accumulated shards), HYBRID_SHARD_GRAD_OP and FULL_SHARD.
+  for (Case c : {Case{ShardingStrategy::kHybridShard, 4, 2, 4},
+                 Case{ShardingStrategy::kHybridShardGradOp, 4, 2, 4},
+                 Case{ShardingStrategy::kFullShard, 2, 0, 4}}) {
+    c.clip = Clip::kSome;
+    c.accumulation = Accumulation::kSharded;
+    out.push_back(c);
+  }
   return out;
 }
 
@@ -123,6 +137,10 @@ std::vector<Case> LlamaCases() {
       out.push_back(c);
     }
   }
+  // HYBRID's shards accumulated over the micro-batches and all-reduced once across replicas.
+  Case sharded{ShardingStrategy::kHybridShard, 4, 2, 4, Clip::kSome, "llama-nano"};
+  sharded.accumulation = Accumulation::kSharded;
+  out.push_back(sharded);
   return out;
 }
 

@@ -596,6 +596,77 @@ TEST(ShardingHooksTest, FrameworkDrivenUnitsReduceAveragedGradients) {
   }
 }
 
+// HYBRID 2 x 2 with requires_all_reduce off until the last of 3 micro-batches: the gradient
+// Step() uses is still the mean over every rank and micro-batch (f32 and bf16 reductions, whose
+// values here are exact in bf16), both replicas hold it, and each unit crossed the replicate
+// group once (counted on a host backend; collective_counts_test counts every strategy). A Step() or GatherUnitGradient() before that all-reduce is refused, naming the
+// unit, and the runtime goes on once the last micro-batch has all-reduced.
+TEST(ShardingAccumulationTest, HybridAllReducesAccumulatedShardsOnce) {
+  constexpr int kRanks = 4, kMicro = 3, kNumel = 6;
+  for (DType rd : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(std::string(DTypeName(rd)));
+    std::vector<std::vector<float>> grads(kRanks);
+    std::vector<int64_t> replica_all_reduces(kRanks);
+    absl::Status s = LocalWorld::Run(kRanks, ShortTimeout(), [&](Communicator& comm) {
+      FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(1));
+      ShardingOptions so;
+      so.strategy = ShardingStrategy::kHybridShard;
+      so.hybrid_shard_size = 2;
+      so.mixed_precision.reduce_dtype = rd;
+      FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(backend.get(), comm, so));
+      FSDP_ASSIGN_OR_RETURN(int u, rt->RegisterUnit("a", {{"w", {kNumel}}}));
+      FSDP_RETURN_IF_ERROR(rt->Finalize(nullptr));
+      const int64_t before = rt->replicate_group().issued(CollectiveKind::kAllReduce);
+      auto micro_batch = [&](int j) -> absl::Status {
+        FSDP_RETURN_IF_ERROR(rt->PreForward(u).status());
+        FSDP_RETURN_IF_ERROR(rt->PostForward(u));
+        FSDP_ASSIGN_OR_RETURN(UnitView g, rt->PreBackward(u));
+        // Rank r, micro-batch j, element i: (r + 1) (j + 1) (i + 1).
+        std::vector<float> host(kNumel);
+        for (int i = 0; i < kNumel; ++i) host[i] = (comm.rank() + 1.0f) * (j + 1) * (i + 1);
+        FSDP_RETURN_IF_ERROR(rt->backend()->CopyFromHost(g.grads_view.Slice(0, kNumel),
+                                                         host.data()));
+        FSDP_RETURN_IF_ERROR(rt->PostBackward(u));
+        return rt->FinishBackward();
+      };
+      for (int j = 0; j + 1 < kMicro; ++j) {
+        ConfigureMicroBatch(*rt, Accumulation::kSharded, j, kMicro);
+        FSDP_RETURN_IF_ERROR(micro_batch(j));
+      }
+      std::vector<float> early(kNumel);
+      EXPECT_THAT(rt->GatherUnitGradient(u, early.data()).message(),
+                  HasSubstr("unit 'a' holds gradients reduced inside its shard group but not "
+                            "yet across the replicas"));
+      ConfigureMicroBatch(*rt, Accumulation::kSharded, kMicro - 1, kMicro);
+      EXPECT_TRUE(rt->requires_all_reduce());
+      FSDP_RETURN_IF_ERROR(micro_batch(kMicro - 1));
+      // A host backend's data plane is the groups' communicators, which count what they issue.
+      replica_all_reduces[comm.rank()] =
+          backend->is_host() ? rt->replicate_group().issued(CollectiveKind::kAllReduce) - before
+                             : 1;
+      grads[comm.rank()].resize(kNumel);
+      FSDP_RETURN_IF_ERROR(rt->GatherUnitGradient(u, grads[comm.rank()].data()));
+      FSDP_RETURN_IF_ERROR(rt->Step(0.1f).status());
+      // No all-reduce before Step(): it refuses and fails the runtime and its groups, so a rank
+      // still in the micro-batch's collectives gets the first rank's refusal there.
+      rt->set_requires_all_reduce(false);
+      const absl::Status last = micro_batch(0);
+      EXPECT_THAT(last.ok() ? rt->Step(0.1f).status().message() : last.message(),
+                  HasSubstr("run the last micro-batch's backward with "
+                            "set_requires_all_reduce(true)"));
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    // The mean over ranks of r + 1 is 2.5, over micro-batches of j + 1 is 2.
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(replica_all_reduces[r], 1) << "rank " << r;
+      for (int i = 0; i < kNumel; ++i) {
+        EXPECT_EQ(grads[r][i], 2.5f * 2.0f * (i + 1)) << "rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
 // Mixed precision at the hooks: parameters gathered in bf16 (the fp32 master shard rounded),
 // gradients reduced in bf16, fp32 master updated; f16 dynamic loss scaling skips a step with
 // an inf on one rank on every rank and backs off.

@@ -56,6 +56,9 @@ struct Case {
   int batch = 1;
   int seq = 32;
   int prefetch = 1;
+  int micro_batches = 1;
+  Accumulation accumulation = Accumulation::kNoSync;
+  CommunicationOptions communication;
   // Explicit sizes instead of the bundled model's (model is then only a label).
   std::optional<nn::ModelConfig> config;
   // How long every transfer between two ranks takes at least (CommOptions::link_latency).
@@ -67,7 +70,16 @@ struct Case {
                         std::string(DTypeName(param_dtype)), " reduce ",
                         std::string(DTypeName(reduce_dtype)),
                         checkpoint_every > 0 ? absl::StrCat(" ckpt every ", checkpoint_every) : "",
-                        " B=", batch, " T=", seq, " prefetch ", prefetch);
+                        " B=", batch, " T=", seq, " prefetch ", prefetch,
+                        micro_batches > 1
+                            ? absl::StrCat(" ", micro_batches, " micro-batches ",
+                                           std::string(AccumulationName(accumulation)))
+                            : "",
+                        communication.all_gather != WireFormat::kDType
+                            ? absl::StrCat(" all-gather ",
+                                           std::string(WireFormatName(communication.all_gather)),
+                                           " block ", communication.block_size)
+                            : "");
   }
   PlanRequest Request() const {
     PlanRequest r;
@@ -82,6 +94,9 @@ struct Case {
     r.seq_len = seq;
     r.max_prefetch_units = prefetch;
     r.forward_prefetch = r.backward_prefetch = prefetch > 0;
+    r.micro_batches = micro_batches;
+    r.accumulation = accumulation;
+    r.communication = communication;
     r.config = config;
     return r;
   }
@@ -113,6 +128,7 @@ absl::StatusOr<std::vector<MemoryReport>> Measure(const Case& c) {
     o.sharding.mixed_precision.param_dtype = c.param_dtype;
     o.sharding.mixed_precision.reduce_dtype = c.reduce_dtype;
     o.sharding.max_prefetch_units = c.prefetch;
+    o.sharding.communication = c.communication;
     o.sharding.forward_prefetch = o.sharding.backward_prefetch = c.prefetch > 0;
     o.batch_size = c.batch;
     o.seq_len = c.seq;
@@ -126,7 +142,10 @@ absl::StatusOr<std::vector<MemoryReport>> Measure(const Case& c) {
         in[i] = (i * 7 + step * 3 + comm.rank()) % config.vocab_size();
         tgt[i] = (i * 5 + 1 + step) % config.vocab_size();
       }
-      FSDP_RETURN_IF_ERROR(model->ForwardBackward(in.data(), tgt.data()).status());
+      for (int j = 0; j < c.micro_batches; ++j) {
+        ConfigureMicroBatch(model->runtime(), c.accumulation, j, c.micro_batches);
+        FSDP_RETURN_IF_ERROR(model->ForwardBackward(in.data(), tgt.data()).status());
+      }
       FSDP_RETURN_IF_ERROR(model->Step(1e-4f).status());
     }
     out[comm.rank()] = model->memory();
@@ -339,6 +358,61 @@ TEST(PlanAgreesWithRuntime, PrefetchDepthsAndOtherShapes) {
   f16.batch = 3;
   cases.push_back(f16);
   for (const Case& c : cases) ExpectAgrees(c);
+}
+
+// Steps of 3 micro-batches in each accumulation mode: no_sync holds every unit's whole f32
+// gradient between micro-batches (its peak grows by about the model's size); sharded and every
+// hold shards only, and sharded's last all-reduce carries the accumulated shards (bf16
+// reductions: the widened shard it folds in). HYBRID 2 x 2 and FULL_SHARD on 2.
+TEST(PlanAgreesWithRuntime, MicroBatchesInEachAccumulationMode) {
+  std::vector<Case> cases;
+  for (Accumulation a : {Accumulation::kNoSync, Accumulation::kSharded, Accumulation::kEvery}) {
+    Case hybrid = Make("nano", ShardingStrategy::kHybridShard, 4, 2);
+    hybrid.micro_batches = 3;
+    hybrid.accumulation = a;
+    hybrid.param_dtype = hybrid.reduce_dtype = DType::kBF16;
+    cases.push_back(hybrid);
+    Case full = Make("llama-nano", ShardingStrategy::kFullShard, 2);
+    full.micro_batches = 3;
+    full.accumulation = a;
+    cases.push_back(full);
+  }
+  for (const Case& c : cases) ExpectAgrees(c);
+  // no_sync's peak holds the whole f32 gradient of every unit, sharded's a few units' (mini's
+  // 7 units on 2 ranks: 48.1 against 21.1 MiB).
+  PlanRequest r = Make("mini", ShardingStrategy::kFullShard, 2).Request();
+  r.micro_batches = 3;
+  const int64_t no_sync = PlanMemory(r)->grad_buffer_peak_bytes;
+  r.accumulation = Accumulation::kSharded;
+  const int64_t sharded = PlanMemory(r)->grad_buffer_peak_bytes;
+  const int64_t whole = 4 * nn::ModelConfig::FromName("mini")->num_parameters();
+  EXPECT_GE(no_sync, whole);
+  EXPECT_LT(sharded, no_sync - whole / 2) << "no_sync " << no_sync;
+  r.micro_batches = 0;
+  EXPECT_THAT(std::string(PlanMemory(r).status().message()),
+              ::testing::HasSubstr("micro_batches must be 1 to 1024, got 0"));
+}
+
+// A quantized all-gather: each rank keeps its shard's codes and scales with its parameters, and
+// holds the shard group's while a unit is gathered (int8 on FULL_SHARD 3 ranks in f32; fp8 on
+// HYBRID 2 x 2 in bf16 with two units prefetched).
+TEST(PlanAgreesWithRuntime, QuantizedAllGather) {
+  Case full = Make("nano", ShardingStrategy::kFullShard, 3);
+  full.communication.all_gather = WireFormat::kInt8;
+  full.communication.block_size = 64;
+  Case hybrid = Make("llama-nano", ShardingStrategy::kHybridShard, 4, 2);
+  hybrid.param_dtype = DType::kBF16;
+  hybrid.prefetch = 2;
+  hybrid.communication.all_gather = WireFormat::kFp8E4M3;
+  for (const Case& c : {full, hybrid}) ExpectAgrees(c);
+  PlanRequest r = full.Request();
+  const int64_t quantized = PlanMemory(r)->param_shard_bytes;
+  r.communication = {};
+  EXPECT_GT(quantized, PlanMemory(r)->param_shard_bytes);
+  r.communication.all_gather = WireFormat::kInt8;
+  r.communication.block_size = 24;
+  EXPECT_THAT(std::string(PlanMemory(r).status().message()),
+              ::testing::HasSubstr("communication.block_size is 24; allowed: a power of two"));
 }
 
 // The same 8 ranks as R x S = 2 x 4 and 4 x 2 (a shard group other than the replicate group:
