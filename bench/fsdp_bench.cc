@@ -33,6 +33,9 @@ std::string RunName(const fsdp::BenchConfig& c, int world) {
   std::string s = absl::StrCat(c.model, " ", std::string(fsdp::StrategyName(c.strategy)), " ",
                                world, world == 1 ? " rank " : " ranks ",
                                std::string(fsdp::DTypeName(c.param_dtype)));
+  if (c.communication.all_gather != fsdp::WireFormat::kDType) {
+    absl::StrAppend(&s, " all-gather ", std::string(fsdp::WireFormatName(c.communication.all_gather)));
+  }
   if (c.checkpoint_every > 0) absl::StrAppend(&s, " ckpt ", c.checkpoint_every);
   absl::StrAppend(&s, c.prefetch == 0   ? " no-prefetch"
                      : c.prefetch == 1 ? " prefetch"
@@ -47,6 +50,7 @@ fsdp::BenchConfig BaseConfig(const Args& a, const std::string& model, fsdp::DTyp
   c.config = a.configs.at(model);
   c.param_dtype = dtype;
   c.reduce_dtype = a.reduce_dtype == "same" ? dtype : FloatDTypeFlag("", a.reduce_dtype);
+  c.communication = a.communication;
   c.checkpoint_every = checkpoint;
   c.batch_size = a.batch;
   c.seq_len = a.seq;
@@ -207,7 +211,8 @@ void PrintPasses(const std::vector<fsdp::BenchResult>& rs, int passes) {
   auto key = [](const fsdp::BenchResult& r) {
     return absl::StrCat(r.model, "|", r.strategy, "|", r.world_size, "|", r.hybrid_shard_size, "|",
                         std::string(fsdp::DTypeName(r.param_dtype)), "|",
-                        std::string(fsdp::DTypeName(r.reduce_dtype)), "|", r.checkpoint_every, "|",
+                        std::string(fsdp::DTypeName(r.reduce_dtype)), "|",
+                        std::string(fsdp::WireFormatName(r.all_gather)), "|", r.checkpoint_every, "|",
                         r.prefetch);
   };
   std::vector<std::string> order;

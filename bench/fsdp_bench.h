@@ -27,6 +27,7 @@ struct Args {
   std::vector<int> checkpoint = {0};
   std::vector<int> prefetch = {1};
   std::string reduce_dtype = "same";
+  fsdp::CommunicationOptions communication;  // --all_gather, --quant_block
   int hybrid_shard = 0, batch = 4, seq = 64, threads = 0, warmup = 2, steps = 5, repeat = 1;
   double link_gbps = 0, link_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
   double comm_to_compute = 0;  // > 0: each run's link set from its compute (--comm_to_compute)

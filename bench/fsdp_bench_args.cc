@@ -50,6 +50,8 @@ FSDP_BENCH_OPTION(dtypes);
 FSDP_BENCH_OPTION(checkpoint);
 FSDP_BENCH_OPTION(prefetch);
 FSDP_BENCH_OPTION(reduce_dtype);
+FSDP_BENCH_OPTION(all_gather);
+FSDP_BENCH_OPTION(quant_block);
 FSDP_BENCH_OPTION(hybrid_shard);
 FSDP_BENCH_OPTION(batch);
 FSDP_BENCH_OPTION(seq);
@@ -99,6 +101,8 @@ const std::vector<std::pair<const char*, absl::Flag<std::string>*>>& Options() {
       {"checkpoint", &FLAGS_checkpoint},
       {"prefetch", &FLAGS_prefetch},
       {"reduce_dtype", &FLAGS_reduce_dtype},
+      {"all_gather", &FLAGS_all_gather},
+      {"quant_block", &FLAGS_quant_block},
       {"hybrid_shard", &FLAGS_hybrid_shard},
       {"batch", &FLAGS_batch},
       {"seq", &FLAGS_seq},
@@ -144,6 +148,11 @@ Grid:
 Each run:
   --reduce_dtype D     gradient reduction dtype: same (the parameter dtype), f32, bf16, f16
                        (default same)
+  --all_gather F       what the parameter all-gather carries: dtype (the parameter dtype),
+                       int8 or fp8 (codes and an f32 scale per --quant_block elements)
+                       (default dtype)
+  --quant_block N      elements per scale of a quantized all-gather: a power of two from 16 to
+                       65536 (default 256)
   --hybrid_shard S     HYBRID strategies: ranks per shard group; 0 = --ranks_per_host when set,
                        else the whole world. A world smaller than S uses one group. (default 0)
   --batch B            sequences per rank and step, B (default 4, at most 1048576): weak
@@ -428,6 +437,17 @@ void SetOption(Args& a, const std::string& k, const std::string& v) {
   } else if (k == "--reduce_dtype") {
     if (v != "same") FloatDTypeFlag(k, v);
     a.reduce_dtype = v;
+  } else if (k == "--all_gather") {
+    absl::StatusOr<fsdp::WireFormat> f = fsdp::ParseWireFormat(v);
+    if (!f.ok()) BadUsage(absl::StrCat(k, "=", v, ": allowed: dtype, int8 or fp8"));
+    a.communication.all_gather = *f;
+  } else if (k == "--quant_block") {
+    a.communication.block_size = ParseInt(k, v, 1);
+    fsdp::CommunicationOptions c = a.communication;
+    c.all_gather = fsdp::WireFormat::kInt8;  // the range, whatever the format given
+    if (!fsdp::CheckCommunicationOptions(c).ok()) {
+      BadUsage(absl::StrCat(k, "=", v, ": allowed: a power of two from 16 to 65536"));
+    }
   } else if (k == "--hybrid_shard") {
     a.hybrid_shard = ParseInt(k, v, 0);
   } else if (k == "--batch") {

@@ -193,6 +193,7 @@ int RunProjection(const Args& a) {
               run.world_size = w;
               run.hybrid_shard_size = shard;
               run.prefetch = pf;
+              run.communication = a.communication;
               run.overlap_slowdown = a.overlap_slowdown;
               fsdp::LinkSpec l = link;
               l.inter_efficiency = ie;
@@ -413,6 +414,7 @@ int RunValidation(const Args& a) {
             run.world_size = w;
             run.hybrid_shard_size = r->hybrid_shard_size;
             run.prefetch = c.prefetch;
+            run.communication = c.communication;
             absl::StatusOr<fsdp::Projection> p =
                 fsdp::ProjectStep(*profile, fsdp::SimulatedLink(c.link), run);
             absl::StatusOr<fsdp::StepProfile> own_profile = fsdp::ProfileFromBench(*r, mc);

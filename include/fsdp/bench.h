@@ -50,6 +50,8 @@ struct BenchConfig {
   int seq_len = 64;          // T: 0 = the model's block size
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
+  // What the parameter all-gather carries (ShardingOptions::communication).
+  CommunicationOptions communication;
   int checkpoint_every = 0;  // activation checkpointing: every k-th block (0 = off)
   // Forward and backward prefetch: at most this many units gathered ahead of their use per
   // direction (ShardingOptions::max_prefetch_units); 0 = no prefetch.
@@ -92,6 +94,8 @@ struct BenchResult {
   int threads_per_rank = 0;   // as resolved
   int batch_size = 0, seq_len = 0;
   DType param_dtype = DType::kF32, reduce_dtype = DType::kF32;
+  WireFormat all_gather = WireFormat::kDType;  // CommunicationOptions as run
+  int quant_block = 0;                         // its block size (0 with kDType)
   int checkpoint_every = 0;
   int prefetch = 1;  // units gathered ahead (0 = none)
   int pass = 1;      // which pass over the grid this run belongs to (fsdp_bench --repeat), from 1

@@ -327,6 +327,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   o.sharding.max_grad_norm = c.max_grad_norm;
   o.sharding.mixed_precision.param_dtype = c.param_dtype;
   o.sharding.mixed_precision.reduce_dtype = c.reduce_dtype;
+  o.sharding.communication = c.communication;
   o.batch_size = B;
   o.seq_len = T;
   o.checkpoint_every = c.checkpoint_every;
@@ -397,6 +398,9 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.seq_len = T;
   out.param_dtype = c.param_dtype;
   out.reduce_dtype = c.reduce_dtype;
+  out.all_gather = c.communication.all_gather;
+  out.quant_block =
+      c.communication.all_gather == WireFormat::kDType ? 0 : c.communication.block_size;
   out.checkpoint_every = c.checkpoint_every;
   out.prefetch = c.prefetch;
   out.warmup_steps = c.warmup_steps;
@@ -506,6 +510,7 @@ absl::Status CheckHostMemory(const BenchConfig& c, const nn::ModelConfig& mc, in
   r.hybrid_shard_size = ResolveShardSize(c, world);
   r.param_dtype = c.param_dtype;
   r.reduce_dtype = c.reduce_dtype;
+  r.communication = c.communication;
   r.checkpoint_every = c.checkpoint_every;
   r.batch_size = c.batch_size;
   r.seq_len = seq_len;
@@ -608,6 +613,7 @@ void SetScalingEfficiency(std::vector<BenchResult>& results) {
   auto same = [](const BenchResult& a, const BenchResult& b) {
     return a.model == b.model && a.batch_size == b.batch_size && a.seq_len == b.seq_len &&
            a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype &&
+           a.all_gather == b.all_gather && a.quant_block == b.quant_block &&
            a.checkpoint_every == b.checkpoint_every && a.prefetch == b.prefetch &&
            a.threads_per_rank == b.threads_per_rank && a.pass == b.pass;
   };

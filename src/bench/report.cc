@@ -63,6 +63,8 @@ std::vector<Field> Fields(const BenchResult& r) {
   i64("seq_len", r.seq_len);
   str("param_dtype", std::string(DTypeName(r.param_dtype)));
   str("reduce_dtype", std::string(DTypeName(r.reduce_dtype)));
+  str("all_gather", std::string(WireFormatName(r.all_gather)));
+  i64("quant_block", r.quant_block);
   i64("checkpoint_every", r.checkpoint_every);
   i64("prefetch", r.prefetch);
   i64("pass", r.pass);

@@ -138,6 +138,31 @@ TEST_F(RunBenchTest, BytesMatchTheUnits) {
   EXPECT_GE(r.collectives_per_step, 2 * mc.num_units());
 }
 
+// A quantized all-gather: each gather carries the shard group's codes and scales (about a
+// quarter of f32's bytes), the reduce-scatters are unchanged, and the result says so.
+TEST(RunBench, QuantizedAllGatherBytesAreCodesAndScales) {
+  BenchConfig c = Nano(2);
+  c.communication.all_gather = WireFormat::kInt8;
+  c.communication.block_size = 64;
+  absl::StatusOr<BenchResult> r = RunBench(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->all_gather, WireFormat::kInt8);
+  EXPECT_EQ(r->quant_block, 64);
+  const nn::ModelConfig mc = *nn::ModelConfig::FromName("nano");
+  double gathers = 0, f32_gathers = 0, reduce_scatters = 0;
+  for (int u = 0; u < mc.num_units(); ++u) {
+    const int64_t padded = PaddedCount(mc.UnitNumel(u), 2);
+    const int n = u == 0 || u == mc.num_units() - 1 ? 1 : 2;  // kept units gather once
+    gathers += n * 2.0 * static_cast<double>(QuantizedLayout{padded / 2, 64}.bytes());
+    f32_gathers += n * 4.0 * padded;
+    reduce_scatters += 4.0 * padded;
+  }
+  const double expected = gathers + reduce_scatters;
+  EXPECT_NEAR(r->comm_bytes_per_rank, expected, 0.01 * expected);
+  // The bound: an int8 all-gather moves at most 0.27x of an f32 one's bytes.
+  EXPECT_LE(r->comm_bytes_per_rank - reduce_scatters, 0.27 * f32_gathers);
+}
+
 // Memory per rank: the runtime's report, which the planner predicts (persistent shards exactly).
 TEST_F(RunBenchTest, MemoryIsTheRuntimeReport) {
   for (const BenchResult& r : results_) {
