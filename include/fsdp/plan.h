@@ -121,7 +121,7 @@ struct PlanRequest {
 // Bytes per rank. The first eight fields are the MemoryReport fields of the same names (the
 // "now" fields of a report are not planned: they are 0 between steps).
 struct MemoryPlan {
-  int64_t param_shard_bytes = 0;          // f32 master shards
+  int64_t param_shard_bytes = 0;          // f32 master shards (and a quantized gather's codes)
   int64_t grad_shard_bytes = 0;           // f32 gradient shards
   int64_t optimizer_bytes = 0;            // AdamW exp_avg + exp_avg_sq (f32), SGD momentum
   int64_t gathered_param_peak_bytes = 0;  // unsharded units in param_dtype, at peak

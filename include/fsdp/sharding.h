@@ -200,7 +200,7 @@ struct UnitView {
 // is made and freed), plus what the model reports for its activations; so with a backend of
 // its own, bytes_in_use() and peak_bytes equal the backend's memory_stats().
 struct MemoryReport {
-  int64_t param_shard_bytes = 0;
+  int64_t param_shard_bytes = 0;  // f32 master shards (and their codes: CommunicationOptions)
   int64_t grad_shard_bytes = 0;
   int64_t optimizer_bytes = 0;
   int64_t gathered_param_bytes = 0;       // unsharded parameter buffers alive now
