@@ -111,7 +111,8 @@ int ModelWidth(const std::vector<fsdp::BenchResult>& rs) {
 
 void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
   const int mw = ModelWidth(rs);
-  std::printf("%-*s %-20s %3s %5s %-5s %4s %3s %10s %17s %6s %28s %6s %9s %8s %8s %5s %6s\n", mw,
+  // dtype: the parameters', and a quantized all-gather's format after a '+' (f32+int8).
+  std::printf("%-*s %-20s %3s %5s %-9s %4s %3s %10s %17s %6s %28s %6s %9s %8s %8s %5s %6s\n", mw,
               "model", "strategy", "N", "shard", "dtype", "ckpt", "pf", "tokens/s",
               "step ms (p10-p90)", "MFU%", "compute/exposed/opt/other ms", "exp%", "comm MiB",
               "comm ms", "peak MiB", "syncs", "eff");
@@ -124,10 +125,14 @@ void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
     const std::string eff = std::isfinite(r.scaling_efficiency)
                                 ? absl::StrFormat("%.3f", r.scaling_efficiency)
                                 : std::string("-");
+    std::string dtype(fsdp::DTypeName(r.param_dtype));
+    if (r.all_gather != fsdp::WireFormat::kDType) {
+      absl::StrAppend(&dtype, "+", std::string(fsdp::WireFormatName(r.all_gather)));
+    }
     std::printf(
-        "%-*s %-20s %3d %5d %-5s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8.1f %8s %5.1f %6s\n",
+        "%-*s %-20s %3d %5d %-9s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8.1f %8s %5.1f %6s\n",
         mw, r.model.c_str(), r.strategy.c_str(), r.world_size, r.hybrid_shard_size,
-        fsdp::DTypeName(r.param_dtype).data(), r.checkpoint_every, r.prefetch, r.tokens_per_s,
+        dtype.c_str(), r.checkpoint_every, r.prefetch, r.tokens_per_s,
         step.c_str(), 100 * r.mfu, split.c_str(), 100 * r.exposed_comm_fraction,
         Mib(r.bus_bytes_per_rank).c_str(), r.comm_s * 1e3,
         Mib(static_cast<double>(r.memory.peak_bytes)).c_str(), r.host_syncs_per_step, eff.c_str());
@@ -290,16 +295,19 @@ std::vector<fsdp::BenchConfig> MeasuredGrid(const Args& a, const std::vector<int
         for (fsdp::DType d : a.dtypes) {
           for (int ck : a.checkpoint) {
             for (int pf : a.prefetch) {
-              fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
-              c.strategy = s;
-              c.world_size = w;
-              c.prefetch = pf;
-              c.link = link;
-              // A world smaller than a host is one host.
-              if (w < a.ranks_per_host) c.link.ranks_per_host = w;
-              const int shard = a.hybrid_shard > 0 ? a.hybrid_shard : a.ranks_per_host;
-              c.hybrid_shard_size = shard > 0 && w < shard ? w : a.hybrid_shard;
-              grid.push_back(c);
+              for (fsdp::WireFormat f : a.all_gather) {
+                fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
+                c.strategy = s;
+                c.world_size = w;
+                c.prefetch = pf;
+                c.communication.all_gather = f;
+                c.link = link;
+                // A world smaller than a host is one host.
+                if (w < a.ranks_per_host) c.link.ranks_per_host = w;
+                const int shard = a.hybrid_shard > 0 ? a.hybrid_shard : a.ranks_per_host;
+                c.hybrid_shard_size = shard > 0 && w < shard ? w : a.hybrid_shard;
+                grid.push_back(c);
+              }
             }
           }
         }

@@ -27,7 +27,10 @@ struct Args {
   std::vector<int> checkpoint = {0};
   std::vector<int> prefetch = {1};
   std::string reduce_dtype = "same";
-  fsdp::CommunicationOptions communication;  // --all_gather, --quant_block
+  // --all_gather (a grid axis of measured runs; projections take one) and --quant_block: the
+  // format of the first entry, or each entry's in the measured grid.
+  std::vector<fsdp::WireFormat> all_gather = {fsdp::WireFormat::kDType};
+  fsdp::CommunicationOptions communication;
   int hybrid_shard = 0, batch = 4, seq = 64, threads = 0, warmup = 2, steps = 5, repeat = 1;
   double link_gbps = 0, link_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
   double comm_to_compute = 0;  // > 0: each run's link set from its compute (--comm_to_compute)

@@ -148,9 +148,9 @@ Grid:
 Each run:
   --reduce_dtype D     gradient reduction dtype: same (the parameter dtype), f32, bf16, f16
                        (default same)
-  --all_gather F       what the parameter all-gather carries: dtype (the parameter dtype),
-                       int8 or fp8 (codes and an f32 scale per --quant_block elements)
-                       (default dtype)
+  --all_gather LIST    what the parameter all-gather carries: dtype (the parameter dtype),
+                       int8 or fp8 (codes and an f32 scale per --quant_block elements); a
+                       grid axis of measured runs, one format with --project (default dtype)
   --quant_block N      elements per scale of a quantized all-gather: a power of two from 16 to
                        65536 (default 256)
   --hybrid_shard S     HYBRID strategies: ranks per shard group; 0 = --ranks_per_host when set,
@@ -438,9 +438,13 @@ void SetOption(Args& a, const std::string& k, const std::string& v) {
     if (v != "same") FloatDTypeFlag(k, v);
     a.reduce_dtype = v;
   } else if (k == "--all_gather") {
-    absl::StatusOr<fsdp::WireFormat> f = fsdp::ParseWireFormat(v);
-    if (!f.ok()) BadUsage(absl::StrCat(k, "=", v, ": allowed: dtype, int8 or fp8"));
-    a.communication.all_gather = *f;
+    a.all_gather.clear();
+    for (const std::string& x : List(k, v)) {
+      absl::StatusOr<fsdp::WireFormat> f = fsdp::ParseWireFormat(x);
+      if (!f.ok()) BadUsage(absl::StrCat(k, ": '", x, "' is not dtype, int8 or fp8"));
+      a.all_gather.push_back(*f);
+    }
+    a.communication.all_gather = a.all_gather.front();
   } else if (k == "--quant_block") {
     a.communication.block_size = ParseInt(k, v, 1);
     fsdp::CommunicationOptions c = a.communication;
@@ -545,6 +549,9 @@ Args ParseArgs(int argc, char** argv) {
     BadUsage("--validate_links: needs --validate_projection");
   }
   if (!a.validate && !unset("--calibrate")) BadUsage("--calibrate: needs --validate_projection");
+  if (a.all_gather.size() > 1 && (a.project || a.validate)) {
+    BadUsage("--all_gather: --project and --validate_projection take one format");
+  }
   if (!unset("--repeat") && (a.project || a.validate)) {
     BadUsage("--repeat: measured runs only (not --project or --validate_projection)");
   }

@@ -428,6 +428,32 @@ TEST(FsdpBenchCli, WritesTableJsonlCsvAndSvg) {
   std::filesystem::remove_all(dir);
 }
 
+// --all_gather is a grid axis: each configuration runs with each format, the files say which,
+// and the int8 run moves fewer bytes.
+TEST(FsdpBenchCli, AllGatherFormatsAreAnAxis) {
+  const std::filesystem::path dir = TempPath("fsdp_bench_test_");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const Ran ok = RunCli("--worlds 2 --steps 1 --warmup 1 --peak_gflops 50 --all_gather dtype,int8 "
+                        "--quant_block 64 --jsonl " + (dir / "runs.jsonl").string());
+  ASSERT_EQ(ok.rc, 0) << ok.output;
+  EXPECT_NE(ok.output.find("f32+int8"), std::string::npos) << ok.output;
+  const std::vector<std::string> lines =
+      absl::StrSplit(ReadAll(dir / "runs.jsonl"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u);
+  std::map<std::string, double> bytes;
+  for (const std::string& line : lines) {
+    absl::StatusOr<json::Value> v = json::Parse(line);
+    ASSERT_TRUE(v.ok()) << v.status() << "\n" << line;
+    const json::Value* format = v->Find("all_gather");
+    ASSERT_NE(format, nullptr);
+    bytes[format->str()] = v->Find("comm_bytes_per_rank")->number();
+  }
+  ASSERT_EQ(bytes.size(), 2u);
+  EXPECT_LT(bytes["int8"], 0.7 * bytes["dtype"]);
+  std::filesystem::remove_all(dir);
+}
+
 // --layers runs a model at other depths (named by them), --prefetch N gathers up to N units
 // ahead, and --comm_to_compute sets each run's link from its compute without a link.
 TEST(FsdpBenchCli, LayersPrefetchDepthAndALinkMatchedToTheCompute) {
@@ -577,7 +603,10 @@ TEST(FsdpBenchCli, BadFlagsExit2WithOneLine) {
                            "--ranks_per_host 4097",
                            "--hybrid_shard 2147483647",
                            "--batch 1048577",
-                           "--layers 10001"}) {
+                           "--layers 10001",
+                           "--all_gather int4",
+                           "--all_gather dtype,int8 --project",
+                           "--quant_block 100"}) {
     ExpectUsageError(args);
   }
   const Ran help = RunCli("--help");
