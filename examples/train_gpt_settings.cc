@@ -578,8 +578,7 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     if (!format.ok()) return BadFlag("all_gather_format", f, "allowed: dtype, int8 or fp8");
     comm.all_gather = *format;
     comm.block_size = absl::GetFlag(FLAGS_quant_block);
-    if (comm.all_gather != fsdp::WireFormat::kDType &&
-        !fsdp::CheckCommunicationOptions(comm).ok()) {
+    if (!fsdp::CheckCommunicationOptions(comm).ok()) {
       return BadFlag("quant_block", comm.block_size, "allowed: a power of two from 16 to 65536");
     }
   }

@@ -136,6 +136,12 @@ struct CommunicationOptions {
 // InvalidArgument, naming the field and the allowed values, for a block size out of range when
 // a format is set. (Whether the backend has the format is checked when the runtime is created.)
 absl::Status CheckCommunicationOptions(const CommunicationOptions& c);
+// Whether a unit's parameter all-gather over a shard group of `shard_size` ranks carries codes
+// and scales: a format is set and there is more than one rank to gather from. The runtime, the
+// planner and the projection decide by it.
+inline bool QuantizesAllGather(const CommunicationOptions& c, int shard_size) {
+  return c.all_gather != WireFormat::kDType && shard_size > 1;
+}
 
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;

@@ -277,7 +277,7 @@ class Replay {
     if (unit.gathered || S_ == 1) return absl::OkStatus();
     unit.gathered = true;
     const CommunicationOptions& c = run_.communication;
-    if (c.all_gather != WireFormat::kDType) {  // codes and scales, bytes on the wire
+    if (QuantizesAllGather(c, S_)) {  // codes and scales, bytes on the wire
       const QuantizedLayout chunk{Padded(u) / S_, c.block_size};
       FSDP_ASSIGN_OR_RETURN(unit.gather,
                             Issue(true, CollectiveKind::kAllGather, chunk.bytes() * S_, 1, u));

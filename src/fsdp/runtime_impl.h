@@ -65,9 +65,7 @@ struct ShardingRuntime::Impl {
   DType reduce_dtype() const { return options.mixed_precision.reduce_dtype; }
   // The parameters' all-gather carries codes and scales (CommunicationOptions): a format is set
   // and the shard group has more than one rank.
-  bool quantized_gather() const {
-    return options.communication.all_gather != WireFormat::kDType && S() > 1;
-  }
+  bool quantized_gather() const { return QuantizesAllGather(options.communication, S()); }
   // One rank's codes and scales of a unit.
   QuantizedLayout QuantizedChunk(const internal::Unit& unit) const {
     return {unit.layout.shard_numel, options.communication.block_size};

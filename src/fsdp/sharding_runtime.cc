@@ -299,6 +299,7 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
   }
   FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names));
   // (The options were compared in Create.)
+
   // Allocate and initialise; a failure on one rank (out of memory) fails every rank.
   auto allocate = [&]() -> absl::Status {
     const int shard_rank = m.mesh->shard_index();

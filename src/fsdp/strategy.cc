@@ -90,6 +90,7 @@ absl::StatusOr<MeshShape> StrategyMesh(const ShardingOptions& options, int world
 }
 
 }  // namespace internal
+
 absl::Status CheckCommunicationOptions(const CommunicationOptions& c) {
   if (c.all_gather == WireFormat::kDType) return absl::OkStatus();
   const int b = c.block_size;

@@ -130,8 +130,7 @@ class Replay {
     Wait(unit.gather_event);
     unit.gather_event = kEmptyEvent;
     // Decoded on the compute stream, then given back (DecodeGathered).
-    if (unit.quantized_gathered.allocated()) PendingAdd(unit.quantized_gathered, {kEmptyEvent});
-    unit.quantized_gathered = Buf{};
+    PendingAdd(unit.quantized_gathered, {kEmptyEvent});
     return absl::OkStatus();
   }
   void FreeGathered(int u) {
@@ -139,8 +138,7 @@ class Replay {
     if (!unit.gathered.allocated()) return;
     std::vector<int> users = {kEmptyEvent};
     if (unit.gather_event != kEmptyEvent) users.push_back(unit.gather_event);
-    if (unit.quantized_gathered.allocated()) PendingAdd(unit.quantized_gathered, users);
-    unit.quantized_gathered = Buf{};
+    PendingAdd(unit.quantized_gathered, users);
     PendingAdd(unit.gathered, std::move(users));
     unit.gather_event = kEmptyEvent;
   }
@@ -218,9 +216,7 @@ class Replay {
   }
   DType pd() const { return o_.param_dtype; }
   // ShardingRuntime::Impl::quantized_gather() and QuantizedChunk().
-  bool quantized() const {
-    return o_.communication.all_gather != WireFormat::kDType && S_ > 1;
-  }
+  bool quantized() const { return QuantizesAllGather(o_.communication, S_); }
   QuantizedLayout Chunk(const SimUnit& u) const {
     return {u.shard_numel, o_.communication.block_size};
   }
