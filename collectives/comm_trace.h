@@ -11,13 +11,14 @@
 namespace fsdp::internal {
 
 // The bytes of a collective as nccl-tests count its size: the larger of the send and receive
-// buffers (all_gather: the gathered output; reduce_scatter: the full input).
+// buffers (all_gather: the gathered output; reduce_scatter and all_to_all: the full input).
 inline int64_t CollectiveBytes(const CollectiveCall& call, int group_size) {
   const int64_t bytes =
       std::max<int64_t>(0, call.count) * static_cast<int64_t>(DTypeSize(call.dtype));
   switch (call.kind) {
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kReduceScatter: return bytes * group_size;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllToAll: return bytes * group_size;
     case CollectiveKind::kAllReduce:
     case CollectiveKind::kBroadcast: return bytes;
     case CollectiveKind::kBarrier:

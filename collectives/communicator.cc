@@ -72,7 +72,9 @@ absl::Status ScheduleMismatch(int64_t seq, std::string_view group,
 std::string DescribeCall(const CollectiveCall& c) {
   switch (c.kind) {
     case CollectiveKind::kAllGather:
-      return absl::StrFormat("all_gather(count=%d, %s)", c.count, DTypeName(c.dtype));
+    case CollectiveKind::kAllToAll:
+      return absl::StrFormat("%s(count=%d, %s)", CollectiveName(c.kind), c.count,
+                             DTypeName(c.dtype));
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllReduce:
       return absl::StrFormat("%s(count=%d, %s, %s)", CollectiveName(c.kind), c.count,
@@ -112,8 +114,9 @@ absl::Status ValidateCall(const CollectiveCall& c, int rank, int size) {
     return bad(absl::StrFormat("unknown reduce op %d", static_cast<int>(c.op)));
   }
   if (c.kind == CollectiveKind::kBarrier || c.kind == CollectiveKind::kSplit) return absl::OkStatus();
-  const bool per_rank =
-      c.kind == CollectiveKind::kAllGather || c.kind == CollectiveKind::kReduceScatter;
+  const bool per_rank = c.kind == CollectiveKind::kAllGather ||
+                        c.kind == CollectiveKind::kReduceScatter ||
+                        c.kind == CollectiveKind::kAllToAll;
   if (c.count < 0) {
     return bad(absl::StrFormat("%s must be >= 0, got %d", per_rank ? "count_per_rank" : "count",
                                c.count));
@@ -152,6 +155,11 @@ absl::Status ValidateCall(const CollectiveCall& c, int rank, int size) {
     case CollectiveKind::kAllReduce:
       if (c.send != c.recv && Overlap(c.send, chunk, c.recv, chunk)) {
         return bad("send and recv overlap without being the same buffer (in-place)");
+      }
+      break;
+    case CollectiveKind::kAllToAll:
+      if (Overlap(c.send, whole, c.recv, whole)) {
+        return bad("send and recv overlap; all_to_all is not in place: give it separate buffers");
       }
       break;
     default: break;
@@ -273,6 +281,12 @@ Work Communicator::BroadcastAsync(void* buf, int64_t count, DType dtype, int roo
 
 Work Communicator::BarrierAsync() { return Enqueue({.kind = CollectiveKind::kBarrier}); }
 
+Work Communicator::AllToAllAsync(const void* send, void* recv, int64_t count_per_rank,
+                                 DType dtype) {
+  return Enqueue({.kind = CollectiveKind::kAllToAll, .send = send, .recv = recv,
+                  .count = count_per_rank, .dtype = dtype});
+}
+
 namespace {
 
 absl::Status SameDtype(std::string_view op, ConstBufferView send, ConstBufferView recv) {
@@ -321,6 +335,31 @@ Work Communicator::AllReduceAsync(ConstBufferView send, BufferView recv, ReduceO
   return Enqueue({.kind = CollectiveKind::kAllReduce, .send = send.data, .recv = recv.data,
                   .count = send.count, .dtype = send.dtype, .op = op},
                  std::move(check));
+}
+
+Work Communicator::AllToAllAsync(ConstBufferView send, BufferView recv) {
+  absl::Status check = SameDtype("all_to_all", send, recv);
+  if (check.ok() && send.count % size() != 0) {
+    check = absl::InvalidArgumentError(absl::StrFormat(
+        "all_to_all: send holds %d elements, not a multiple of the group size %d (one equal "
+        "chunk per rank); the caller pads it to %d (PaddedCount)",
+        send.count, size(), PaddedCount(send.count, size())));
+  } else if (check.ok() && recv.count != send.count) {
+    check = absl::InvalidArgumentError(absl::StrFormat(
+        "all_to_all: send holds %d elements but recv holds %d; they must be equal", send.count,
+        recv.count));
+  }
+  return Enqueue({.kind = CollectiveKind::kAllToAll, .send = send.data, .recv = recv.data,
+                  .count = send.count / size(), .dtype = send.dtype},
+                 std::move(check));
+}
+
+absl::Status Communicator::AllToAll(const void* send, void* recv, int64_t count_per_rank,
+                                    DType dtype) {
+  return AllToAllAsync(send, recv, count_per_rank, dtype).Wait();
+}
+absl::Status Communicator::AllToAll(ConstBufferView send, BufferView recv) {
+  return AllToAllAsync(send, recv).Wait();
 }
 
 absl::Status Communicator::AllGather(const void* send, void* recv, int64_t count_per_rank,

@@ -47,6 +47,10 @@ class HostDataPlane final : public DataPlane {
     return Wrap(group_.AllReduceAsync(ConstBufferView{send.host(), send.count, send.dtype},
                                       BufferView{recv.host(), recv.count, recv.dtype}, op));
   }
+  absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream) override {
+    return Wrap(group_.AllToAllAsync(ConstBufferView{send.host(), send.count, send.dtype},
+                                     BufferView{recv.host(), recv.count, recv.dtype}));
+  }
   static Event Wrap(Work work) { return Event(std::make_shared<WorkEvent>(std::move(work))); }
 
   Communicator& group_;

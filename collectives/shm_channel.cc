@@ -166,7 +166,9 @@ void ShmChannel::Publish(std::atomic<int64_t> Counters::*field, int64_t value) {
 int64_t ShmChannel::PieceLimit(const CollectiveCall& c) const {
   const auto e = static_cast<int64_t>(DTypeSize(c.dtype));
   const auto h = static_cast<int64_t>(half_bytes_);
-  if (c.kind == CollectiveKind::kReduceScatter) return std::max<int64_t>(1, h / (e * size_));
+  if (c.kind == CollectiveKind::kReduceScatter || c.kind == CollectiveKind::kAllToAll) {
+    return std::max<int64_t>(1, h / (e * size_));
+  }
   return std::max<int64_t>(1, h / e);
 }
 
@@ -200,6 +202,7 @@ void ShmChannel::CopyIn(const ShmTransfer& t) {
       break;
     }
     case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllToAll:
       for (int d = 0; d < size_; ++d) {
         if (d == rank_) continue;
         std::memcpy(mine + d * t.piece * e, send + (d * c.count + t.pos) * e, t.piece * e);
@@ -258,6 +261,16 @@ bool ShmChannel::Advance(ShmTransfer& t) {
             coll::ReduceBuffers(c.dtype, c.op, srcs.data(), n, recv + t.pos * e, t.piece, n);
             break;
           }
+          case CollectiveKind::kAllToAll:
+            // Its own chunk straight from its send buffer, then each peer's piece for it.
+            coll::CopyBytes(recv + (rank_ * c.count + t.pos) * e,
+                            send + (rank_ * c.count + t.pos) * e, t.piece * e);
+            for (int k = 1; k < n; ++k) {
+              const int q = (rank_ + k) % n;
+              coll::CopyBytes(recv + (q * c.count + t.pos) * e,
+                              half(q, t.round) + rank_ * t.piece * e, t.piece * e);
+            }
+            break;
           case CollectiveKind::kAllReduce: {
             int64_t lo, hi;
             Slice(t, rank_, &lo, &hi);

@@ -1,7 +1,7 @@
 // The intra-host data path of the mpi communicator: the ranks of a group that all run on one
-// host exchange the data of all_gather, reduce_scatter, all_reduce and broadcast through one
-// POSIX shared-memory segment instead of Open MPI's collectives (which, between processes of
-// one host, reach a tenth of the bandwidth of the thread transport).
+// host exchange the data of all_gather, reduce_scatter, all_reduce, broadcast and all_to_all
+// through one POSIX shared-memory segment instead of Open MPI's collectives (which, between
+// processes of one host, reach a tenth of the bandwidth of the thread transport).
 //
 // The segment holds, per rank, a staging slot of two halves and three counters. A call moves
 // in rounds of at most one half per rank: each rank copies its part of the round into its
@@ -30,7 +30,7 @@ namespace fsdp::internal {
 // The progress of one call through the channel (the engine keeps it with the call).
 struct ShmTransfer {
   CollectiveCall call;
-  int64_t pos = 0;     // elements (per rank for all_gather / reduce_scatter) done so far
+  int64_t pos = 0;     // elements (per rank for all_gather / reduce_scatter / all_to_all) done so far
   int phase = 0;       // 0: copy in, 1: wait and read (all_reduce: reduce), 2: all_reduce: gather
   int64_t round = -1;  // the channel round of the current piece
   int64_t piece = 0;   // elements of the current piece

@@ -82,12 +82,17 @@ class DeviceEvent {
 
 // The call as the Communicator describes and compares it; pointers are filled in only once the
 // views have been checked.
-inline CollectiveCall MakeCall(CollectiveKind kind, const View& send, const View& recv, ReduceOp op) {
+inline CollectiveCall MakeCall(CollectiveKind kind, const View& send, const View& recv, ReduceOp op,
+                               int size) {
   CollectiveCall c;
   c.kind = kind;
-  c.count = kind == CollectiveKind::kReduceScatter ? recv.count : send.count;
+  c.count = kind == CollectiveKind::kReduceScatter ? recv.count
+            : kind == CollectiveKind::kAllToAll    ? send.count / size
+                                                   : send.count;
   c.dtype = send.dtype;
-  c.op = kind == CollectiveKind::kAllGather ? ReduceOp::kSum : op;
+  c.op = kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllReduce
+             ? op
+             : ReduceOp::kSum;
   return c;
 }
 

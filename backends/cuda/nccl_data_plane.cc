@@ -345,10 +345,14 @@ class NcclDataPlane final : public DataPlane {
     return Issue(CollectiveKind::kAllReduce, send, recv, op, after);
   }
 
+  absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) override {
+    return Issue(CollectiveKind::kAllToAll, send, recv, ReduceOp::kSum, after);
+  }
+
   absl::StatusOr<Event> Issue(CollectiveKind kind, View send, View recv, ReduceOp op,
                               Stream after) {
     std::lock_guard<std::mutex> lock(issue_mu_);
-    CollectiveCall call = MakeCall(kind, send, recv, op);
+    CollectiveCall call = MakeCall(kind, send, recv, op, size());
     const int64_t seq = seq_++;
     const std::string what = absl::StrFormat("%s (cuda nccl data plane)",
                                              Where(call, seq, shared_->group()));
@@ -400,6 +404,10 @@ class NcclDataPlane final : public DataPlane {
           fn = "ncclReduceScatter";
           r = ncclReduceScatter(call.send, call.recv, count, dt, NcclOp(call.op), comm,
                                 comm_stream);
+          break;
+        case CollectiveKind::kAllToAll:
+          fn = "ncclAlltoAll";
+          r = ncclAlltoAll(call.send, call.recv, count, dt, comm, comm_stream);
           break;
         default:
           fn = "ncclAllReduce";

@@ -291,6 +291,9 @@ class SharedDeviceDataPlane final : public DataPlane {
                                          Stream after) override {
     return Call(CollectiveKind::kAllReduce, send, recv, op, after, absl::OkStatus());
   }
+  absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) override {
+    return Call(CollectiveKind::kAllToAll, send, recv, ReduceOp::kSum, after, absl::OkStatus());
+  }
   // An invalid call is posted like a valid one, so that every rank fails at once with its reason
   // instead of waiting for this one until the deadline.
   absl::StatusOr<Event> Rejected(CollectiveKind kind, View send, View recv, ReduceOp op,
@@ -306,7 +309,7 @@ class SharedDeviceDataPlane final : public DataPlane {
     std::lock_guard<std::mutex> serial(call_mu_);
     const int n = size();
     const int me = rank_;
-    CollectiveCall call = MakeCall(kind, send, recv, op);
+    CollectiveCall call = MakeCall(kind, send, recv, op, size());
     const int64_t seq = seq_++;
     const std::string what =
         absl::StrFormat("%s (cuda shared-GPU data plane)", Where(call, seq, name()));
@@ -359,9 +362,11 @@ class SharedDeviceDataPlane final : public DataPlane {
         }
       }
       char* recv_p = static_cast<char*>(call.recv);
-      if (kind == CollectiveKind::kAllGather) {
+      if (kind == CollectiveKind::kAllGather || kind == CollectiveKind::kAllToAll) {
+        // all_to_all: chunk `me` of every rank's send (never in place).
+        const size_t from = kind == CollectiveKind::kAllToAll ? static_cast<size_t>(me) * bytes : 0;
         for (int q = 0; q < n; ++q) {
-          const void* src = posts[q].call.send;
+          const void* src = static_cast<const char*>(posts[q].call.send) + from;
           char* dst = recv_p + static_cast<size_t>(q) * bytes;
           if (q == me && src == dst) continue;  // in place: already there
           FSDP_RETURN_IF_ERROR(CudaStatus(

@@ -225,6 +225,11 @@ class PjrtDataPlane final : public DataPlane {
                  pjrt::AllReduceProgram(size(), send.count, send.dtype, op));
   }
 
+  absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) override {
+    return Issue(CollectiveKind::kAllToAll, ReduceOp::kSum, send, recv, after,
+                 pjrt::AllToAllProgram(size(), send.count, send.dtype));
+  }
+
   // The other ranks make the same call: all pass (kind, count, dtype, op, ok) and compare.
   absl::Status Agree(CollectiveKind kind, const View& send, ReduceOp op,
                      const absl::Status& ready) {
@@ -295,7 +300,9 @@ class PjrtDataPlane final : public DataPlane {
     const int launch_id = static_cast<int>(1 + (launch_base_ + seq_++) % 0x7ffffff0);
     CollectiveCall call;  // for the error messages
     call.kind = kind;
-    call.count = kind == CollectiveKind::kAllGather ? send.count : recv.count;
+    call.count = kind == CollectiveKind::kAllGather  ? send.count
+                 : kind == CollectiveKind::kAllToAll ? send.count / size()
+                                                     : recv.count;
     call.dtype = send.dtype;
     call.op = op;
     std::string what = absl::StrCat("pjrt data plane '", name(), "' ", DescribeCall(call), ": ");

@@ -188,4 +188,13 @@ std::string AllReduceProgram(int ranks, int64_t count, DType dtype, ReduceOp op)
                 absl::StrCat("%in: ", Bytes(count * es), ") -> ", Bytes(count * es)), body);
 }
 
+std::string AllToAllProgram(int ranks, int64_t count, DType dtype) {
+  const int64_t b = count * static_cast<int64_t>(DTypeSize(dtype));
+  return Module("fsdp_all_to_all", ranks, absl::StrCat("%in: ", Bytes(b), ") -> ", Bytes(b)),
+                absl::StrCat("    %out = \"stablehlo.all_to_all\"(%in) {split_dimension = 0 : i64, "
+                             "concat_dimension = 0 : i64, split_count = ",
+                             ranks, " : i64, ", Groups(ranks), "} : (", Bytes(b), ") -> ",
+                             Bytes(b), "\n", "    return %out : ", Bytes(b), "\n"));
+}
+
 }  // namespace fsdp::pjrt

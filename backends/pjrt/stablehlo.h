@@ -38,5 +38,8 @@ std::string MemsetProgram(int64_t n, int64_t k, uint8_t byte);
 std::string AllGatherProgram(int ranks, int64_t count, DType dtype);
 std::string ReduceScatterProgram(int ranks, int64_t count, DType dtype, ReduceOp op);
 std::string AllReduceProgram(int ranks, int64_t count, DType dtype, ReduceOp op);
+// all_to_all: ui8[count*es] -> ui8[count*es] (count a multiple of ranks; chunk d of rank q's
+// input lands in chunk q of rank d's output; moves bytes, any dtype).
+std::string AllToAllProgram(int ranks, int64_t count, DType dtype);
 
 }  // namespace fsdp::pjrt

@@ -174,6 +174,12 @@ class SimDataPlane final : public DataPlane {
                          BufferView{StorageOf(recv), recv.count, recv.dtype}, op);
     });
   }
+  absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) override {
+    return Issue("all_to_all", after, [send, recv](Communicator& c) {
+      return c.AllToAll(ConstBufferView{StorageOf(send), send.count, send.dtype},
+                        BufferView{StorageOf(recv), recv.count, recv.dtype});
+    });
+  }
   absl::StatusOr<Event> Issue(const char* what, Stream after,
                               std::function<absl::Status(Communicator&)> run) {
     const Event ready = backend_->Record(after);

@@ -336,6 +336,17 @@ void LocalGroup::Move(int rank, Slot& s, std::unique_lock<std::mutex>& lock) {
         ChargePeer(start, rank, me.root, c * e);
       }
       break;
+    case CollectiveKind::kAllToAll: {
+      // Chunk `rank` of every peer's send; each rank starts at its own, as all_gather does.
+      const size_t chunk = c * e;
+      char* recv = static_cast<char*>(me.recv);
+      for (int k = 0; k < n; ++k) {
+        const int q = (rank + k) % n;
+        coll::CopyBytes(recv + q * chunk, byte_ptr(s.posts[q].call.send, rank * chunk), chunk);
+      }
+      ChargeAllPeers(start, rank, chunk);
+      break;
+    }
     case CollectiveKind::kBarrier:
       ChargeBarrier(start, rank);
       break;

@@ -72,7 +72,8 @@ uint64_t NewToken() {
 
 bool ShmKind(CollectiveKind k) {
   return k == CollectiveKind::kAllGather || k == CollectiveKind::kReduceScatter ||
-         k == CollectiveKind::kAllReduce || k == CollectiveKind::kBroadcast;
+         k == CollectiveKind::kAllReduce || k == CollectiveKind::kBroadcast ||
+         k == CollectiveKind::kAllToAll;
 }
 
 absl::Duration DiagnosisGrace(absl::Duration timeout) {
@@ -276,6 +277,10 @@ void MpiGroup::StartData(MpiOp& op, MpiEngine& engine) {
       break;
     case CollectiveKind::kBarrier:
       rc = MPI_Ibarrier(data_, &op.data_req);
+      break;
+    case CollectiveKind::kAllToAll:
+      rc = MPI_Ialltoall(c.send, count, ElementType(c.dtype), c.recv, count, ElementType(c.dtype),
+                         data_, &op.data_req);
       break;
     case CollectiveKind::kSplit: {
       // Every rank has arrived (the fingerprints agreed), so these blocking calls return promptly.

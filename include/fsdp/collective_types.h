@@ -16,8 +16,9 @@ enum class CollectiveKind : uint8_t {
   kBroadcast = 3,
   kBarrier = 4,
   kSplit = 5,
+  kAllToAll = 6,
 };
-inline constexpr int kNumCollectiveKinds = 6;
+inline constexpr int kNumCollectiveKinds = 7;
 
 constexpr std::string_view ReduceOpName(ReduceOp op) {
   switch (op) {
@@ -36,6 +37,7 @@ constexpr std::string_view CollectiveName(CollectiveKind kind) {
     case CollectiveKind::kBroadcast: return "broadcast";
     case CollectiveKind::kBarrier: return "barrier";
     case CollectiveKind::kSplit: return "split";
+    case CollectiveKind::kAllToAll: return "all_to_all";
   }
   return "?";
 }

@@ -17,13 +17,15 @@
 //   not fail the group.
 // - In-place as NCCL defines it: all_reduce and broadcast with send == recv; all_gather with
 //   send == recv + rank * count_per_rank; reduce_scatter with recv == send + rank *
-//   count_per_rank (the other chunks of the buffer are left unspecified).
+//   count_per_rank (the other chunks of the buffer are left unspecified). all_to_all is never
+//   in place: its send and recv must not overlap.
 // - Counts are in elements. Sizes that do not divide by the group size are the caller's to
 //   pad (ShardCount / PaddedCount); the buffer-view overloads check the sizes and say what is
 //   wrong.
 // - bf16 and f16 reductions accumulate in f32 and round once. kAvg is the sum divided by the
 //   group size, in f32. Reductions take f32, bf16 and f16; all_gather and broadcast move any
-//   dtype (control data: u8 bytes, i64 integers).
+//   dtype (control data: u8 bytes, i64 integers), and so does all_to_all (the quantized
+//   gradient reduction exchanges u8 codes with it).
 // - Buffers are host memory: the local transport copies between its peers' buffers, the MPI
 //   one hands them to Open MPI. A communicator is the control plane of its group, and the data
 //   plane of a host backend; device memory moves through the backend's DataPlane
@@ -94,7 +96,7 @@ struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kBarrier;
   const void* send = nullptr;
   void* recv = nullptr;  // also the buffer of broadcast
-  int64_t count = 0;     // per rank for all_gather / reduce_scatter, else the whole buffer
+  int64_t count = 0;     // per rank for all_gather / reduce_scatter / all_to_all, else the whole buffer
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
@@ -193,12 +195,18 @@ class Communicator {
   Work AllReduceAsync(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op);
   Work BroadcastAsync(void* buf, int64_t count, DType dtype, int root);
   Work BarrierAsync();
+  // recv[q * count_per_rank ...] = send_q[rank * count_per_rank ...][0 .. count_per_rank), for
+  // every rank q (MPI_Alltoall, ncclAlltoAll): chunk d of each rank's send goes to rank d.
+  // send and recv hold size() * count_per_rank elements each and must not overlap.
+  Work AllToAllAsync(const void* send, void* recv, int64_t count_per_rank, DType dtype);
 
   // Size-checked forms: recv.count must be size() * send.count (all_gather), send.count must
   // be size() * recv.count (reduce_scatter), equal counts for all_reduce, equal dtypes.
   Work AllGatherAsync(ConstBufferView send, BufferView recv);
   Work ReduceScatterAsync(ConstBufferView send, BufferView recv, ReduceOp op);
   Work AllReduceAsync(ConstBufferView send, BufferView recv, ReduceOp op);
+  // Equal counts, a multiple of size().
+  Work AllToAllAsync(ConstBufferView send, BufferView recv);
 
   // --- synchronous forms: the asynchronous call, then Wait() ---
   absl::Status AllGather(const void* send, void* recv, int64_t count_per_rank, DType dtype);
@@ -210,6 +218,8 @@ class Communicator {
   absl::Status AllGather(ConstBufferView send, BufferView recv);
   absl::Status ReduceScatter(ConstBufferView send, BufferView recv, ReduceOp op);
   absl::Status AllReduce(ConstBufferView send, BufferView recv, ReduceOp op);
+  absl::Status AllToAll(const void* send, void* recv, int64_t count_per_rank, DType dtype);
+  absl::Status AllToAll(ConstBufferView send, BufferView recv);
 
   // Collective, like MPI_Comm_split: ranks that pass the same color >= 0 form a new group,
   // ranked by (key, rank in this group). A negative color gives no group (nullptr). The new
@@ -224,7 +234,7 @@ class Communicator {
   virtual absl::Status health() const = 0;
 
   // How many collectives of `kind` this rank has issued on this group since it was made: every
-  // all_gather, reduce_scatter, all_reduce, broadcast and barrier through the entry points
+  // all_gather, reduce_scatter, all_reduce, broadcast, barrier and all_to_all through the entry points
   // above, whatever its outcome (Split is not counted). One relaxed atomic add per call; tests
   // assert from it how many collectives each phase of a training step issues, per group.
   int64_t issued(CollectiveKind kind) const {

@@ -40,6 +40,10 @@ class DataPlane {
   // recv = op over ranks of send (send and recv may be the same view).
   absl::StatusOr<Event> AllReduce(View send, View recv, ReduceOp op,
                                   Stream after = Stream::kCompute);
+  // recv[q * k ...] = chunk `rank()` of rank q's send, for every rank q, where k = send.count /
+  // size(): chunk d of send goes to rank d. Equal counts, a multiple of size(); any dtype; send
+  // and recv must not overlap. The quantized gradient reduction exchanges its codes with it.
+  absl::StatusOr<Event> AllToAll(View send, View recv, Stream after = Stream::kCompute);
   // Fails the group on every rank: collectives in flight and later ones fail with `reason`.
   virtual void Abort(const absl::Status& reason) = 0;
 
@@ -56,6 +60,7 @@ class DataPlane {
                                                      Stream after) = 0;
   virtual absl::StatusOr<Event> EnqueueAllReduce(View send, View recv, ReduceOp op,
                                                  Stream after) = 0;
+  virtual absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) = 0;
   // A call whose arguments failed the check (`why`): by default nothing is issued and the
   // caller gets `why` (the group's other ranks then meet their deadline). A plane whose ranks
   // can tell each other may post the failure so that they fail at once.

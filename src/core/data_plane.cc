@@ -12,7 +12,7 @@ namespace fsdp {
 
 absl::Status DataPlane::Check(CollectiveKind kind, const View& send, const View& recv,
                               ReduceOp op) const {
-  const bool reduces = kind != CollectiveKind::kAllGather;
+  const bool reduces = kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllReduce;
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(
         kind_, " data plane '", name(), "' ", std::string(CollectiveName(kind)),
@@ -51,7 +51,8 @@ absl::Status DataPlane::Check(CollectiveKind kind, const View& send, const View&
   }
   if (reduces && !IsFloat16Or32(send.dtype)) {
     return bad(absl::StrCat("reductions take f32, bf16 or f16, not ",
-                            std::string(DTypeName(send.dtype)), "; all_gather moves any dtype"));
+                            std::string(DTypeName(send.dtype)),
+                            "; all_gather and all_to_all move any dtype"));
   }
   const int64_t n = size();
   switch (kind) {
@@ -72,6 +73,18 @@ absl::Status DataPlane::Check(CollectiveKind kind, const View& send, const View&
                                 send.count, " / group size ", n, " = ", send.count / n));
       }
       break;
+    case CollectiveKind::kAllToAll:
+      if (send.count % n != 0) {
+        return bad(absl::StrCat("send holds ", send.count,
+                                " elements, not a multiple of the group size ", n,
+                                " (one equal chunk per rank); the caller pads it (PaddedCount)"));
+      }
+      if (send.count > 0 && send.backend == recv.backend &&
+          send.allocation.storage == recv.allocation.storage &&
+          send.offset < recv.offset + recv.bytes() && recv.offset < send.offset + send.bytes()) {
+        return bad("send and recv overlap; all_to_all is not in place: give it separate buffers");
+      }
+      [[fallthrough]];
     default:
       if (recv.count != send.count) {
         return bad(absl::StrCat("send holds ", send.count, " elements but recv holds ",
@@ -94,6 +107,13 @@ absl::StatusOr<Event> DataPlane::ReduceScatter(View send, View recv, ReduceOp op
     return Rejected(CollectiveKind::kReduceScatter, send, recv, op, after, std::move(why));
   }
   return EnqueueReduceScatter(send, recv, op, after);
+}
+
+absl::StatusOr<Event> DataPlane::AllToAll(View send, View recv, Stream after) {
+  if (absl::Status why = Check(CollectiveKind::kAllToAll, send, recv, ReduceOp::kSum); !why.ok()) {
+    return Rejected(CollectiveKind::kAllToAll, send, recv, ReduceOp::kSum, after, std::move(why));
+  }
+  return EnqueueAllToAll(send, recv, after);
 }
 
 absl::StatusOr<Event> DataPlane::AllReduce(View send, View recv, ReduceOp op, Stream after) {

@@ -158,6 +158,17 @@ TEST_F(CudaBackendGpu, RanksAsThreadsSharingTheDeviceGatherAndReduce) {
       for (int q = 0; q < kRanks; ++q) want += static_cast<float>(q * 100000 + r * kChunk + i);
       if (got[i] != want) return absl::InternalError(absl::StrCat("reduce_scatter: rank ", r, " element ", i));
     }
+    // all_to_all: chunk q of the output is chunk r of rank q's send
+    FSDP_ASSIGN_OR_RETURN(e, (*plane)->AllToAll(send->view(), recv->view()));
+    FSDP_RETURN_IF_ERROR((*b)->Wait(Stream::kCompute, e));
+    FSDP_ASSIGN_OR_RETURN(got, testing::ToHost(b->get(), recv->view()));
+    for (int q = 0; q < kRanks; ++q) {
+      for (int64_t i = 0; i < kChunk; ++i) {
+        if (got[q * kChunk + i] != static_cast<float>(q * 100000 + r * kChunk + i)) {
+          return absl::InternalError(absl::StrCat("all_to_all: rank ", r, " element ", q * kChunk + i));
+        }
+      }
+    }
     // all_reduce in place (avg)
     FSDP_ASSIGN_OR_RETURN(e, (*plane)->AllReduce(send->view(), send->view(), ReduceOp::kAvg));
     FSDP_RETURN_IF_ERROR((*b)->Wait(Stream::kCompute, e));

@@ -117,7 +117,8 @@ TEST(SimBackendTest, MemoryBudgetIsAClearOutOfMemoryError) {
 TEST(SimBackendTest, DataPlaneCollectivesOnDeviceViews) {
   constexpr int kRanks = 3;
   constexpr int64_t kShard = 5;
-  std::vector<std::vector<float>> gathered(kRanks), scattered(kRanks), reduced(kRanks);
+  std::vector<std::vector<float>> gathered(kRanks), scattered(kRanks), reduced(kRanks),
+      exchanged(kRanks);
   ASSERT_TRUE(LocalWorld::Run(kRanks, {}, [&](Communicator& comm) -> absl::Status {
     auto sim = MakeSim({.op_latency = absl::Milliseconds(2)});
     FSDP_ASSIGN_OR_RETURN(auto plane, sim->CreateDataPlane(comm));
@@ -137,6 +138,9 @@ TEST(SimBackendTest, DataPlaneCollectivesOnDeviceViews) {
     FSDP_RETURN_IF_ERROR(sim->Wait(Stream::kCompute, g));
     FSDP_RETURN_IF_ERROR(sim->Wait(Stream::kCompute, s));
     FSDP_ASSIGN_OR_RETURN(gathered[r], testing::ToHost(sim.get(), all.view()));
+    FSDP_ASSIGN_OR_RETURN(Event x, plane->AllToAll(in.view(), all.view(), Stream::kCompute));
+    FSDP_RETURN_IF_ERROR(sim->Wait(Stream::kCompute, x));
+    FSDP_ASSIGN_OR_RETURN(exchanged[r], testing::ToHost(sim.get(), all.view()));
     FSDP_ASSIGN_OR_RETURN(scattered[r], testing::ToHost(sim.get(), shard.view()));
     FSDP_ASSIGN_OR_RETURN(Event a, plane->AllReduce(in.view(), in.view(), ReduceOp::kAvg,
                                                     Stream::kCompute));
@@ -148,6 +152,9 @@ TEST(SimBackendTest, DataPlaneCollectivesOnDeviceViews) {
     for (int64_t i = 0; i < kRanks * kShard; ++i) {
       const int64_t owner = i / kShard;
       EXPECT_EQ(gathered[r][i], 2.0f * (100.0f * owner + i)) << "all_gather " << r << "," << i;
+      // Chunk q of rank r's all_to_all output: chunk r of rank q's input.
+      const int64_t q = i / kShard, j = r * kShard + i % kShard;
+      EXPECT_EQ(exchanged[r][i], 2.0f * (100.0f * q + j)) << "all_to_all " << r << "," << i;
       const float sum = 2.0f * (0 + 100 + 200 + 3.0f * i);
       EXPECT_EQ(reduced[r][i], sum / 3.0f) << "all_reduce " << r << "," << i;
     }

@@ -178,12 +178,15 @@ struct Case {
   int64_t CountFor(int n) const {
     if (total_bytes == 0) return count;
     const int64_t elems = total_bytes / static_cast<int64_t>(DTypeSize(dtype));
-    return kind == CollectiveKind::kAllGather || kind == CollectiveKind::kReduceScatter
-               ? elems / n : elems;
+    return PerRank() ? elems / n : elems;
+  }
+  bool PerRank() const {
+    return kind == CollectiveKind::kAllGather || kind == CollectiveKind::kReduceScatter ||
+           kind == CollectiveKind::kAllToAll;
   }
   int64_t LargestBufferBytes(int n) const {
     if (total_bytes > 0) return total_bytes;
-    const bool per_rank = kind == CollectiveKind::kAllGather || kind == CollectiveKind::kReduceScatter;
+    const bool per_rank = PerRank();
     return count * static_cast<int64_t>(DTypeSize(dtype)) * (per_rank ? n : 1);
   }
 };
@@ -196,7 +199,8 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
     s += absl::StrFormat("_%s", ReduceOpName(c.op));
   }
   if (c.kind == CollectiveKind::kBroadcast) s += c.root ? "_rootlast" : "_root0";
-  if (c.kind != CollectiveKind::kBroadcast && c.kind != CollectiveKind::kBarrier) {
+  if (c.kind != CollectiveKind::kBroadcast && c.kind != CollectiveKind::kBarrier &&
+      c.kind != CollectiveKind::kAllToAll) {
     s += c.in_place ? "_inplace" : "_outofplace";
   }
   if (c.kind != CollectiveKind::kBarrier) {
@@ -236,6 +240,10 @@ std::vector<Case> AllCases() {
           }
         }
         for (int root : {0, 1}) add({n, CollectiveKind::kBroadcast, t, ReduceOp::kSum, true, count, 0, root});
+        // all_to_all moves bytes whatever the dtype: every count, two dtypes.
+        if (per_rank_ok && t != DType::kF16) {
+          add({n, CollectiveKind::kAllToAll, t, ReduceOp::kSum, false, count, 0, 0});
+        }
       }
     }
     add({n, CollectiveKind::kBarrier, DType::kF32, ReduceOp::kSum, false, 0, 0, 0});
@@ -248,6 +256,7 @@ std::vector<Case> AllCases() {
         add({n, CollectiveKind::kReduceScatter, DType::kF32, ReduceOp::kSum, in_place, 0, big, 0});
         add({n, CollectiveKind::kAllReduce, DType::kF32, ReduceOp::kSum, in_place, 0, big, 0});
       }
+      add({n, CollectiveKind::kAllToAll, DType::kBF16, ReduceOp::kSum, false, 0, big, 0});
       if (n != 3) {
         add({n, CollectiveKind::kReduceScatter, DType::kBF16, ReduceOp::kAvg, false, 0, big, 0});
         add({n, CollectiveKind::kBroadcast, DType::kBF16, ReduceOp::kSum, true, 0, big, 1});
@@ -271,7 +280,7 @@ struct Tables {
 void BuildTables(Tables& tab, const Case& c, int n, int64_t count) {
   const DType t = c.dtype;
   const bool rs = c.kind == CollectiveKind::kReduceScatter;
-  const int64_t len = rs ? n * count : count;
+  const int64_t len = rs || c.kind == CollectiveKind::kAllToAll ? n * count : count;
   for (int q = 0; q < n; ++q) {
     TestBuffer& b = tab.inputs.emplace_back(t, len);
     for (int64_t i = 0; i < len; ++i) b.Set(i, Value(q, i));
@@ -334,6 +343,15 @@ void RunCase(Communicator& comm, const Case& c, Tables& tab) {
     case CollectiveKind::kBarrier:
       EXPECT_OK(comm.Barrier());
       break;
+    case CollectiveKind::kAllToAll: {
+      TestBuffer send(t, n * count), recv(t, n * count);
+      std::memcpy(send.data(), mine.at(0), n * count * e);
+      EXPECT_OK(comm.AllToAll(send.data(), recv.data(), count, t));
+      // Chunk q of what this rank receives is chunk r of rank q's send.
+      for (int q = 0; q < n; ++q) m.Check(recv, q * count, tab.inputs[q], r * count, count, t);
+      EXPECT_TRUE(recv.GuardIntact());
+      break;
+    }
     case CollectiveKind::kSplit:
       break;
   }
@@ -458,6 +476,14 @@ TEST_P(WorldTest, CheckedViewsReportBadSizesOnEveryRank) {
     s = comm.AllReduce(ConstBufferView{a.data(), 4, DType::kF32}, BufferView{b.data(), 4, DType::kBF16},
                        ReduceOp::kSum);
     EXPECT_TRUE(Contains(s, "send is f32 but recv is bf16")) << s;
+    s = comm.AllToAll(ConstBufferView{a.data(), 4 * n, DType::kF32},
+                      BufferView{b.data(), 4 * n + 1, DType::kF32});
+    EXPECT_TRUE(Contains(s, "all_to_all: send holds")) << s;
+    EXPECT_TRUE(Contains(s, "they must be equal")) << s;
+    // Not in place: send and recv overlap.
+    s = comm.AllToAll(a.data(), a.data(), 1, DType::kF32);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(Contains(s, "all_to_all is not in place")) << s;
     EXPECT_OK(comm.health());  // bad arguments do not fail the group
     EXPECT_OK(comm.Barrier());
   });

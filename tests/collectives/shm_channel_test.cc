@@ -62,13 +62,15 @@ struct Case {
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   for (CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
-                           CollectiveKind::kAllReduce, CollectiveKind::kBroadcast}) {
+                           CollectiveKind::kAllReduce, CollectiveKind::kBroadcast,
+                           CollectiveKind::kAllToAll}) {
     for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
         const bool reduces = k == CollectiveKind::kReduceScatter || k == CollectiveKind::kAllReduce;
         if (!reduces && op != ReduceOp::kSum) continue;
         for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100}, int64_t{1001}}) {
           for (bool in_place : {false, true}) {
+            if (in_place && k == CollectiveKind::kAllToAll) continue;  // never in place
             cases.push_back({k, d, op, count, in_place, static_cast<int>(count % 3)});
           }
         }
@@ -89,6 +91,7 @@ Buffers MakeBuffers(const Case& c, int rank, int n) {
   int64_t in = c.count, out = c.count;
   if (c.kind == CollectiveKind::kAllGather) out = c.count * n;
   if (c.kind == CollectiveKind::kReduceScatter) in = c.count * n;
+  if (c.kind == CollectiveKind::kAllToAll) in = out = c.count * n;
   Buffers b;
   b.send.resize(std::max<int64_t>(in, 1) * e);
   b.recv.assign(std::max<int64_t>(out, 1) * e, 0x55);
@@ -135,7 +138,7 @@ std::vector<char> Output(const Buffers& b, const Case& c, int rank, int n) {
   const size_t e = DTypeSize(c.dtype);
   size_t bytes = c.count * e;
   const char* p = static_cast<const char*>(b.call.recv);
-  if (c.kind == CollectiveKind::kAllGather) {
+  if (c.kind == CollectiveKind::kAllGather || c.kind == CollectiveKind::kAllToAll) {
     bytes *= n;
     p = b.recv.data();
   }
@@ -162,6 +165,7 @@ TEST_P(ShmChannelTest, EveryCallMatchesTheLocalTransportBitwiseOverManyRounds) {
                       s = comm.ReduceScatter(c.send, c.recv, c.count, c.dtype, c.op);
                       break;
                     case CollectiveKind::kAllReduce: s = comm.AllReduce(c.send, c.recv, c.count, c.dtype, c.op); break;
+                    case CollectiveKind::kAllToAll: s = comm.AllToAll(c.send, c.recv, c.count, c.dtype); break;
                     default: s = comm.Broadcast(c.recv, c.count, c.dtype, c.root); break;
                   }
                   if (!s.ok()) return s;

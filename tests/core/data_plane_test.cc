@@ -37,6 +37,10 @@ class RecordingPlane final : public DataPlane {
     enqueued.push_back("all_reduce");
     return Event();
   }
+  absl::StatusOr<Event> EnqueueAllToAll(View, View, Stream) override {
+    enqueued.push_back("all_to_all");
+    return Event();
+  }
   absl::StatusOr<Event> Rejected(CollectiveKind kind, View send, View recv, ReduceOp op,
                                  Stream after, absl::Status why) override {
     if (!post_rejects_) return DataPlane::Rejected(kind, send, recv, op, after, std::move(why));
@@ -62,8 +66,9 @@ TEST(DataPlaneTest, ChecksTheArgumentsOnceBeforeTheBackendSeesThem) {
   ASSERT_TRUE(plane.ReduceScatter(a.view(), b.view().Slice(0, 16), ReduceOp::kAvg).ok());
   ASSERT_TRUE(plane.AllReduce(a.view(), a.view(), ReduceOp::kSum).ok());
   ASSERT_TRUE(plane.AllGather(a.view().As(DType::kU8).Slice(0, 4), b.view().As(DType::kU8).Slice(0, 16)).ok());
-  EXPECT_EQ(plane.enqueued,
-            (std::vector<std::string>{"all_gather", "reduce_scatter", "all_reduce", "all_gather"}));
+  ASSERT_TRUE(plane.AllToAll(a.view().As(DType::kU8), b.view().As(DType::kU8)).ok());
+  EXPECT_EQ(plane.enqueued, (std::vector<std::string>{"all_gather", "reduce_scatter", "all_reduce",
+                                                      "all_gather", "all_to_all"}));
   plane.enqueued.clear();
 
   View past = a.view();
@@ -96,6 +101,11 @@ TEST(DataPlaneTest, ChecksTheArgumentsOnceBeforeTheBackendSeesThem) {
        "recv holds 15 elements but must hold send 64 / group size 4 = 16"},
       {plane.AllReduce(a.view(), b.view().Slice(0, 63), ReduceOp::kSum),
        "send holds 64 elements but recv holds 63"},
+      {plane.AllToAll(a.view().Slice(0, 62), b.view().Slice(0, 62)),
+       "all_to_all on rank 1: send holds 62 elements, not a multiple of the group size 4"},
+      {plane.AllToAll(a.view(), b.view().Slice(0, 60)), "send holds 64 elements but recv holds 60"},
+      {plane.AllToAll(a.view().Slice(0, 32), a.view().Slice(16, 32)),
+       "send and recv overlap; all_to_all is not in place"},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(c.got.status().code(), absl::StatusCode::kInvalidArgument) << c.says;

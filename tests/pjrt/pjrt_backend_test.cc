@@ -458,6 +458,22 @@ TEST_P(PjrtDataPlaneTest, CollectivesMatchTheHost) {
           wait(plane.AllGather(sv, rv));
           EXPECT_EQ(download(rv), want) << "all_gather " << where;
         }
+        // all_to_all (never in place): chunk q of what rank r gets is chunk r of rank q's send;
+        // into a window of a larger buffer.
+        if (!in_place) {
+          std::vector<float> mine(n * kCount), want(n * kCount);
+          for (int64_t i = 0; i < n * kCount; ++i) mine[i] = Input(r, i);
+          for (int q = 0; q < n; ++q)
+            for (int64_t i = 0; i < kCount; ++i)
+              want[q * kCount + i] = Round(Input(q, r * kCount + i), d);
+          Buffer send = upload(mine), recv = upload(std::vector<float>(n * kCount + 2, 9.0f));
+          const View rv = recv.view(d).Slice(1, n * kCount);
+          wait(plane.AllToAll(send.view(d), rv));
+          EXPECT_EQ(download(rv), want) << "all_to_all " << where;
+          const std::vector<float> all = download(recv.view(d));
+          EXPECT_EQ(all[0], 9.0f);
+          EXPECT_EQ(all[n * kCount + 1], 9.0f) << "all_to_all wrote outside its view";
+        }
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
           const std::string what = absl::StrCat(std::string(ReduceOpName(op)), " ", where);
           // reduce_scatter: n * kCount -> kCount (this rank's chunk).
