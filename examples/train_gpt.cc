@@ -363,9 +363,10 @@ void PrintBanner(const Settings& s, const Communicator& world, ShardedModel& mod
   if (mp.dynamic_loss_scale) {
     absl::StrAppend(&extras, " | dynamic loss scaling from ", mp.initial_loss_scale);
   }
-  if (const fsdp::CommunicationOptions& c = s.model.sharding.communication;
-      c.all_gather != fsdp::WireFormat::kDType) {
+  if (const fsdp::CommunicationOptions& c = s.model.sharding.communication; c.quantizes()) {
     absl::StrAppend(&extras, " | all-gather ", std::string(fsdp::WireFormatName(c.all_gather)),
+                    ", reduction ", std::string(fsdp::WireFormatName(c.reduction)),
+                    c.reduction != fsdp::WireFormat::kDType ? " (all_to_all, f32 sum)" : "",
                     ", a scale per ", c.block_size, " elements");
   }
   if (s.model.sharding.strategy == fsdp::ShardingStrategy::kHybridShard ||

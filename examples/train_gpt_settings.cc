@@ -95,8 +95,14 @@ ABSL_FLAG(std::string, all_gather_format, "dtype",
           "what the parameter all-gather carries: dtype (param_dtype), int8 or fp8 (e4m3 codes "
           "with one f32 scale per --quant_block elements: about a quarter of f32's bytes; "
           "DeepSpeed ZeRO++'s qwZ)");
+ABSL_FLAG(std::string, reduction_format, "dtype",
+          "what the gradient reduction carries: dtype (reduce_dtype), int8 or fp8 (codes with "
+          "one f32 scale per --quant_block elements, each rank's gradient quantized once and "
+          "the sum taken in f32: an all_to_all in the shard group, an all_gather of the reduced "
+          "shard's codes across replicas; DeepSpeed ZeRO++'s qgZ). Needs --reduce_dtype f32");
 ABSL_FLAG(int, quant_block, 256,
-          "elements per scale of a quantized all-gather: a power of two from 16 to 65536");
+          "elements per scale of a quantized all-gather or reduction: a power of two from 16 "
+          "to 65536");
 ABSL_FLAG(double, loss_scaling, 0,
           "dynamic loss scaling starting from this scale, e.g. 65536 (for f16; 0 = off)");
 ABSL_FLAG(int, checkpoint_every_blocks, 0,
@@ -577,6 +583,16 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     absl::StatusOr<fsdp::WireFormat> format = fsdp::ParseWireFormat(f);
     if (!format.ok()) return BadFlag("all_gather_format", f, "allowed: dtype, int8 or fp8");
     comm.all_gather = *format;
+    const std::string r = absl::GetFlag(FLAGS_reduction_format);
+    format = fsdp::ParseWireFormat(r);
+    if (!format.ok()) return BadFlag("reduction_format", r, "allowed: dtype, int8 or fp8");
+    comm.reduction = *format;
+    if (comm.reduction != fsdp::WireFormat::kDType && mp.reduce_dtype != fsdp::DType::kF32) {
+      return BadFlag("reduction_format", r,
+                     absl::StrCat("a quantized reduction adds in f32 from the f32 gradient: it "
+                                  "needs --reduce_dtype f32, not ",
+                                  std::string(fsdp::DTypeName(mp.reduce_dtype))));
+    }
     comm.block_size = absl::GetFlag(FLAGS_quant_block);
     if (!fsdp::CheckCommunicationOptions(comm).ok()) {
       return BadFlag("quant_block", comm.block_size, "allowed: a power of two from 16 to 65536");

@@ -67,7 +67,12 @@ ABSL_FLAG(std::string, accumulate, "no_sync",
 ABSL_FLAG(std::string, all_gather_format, "dtype",
           "what the parameter all-gather carries: dtype (param_dtype), int8 or fp8 (codes and "
           "an f32 scale per --quant_block elements, kept beside each parameter shard)");
-ABSL_FLAG(int, quant_block, 256, "elements per scale of a quantized all-gather (16 to 65536)");
+ABSL_FLAG(std::string, reduction_format, "dtype",
+          "what the gradient reduction carries: dtype (reduce_dtype), int8 or fp8 (each rank's "
+          "codes for every rank, the codes received and one decoded chunk, while a unit's "
+          "gradient is reduced); needs --reduce_dtype f32");
+ABSL_FLAG(int, quant_block, 256,
+          "elements per scale of a quantized all-gather or reduction (16 to 65536)");
 ABSL_FLAG(int, prefetch, 1,
           "units gathered ahead of their use at most (max_prefetch_units); 0 = no prefetch");
 ABSL_FLAG(std::string, device_memory, "",
@@ -263,6 +268,10 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
     absl::StatusOr<fsdp::WireFormat> format = fsdp::ParseWireFormat(f);
     if (!format.ok()) return BadFlag("all_gather_format", f, "allowed: dtype, int8 or fp8");
     r.communication.all_gather = *format;
+    const std::string g = absl::GetFlag(FLAGS_reduction_format);
+    format = fsdp::ParseWireFormat(g);
+    if (!format.ok()) return BadFlag("reduction_format", g, "allowed: dtype, int8 or fp8");
+    r.communication.reduction = *format;
     r.communication.block_size = absl::GetFlag(FLAGS_quant_block);
     if (!fsdp::CheckCommunicationOptions(r.communication).ok()) {
       return BadFlag("quant_block", absl::StrCat(r.communication.block_size),

@@ -36,6 +36,7 @@ class RuntimeOps {
   virtual void Add(Stream s, View out, View a, View b) = 0;  // out = a + b (may alias)
   // x *= factor[0] (a f32 scalar on the device).
   virtual void ScaleBy(Stream s, View x, View factor) = 0;
+  virtual void Scale(Stream s, View x, float factor) = 0;  // x *= factor
 
   // ---- optimizers over a flat shard (MODEL_SPEC.md; PyTorch semantics) ----------------------
   // One AdamW step with the step's scalars (AdamWStepScalars, fsdp/optim_scalars.h).
@@ -164,7 +165,6 @@ class Ops : public RuntimeOps {
 
   // ---- element-wise (n = out.count) ---------------------------------------------------------
   virtual void AddBackward(Stream s, View da, View db, View dout) = 0;  // da += dout; db += dout
-  virtual void Scale(Stream s, View x, float factor) = 0;  // x *= factor
   // out = ins[0] op ins[1] op ... in order, in f32, rounded once to out's dtype; kAvg divides
   // the sum by ins.size(). out may be one of the inputs. f32, bf16, f16. (The device data plane
   // of a backend can reduce its peers' buffers with it.)

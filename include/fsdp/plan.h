@@ -106,9 +106,11 @@ struct PlanRequest {
   int micro_batches = 1;
   Accumulation accumulation = Accumulation::kNoSync;
   int max_prefetch_units = 1;
-  // A quantized parameter all-gather (ShardingOptions::communication): each rank's codes and
-  // scales are kept with its parameter shard, and the shard group's are held while a unit is
-  // gathered, until decoded.
+  // Quantized communication (ShardingOptions::communication). An all-gather format: each
+  // rank's codes and scales are kept with its parameter shard, and the shard group's are held
+  // while a unit is gathered, until decoded. A reduction format: while a unit's gradient is
+  // reduced, the codes this rank sends and receives and a decoded chunk (communication
+  // buffers, counted with the gradient buffers).
   CommunicationOptions communication;
   bool forward_prefetch = true;
   bool backward_prefetch = true;
@@ -152,6 +154,7 @@ struct MemoryPlan {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
+  CommunicationOptions communication;
   int batch_size = 1;
   int seq_len = 1;
   int checkpointed_blocks = 0;

@@ -129,9 +129,24 @@ struct CommunicationOptions {
   // in param_dtype: every rank computes with the same parameters. The f32 master shards and
   // the optimizer stay exact. A shard group of one rank gathers nothing and ignores it.
   WireFormat all_gather = WireFormat::kDType;
+  // What a unit's gradient reduction carries (DeepSpeed ZeRO++'s qgZ). kDType: reduce_dtype, as
+  // without it. int8 / fp8: the sum is taken in f32 from codes quantized once, so its error
+  // does not grow with the number of ranks:
+  // - in the shard group, each rank block-quantizes its f32 gradient once per backward, chunk
+  //   d for rank d, the group exchanges the chunks (all_to_all), and each rank decodes the
+  //   group's codes of its own shard and adds them in f32, in rank order (the mean);
+  // - across replicas (HYBRID; NO_SHARD's all-reduce), each rank quantizes its reduced shard,
+  //   the replicas all-gather the codes and every replica decodes and adds all of them in the
+  //   same order: the replicas keep bitwise-equal gradient shards. This moves (R - 1) chunks
+  //   per rank, less than an f32 ring all-reduce's 2 (R - 1) / R for R < 8 replicas.
+  // Needs reduce_dtype f32 (the gradient is quantized from f32) and no dynamic loss scaling.
+  WireFormat reduction = WireFormat::kDType;
   // Elements per scale: a power of two from 16 to 65536. Blocks split each rank's shard (the
   // last block of a shard may be shorter).
   int block_size = 256;
+  bool quantizes() const {
+    return all_gather != WireFormat::kDType || reduction != WireFormat::kDType;
+  }
 };
 // InvalidArgument, naming the field and the allowed values, for a block size out of range when
 // a format is set. (Whether the backend has the format is checked when the runtime is created.)
@@ -141,6 +156,14 @@ absl::Status CheckCommunicationOptions(const CommunicationOptions& c);
 // planner and the projection decide by it.
 inline bool QuantizesAllGather(const CommunicationOptions& c, int shard_size) {
   return c.all_gather != WireFormat::kDType && shard_size > 1;
+}
+// Whether a unit's gradient reduction in the shard group exchanges codes (all_to_all), and
+// whether its reduction across `replicate_size` replicas all-gathers codes.
+inline bool QuantizesReduceScatter(const CommunicationOptions& c, int shard_size) {
+  return c.reduction != WireFormat::kDType && shard_size > 1;
+}
+inline bool QuantizesReplicaReduction(const CommunicationOptions& c, int replicate_size) {
+  return c.reduction != WireFormat::kDType && replicate_size > 1;
 }
 
 struct ShardingOptions {

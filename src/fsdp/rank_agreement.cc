@@ -50,7 +50,8 @@ std::vector<Setting> ShardingOptionSettings(const ShardingOptions& o) {
       {"nonfinite", o.nonfinite == NonFinitePolicy::kError ? "error" : "skip"},
       {"communication.all_gather", std::string(WireFormatName(o.communication.all_gather))},
   };
-  if (o.communication.all_gather != WireFormat::kDType) {
+  out.push_back({"communication.reduction", std::string(WireFormatName(o.communication.reduction))});
+  if (o.communication.quantizes()) {
     out.push_back({"communication.block_size", absl::StrCat(o.communication.block_size)});
   }
   if (mp.dynamic_loss_scale) {

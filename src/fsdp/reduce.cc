@@ -32,6 +32,16 @@ absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
     pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
     return false;
   }
+  if (quantized_reduce_scatter()) {
+    FSDP_RETURN_IF_ERROR(IssueQuantizedReduceScatter(unit));
+    return true;
+  }
+  if (quantized_replicas()) {  // a shard group of one (NO_SHARD): the replicas' codes
+    unit.reduce_issued_ns = internal::NowIfTracing();
+    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, full.Slice(0, sn)));
+    pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
+    return true;
+  }
   fsdp::View send = full;
   if (rd != DType::kF32) {  // reduce the low-precision copy; the f32 gradient is done
     FSDP_ASSIGN_OR_RETURN(unit.lowp_grad, Alloc(book.grad_buffers, "the low-precision gradient",
@@ -52,6 +62,78 @@ absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
                                                                         Stream::kCompute));
   }
   return true;
+}
+
+// Each rank's f32 gradient, quantized once: chunk d (rank d's shard) into slot d of the codes,
+// which the shard group exchanges; the f32 gradient goes back once quantized.
+absl::Status ShardingRuntime::Impl::IssueQuantizedReduceScatter(Unit& unit) {
+  const CommunicationOptions& c = options.communication;
+  const QuantizedLayout chunk = QuantizedChunk(unit);
+  const int64_t sn = unit.layout.shard_numel;
+  const fsdp::View full = unit.full_grad.view();
+  FSDP_ASSIGN_OR_RETURN(unit.quantized_grad, Alloc(book.grad_buffers, "the gradient codes", &unit,
+                                                   chunk.bytes() * S(), DType::kU8));
+  const fsdp::View send = unit.quantized_grad.view(DType::kU8);
+  for (int d = 0; d < S(); ++d) {
+    const fsdp::View codes = send.Slice(d * chunk.bytes(), chunk.bytes());
+    ops().QuantizeBlocks(Stream::kCompute, codes.Slice(0, chunk.code_bytes()),
+                         codes.Slice(chunk.code_bytes()).As(DType::kF32), full.Slice(d * sn, sn),
+                         c.block_size, c.reduction);
+  }
+  pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
+  FSDP_ASSIGN_OR_RETURN(unit.quantized_reduced,
+                        Alloc(book.grad_buffers, "the received gradient codes", &unit,
+                              chunk.bytes() * S(), DType::kU8));
+  unit.code_ranks = S();
+  unit.reduce_issued_ns = internal::NowIfTracing();
+  FSDP_ASSIGN_OR_RETURN(unit.reduce_event,
+                        shard_plane->AllToAll(send, unit.quantized_reduced.view(DType::kU8),
+                                              Stream::kCompute));
+  return absl::OkStatus();
+}
+
+// The codes of `shard` into this replica's slot of the replicas' codes, all-gathered in place.
+absl::Status ShardingRuntime::Impl::IssueQuantizedReplicaGather(Unit& unit, fsdp::View shard) {
+  const CommunicationOptions& c = options.communication;
+  const QuantizedLayout chunk = QuantizedChunk(unit);
+  FSDP_ASSIGN_OR_RETURN(unit.quantized_reduced,
+                        Alloc(book.grad_buffers, "the replicas' gradient codes", &unit,
+                              chunk.bytes() * R(), DType::kU8));
+  unit.code_ranks = R();
+  const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
+  const fsdp::View slot = all.Slice(mesh->replicate_index() * chunk.bytes(), chunk.bytes());
+  ops().QuantizeBlocks(Stream::kCompute, slot.Slice(0, chunk.code_bytes()),
+                       slot.Slice(chunk.code_bytes()).As(DType::kF32), shard, c.block_size,
+                       c.reduction);
+  FSDP_ASSIGN_OR_RETURN(unit.reduce_event,
+                        replicate_plane->AllGather(slot, all, Stream::kCompute));
+  return absl::OkStatus();
+}
+
+absl::Status ShardingRuntime::Impl::DecodeMean(Unit& unit, fsdp::View out) {
+  const CommunicationOptions& c = options.communication;
+  const QuantizedLayout chunk = QuantizedChunk(unit);
+  const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
+  const int n = unit.code_ranks;
+  internal::Accounted term;  // rank q's decoded chunk, q >= 1
+  for (int q = 0; q < n; ++q) {
+    if (q == 1) {
+      FSDP_ASSIGN_OR_RETURN(term, Alloc(book.grad_buffers, "a decoded gradient chunk", &unit,
+                                        chunk.n));
+    }
+    const fsdp::View codes = all.Slice(q * chunk.bytes(), chunk.bytes());
+    ops().DequantizeBlocks(Stream::kCompute, q == 0 ? out : term.view(),
+                           codes.Slice(0, chunk.code_bytes()),
+                           codes.Slice(chunk.code_bytes()).As(DType::kF32), c.block_size,
+                           c.reduction);
+    if (q > 0) ops().Add(Stream::kCompute, out, out, term.view());
+  }
+  ops().Scale(Stream::kCompute, out, 1.0f / static_cast<float>(n));
+  const Event done = backend->Record(Stream::kCompute);
+  pending.Add(std::move(term), {done});
+  pending.Add(std::move(unit.quantized_reduced), {done});
+  unit.code_ranks = 0;
+  return absl::OkStatus();
 }
 
 absl::Status ShardingRuntime::Impl::WaitReduction(int u) {
@@ -88,7 +170,11 @@ absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit, Reduction stage)
                                    : rd == DType::kF32 ? unit.full_grad
                                                        : unit.lowp_grad;
   internal::Accounted wide;
-  if (rd == DType::kF32) {
+  if (unit.quantized_reduced.allocated()) {  // codes: their mean, in f32
+    FSDP_ASSIGN_OR_RETURN(wide, Alloc(book.grad_buffers, "the decoded gradient shard", &unit, sn));
+    FSDP_RETURN_IF_ERROR(DecodeMean(unit, wide.view()));
+    AccumulateShard(unit, wide.view());
+  } else if (rd == DType::kF32) {
     AccumulateShard(unit, src.view());
   } else {
     FSDP_ASSIGN_OR_RETURN(wide, Alloc(book.grad_buffers, "the widened gradient shard", &unit, sn));
@@ -144,8 +230,27 @@ absl::Status ShardingRuntime::Impl::AdvanceReduction(int u, Reduction stage, boo
   if (shard_step && S() > 1) {
     pending.Add(std::move(unit.full_grad), {unit.reduce_event});
     pending.Add(std::move(unit.lowp_grad), {unit.reduce_event});
+    pending.Add(std::move(unit.quantized_grad), {unit.reduce_event});
   }
   if (!to_replicas) return FinishReduction(unit, stage);
+  if (quantized_reduce_scatter()) {
+    // The shard group's codes decoded (with the earlier micro-batches' shard), then the
+    // replicas' codes of the result, on the compute stream.
+    FSDP_RETURN_IF_ERROR(StreamWait(Stream::kCompute, unit.reduce_event, "reduce", unit.name));
+    FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(book.grad_buffers, "the reduce-scatter output",
+                                              &unit, unit.layout.shard_numel));
+    const fsdp::View reduced = unit.reduced.view();
+    FSDP_RETURN_IF_ERROR(DecodeMean(unit, reduced));
+    if (with_accumulated) {
+      const fsdp::View g = unit.grad_shard.view();
+      ops().Add(Stream::kCompute, reduced, reduced, g);
+      FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, Stream::kCompute));
+    }
+    unit.reduce_issued_ns = internal::NowIfTracing();
+    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, reduced));
+    pending.Add(std::move(unit.reduced), {backend->Record(Stream::kCompute)});
+    return absl::OkStatus();
+  }
   if (with_accumulated) {
     FSDP_RETURN_IF_ERROR(FoldAccumulatedShard(unit));
   } else {

@@ -66,7 +66,11 @@ struct ShardingRuntime::Impl {
   // The parameters' all-gather carries codes and scales (CommunicationOptions): a format is set
   // and the shard group has more than one rank.
   bool quantized_gather() const { return QuantizesAllGather(options.communication, S()); }
-  // One rank's codes and scales of a unit.
+  // The gradient reduction exchanges codes: in the shard group (all_to_all), across replicas
+  // (all_gather of the reduced shard's codes).
+  bool quantized_reduce_scatter() const { return QuantizesReduceScatter(options.communication, S()); }
+  bool quantized_replicas() const { return QuantizesReplicaReduction(options.communication, R()); }
+  // One rank's codes and scales of a unit (a shard, or a chunk of the gradient for one rank).
   QuantizedLayout QuantizedChunk(const internal::Unit& unit) const {
     return {unit.layout.shard_numel, options.communication.block_size};
   }
@@ -120,6 +124,15 @@ struct ShardingRuntime::Impl {
   void Collect() { pending.Collect(); }
 
   absl::Status FinishReduction(internal::Unit& unit, internal::Reduction stage);
+  // The quantized reduction (CommunicationOptions::reduction): the shard group's all_to_all of
+  // the gradient's codes; the replicas' all_gather of the codes of `shard` (f32, shard_numel:
+  // the reduced shard, or NO_SHARD's whole gradient) on `after`.
+  absl::Status IssueQuantizedReduceScatter(internal::Unit& unit);
+  absl::Status IssueQuantizedReplicaGather(internal::Unit& unit, fsdp::View shard);
+  // out (f32, shard_numel) = the mean of the unit's code_ranks received codes, decoded and
+  // added in f32 in rank order on the compute stream (which has waited for them); the codes go
+  // back.
+  absl::Status DecodeMean(internal::Unit& unit, fsdp::View out);
   absl::Status FoldAccumulatedShard(internal::Unit& unit);
   void AccumulateShard(internal::Unit& unit, fsdp::View add);
 

@@ -166,12 +166,29 @@ absl::Status CheckOptions(Backend* backend, const ShardingOptions& options, int 
   }
   const CommunicationOptions& c = options.communication;
   FSDP_RETURN_IF_ERROR(CheckCommunicationOptions(c));
-  if (c.all_gather != WireFormat::kDType) {
-    if (!backend->runtime_ops().supports_wire_format(c.all_gather)) {
+  for (const auto& [field, format] : {std::pair{"all_gather", c.all_gather},
+                                       std::pair{"reduction", c.reduction}}) {
+    if (format != WireFormat::kDType && !backend->runtime_ops().supports_wire_format(format)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "communication.all_gather is ", std::string(WireFormatName(c.all_gather)),
-          ", which the ", std::string(backend->name()),
+          "communication.", field, " is ", std::string(WireFormatName(format)), ", which the ",
+          std::string(backend->name()),
           " backend does not implement (the cpu, sim and cuda backends do); use dtype"));
+    }
+  }
+  if (c.reduction != WireFormat::kDType) {
+    const std::string what =
+        absl::StrCat("communication.reduction is ", std::string(WireFormatName(c.reduction)));
+    if (mp.reduce_dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " with reduce_dtype ", std::string(DTypeName(mp.reduce_dtype)),
+          ": a quantized reduction encodes the f32 gradient and adds in f32; set reduce_dtype "
+          "to f32 (the dtype of an unquantized reduction), or the reduction to dtype"));
+    }
+    if (mp.dynamic_loss_scale) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " with dynamic loss scaling: block codes keep 8 bits below each block's "
+          "largest value, so the small gradients loss scaling exists to keep round to zero; "
+          "train in bf16 without loss scaling, or set the reduction to dtype"));
     }
   }
   if (mp.dynamic_loss_scale &&

@@ -92,7 +92,7 @@ absl::StatusOr<MeshShape> StrategyMesh(const ShardingOptions& options, int world
 }  // namespace internal
 
 absl::Status CheckCommunicationOptions(const CommunicationOptions& c) {
-  if (c.all_gather == WireFormat::kDType) return absl::OkStatus();
+  if (!c.quantizes()) return absl::OkStatus();
   const int b = c.block_size;
   if (b < 16 || b > 65536 || (b & (b - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

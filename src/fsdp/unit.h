@@ -129,6 +129,11 @@ struct Unit {
   Accounted full_grad;   // padded unit gradient (f32), from PreBackward until reduced
   Accounted lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
   Accounted reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)
+  // A quantized reduction (CommunicationOptions::reduction): this rank's gradient codes, one
+  // chunk per rank of the shard group (the all_to_all's send), and the codes of its shard
+  // from `code_ranks` ranks (the shard group's, or the replicas' all-gathered), until decoded.
+  Accounted quantized_grad, quantized_reduced;
+  int code_ranks = 0;
   std::unique_ptr<Optimizer> optimizer;
   // (Its state in the hooks, prefetch and reduction stage are the schedule's: schedule.h.)
   Event gather_event;       // all-gather in flight into `gathered`

@@ -45,6 +45,8 @@ struct SimUnit {
   int64_t numel = 0, shard_numel = 0, padded_numel = 0;
   Buf gathered, full_grad, lowp_grad, reduced;
   Buf quantized_gathered;  // the shard group's codes and scales, until decoded
+  Buf quantized_grad, quantized_reduced;  // a quantized reduction's codes (sent, received)
+  int code_ranks = 0;
   int gather_event = kEmptyEvent;
   int reduce_event = kEmptyEvent;
 };
@@ -155,6 +157,19 @@ class Replay {
       PendingAdd(unit.full_grad, {kEmptyEvent});
       return false;
     }
+    if (quantized_reduce_scatter()) {  // IssueQuantizedReduceScatter
+      unit.quantized_grad = Alloc(kGradBuffers, Chunk(unit).bytes() * S_, /*comm=*/true);
+      PendingAdd(unit.full_grad, {kEmptyEvent});
+      unit.quantized_reduced = Alloc(kGradBuffers, Chunk(unit).bytes() * S_, /*comm=*/true);
+      unit.code_ranks = S_;
+      unit.reduce_event = NewCollective();
+      return true;
+    }
+    if (quantized_replicas()) {
+      IssueQuantizedReplicaGather(unit);
+      PendingAdd(unit.full_grad, {kEmptyEvent});
+      return true;
+    }
     const int64_t rsize = static_cast<int64_t>(DTypeSize(rd()));
     if (rd() != DType::kF32) {
       unit.lowp_grad = Alloc(kGradBuffers, unit.padded_numel * rsize, /*comm=*/true);
@@ -178,9 +193,18 @@ class Replay {
     if (stage == internal::Reduction::kShardGroup && S_ > 1) {
       PendingAdd(unit.full_grad, {unit.reduce_event});
       PendingAdd(unit.lowp_grad, {unit.reduce_event});
+      PendingAdd(unit.quantized_grad, {unit.reduce_event});
     }
     if (!to_replicas) {
       FinishReduction(unit);
+      return absl::OkStatus();
+    }
+    if (quantized_reduce_scatter()) {
+      Wait(unit.reduce_event);  // the compute stream waits for the all_to_all
+      unit.reduced = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
+      DecodeMean(unit);
+      IssueQuantizedReplicaGather(unit);
+      PendingAdd(unit.reduced, {kEmptyEvent});
       return absl::OkStatus();
     }
     Wait(unit.reduce_event);  // the comm stream waits for the reduce-scatter
@@ -215,8 +239,11 @@ class Replay {
     return so;
   }
   DType pd() const { return o_.param_dtype; }
-  // ShardingRuntime::Impl::quantized_gather() and QuantizedChunk().
+  // ShardingRuntime::Impl::quantized_gather(), quantized_reduce_scatter(),
+  // quantized_replicas() and QuantizedChunk().
   bool quantized() const { return QuantizesAllGather(o_.communication, S_); }
+  bool quantized_reduce_scatter() const { return QuantizesReduceScatter(o_.communication, S_); }
+  bool quantized_replicas() const { return QuantizesReplicaReduction(o_.communication, R_); }
   QuantizedLayout Chunk(const SimUnit& u) const {
     return {u.shard_numel, o_.communication.block_size};
   }
@@ -294,12 +321,31 @@ class Replay {
   void FinishReduction(SimUnit& unit) {
     Wait(unit.reduce_event);
     Buf wide;
-    if (rd() != DType::kF32) wide = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
+    if (unit.quantized_reduced.allocated()) {
+      wide = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
+      DecodeMean(unit);
+    } else if (rd() != DType::kF32) {
+      wide = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
+    }
     PendingAdd(wide, {kEmptyEvent});
     PendingAdd(unit.reduced, {kEmptyEvent});
     PendingAdd(unit.lowp_grad, {kEmptyEvent});
     PendingAdd(unit.full_grad, {kEmptyEvent});
     unit.reduce_event = kEmptyEvent;
+  }
+
+  // IssueQuantizedReplicaGather and DecodeMean.
+  void IssueQuantizedReplicaGather(SimUnit& unit) {
+    unit.quantized_reduced = Alloc(kGradBuffers, Chunk(unit).bytes() * R_, /*comm=*/true);
+    unit.code_ranks = R_;
+    unit.reduce_event = NewCollective();
+  }
+  void DecodeMean(SimUnit& unit) {
+    Buf term;
+    if (unit.code_ranks > 1) term = Alloc(kGradBuffers, Chunk(unit).n * 4, /*comm=*/true);
+    PendingAdd(term, {kEmptyEvent});
+    PendingAdd(unit.quantized_reduced, {kEmptyEvent});
+    unit.code_ranks = 0;
   }
 
   void Step() {
@@ -396,6 +442,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   if (absl::Status c = CheckCommunicationOptions(o.communication); !c.ok()) {
     return Invalid(std::string(c.message()));
   }
+  if (o.communication.reduction != WireFormat::kDType && o.reduce_dtype != DType::kF32) {
+    return Invalid(absl::StrCat(
+        "communication.reduction is ", std::string(WireFormatName(o.communication.reduction)),
+        " with reduce_dtype ", std::string(DTypeName(o.reduce_dtype)),
+        ": a quantized reduction encodes the f32 gradient and adds in f32; set reduce_dtype to "
+        "f32, or the reduction to dtype"));
+  }
+
   if (o.device_memory_bytes < 0) {
     return Invalid(absl::StrCat("device memory must be >= 0 bytes (0 = unknown), got ",
                                 o.device_memory_bytes));
@@ -442,6 +496,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   p.strategy = o.strategy;
   p.param_dtype = o.param_dtype;
   p.reduce_dtype = o.reduce_dtype;
+  p.communication = o.communication;
   p.batch_size = o.batch_size;
   p.seq_len = o.seq_len;
   p.max_prefetch_units = o.max_prefetch_units;
@@ -476,6 +531,12 @@ std::string FormatMemoryPlan(const MemoryPlan& p) {
       std::string(StrategyName(p.strategy)), p.replicate_size, p.shard_size,
       std::string(DTypeName(p.param_dtype)), std::string(DTypeName(p.reduce_dtype)), p.batch_size,
       p.seq_len, ckpt, p.max_prefetch_units);
+  if (const CommunicationOptions& c = p.communication; c.quantizes()) {
+    out.insert(out.size() - std::string("per rank:\n").size(),
+               absl::StrFormat("quantized: all-gather %s, reduction %s, a scale per %d elements\n",
+                               WireFormatName(c.all_gather), WireFormatName(c.reduction),
+                               c.block_size));
+  }
   out += line("parameter shards (f32)", p.param_shard_bytes, "");
   out += line("gradient shards (f32)", p.grad_shard_bytes, "");
   out += line("optimizer state (f32)", p.optimizer_bytes, "");

@@ -46,6 +46,9 @@ class MinimalOps final : public RuntimeOps {
     const float f = *factor.host_as<float>();
     if (f != 1.0f) kernels::cpu::scale_inplace(x.host_as<float>(), f, x.count);
   }
+  void Scale(Stream, View x, float factor) override {
+    kernels::cpu::scale_inplace(x.host_as<float>(), factor, x.count);
+  }
   void AdamW(Stream, View param, View grad, View m, View v, const AdamWScalars& k) override {
     kernels::cpu::adamw_update(param.host_as<float>(), grad.host_as<float>(), m.host_as<float>(),
                                v.host_as<float>(), param.count, k);

@@ -93,6 +93,8 @@ const OptionField kFields[] = {
      [](ShardingOptions& o) { o.mixed_precision.growth_interval = 100; }},
     {"communication.all_gather", "CommunicationOptions", Defaults,
      [](ShardingOptions& o) { o.communication.all_gather = WireFormat::kFp8E4M3; }},
+    {"communication.reduction", "CommunicationOptions", Defaults,
+     [](ShardingOptions& o) { o.communication.reduction = WireFormat::kInt8; }},
     {"communication.block_size", "CommunicationOptions", Int8,
      [](ShardingOptions& o) { o.communication.block_size = 64; }},
     {"adamw.lr", "AdamWOptions", Defaults, [](ShardingOptions& o) { o.adamw.lr = 1e-3f; }},

@@ -79,6 +79,11 @@ struct Case {
                             ? absl::StrCat(" all-gather ",
                                            std::string(WireFormatName(communication.all_gather)),
                                            " block ", communication.block_size)
+                            : "",
+                        communication.reduction != WireFormat::kDType
+                            ? absl::StrCat(" reduction ",
+                                           std::string(WireFormatName(communication.reduction)),
+                                           " block ", communication.block_size)
                             : "");
   }
   PlanRequest Request() const {
@@ -413,6 +418,33 @@ TEST(PlanAgreesWithRuntime, QuantizedAllGather) {
   r.communication.block_size = 24;
   EXPECT_THAT(std::string(PlanMemory(r).status().message()),
               ::testing::HasSubstr("communication.block_size is 24; allowed: a power of two"));
+}
+
+// A quantized gradient reduction: the codes each rank sends and receives, the decoded chunks
+// and the replicas' codes, in the shard group (FULL_SHARD, 3 ranks), across replicas after it
+// with micro-batches accumulated sharded (HYBRID 2 x 2, both quantized alongside an int8
+// all-gather) and across replicas alone (NO_SHARD, 3 ranks, fp8).
+TEST(PlanAgreesWithRuntime, QuantizedReduction) {
+  Case full = Make("nano", ShardingStrategy::kFullShard, 3);
+  full.communication.reduction = WireFormat::kInt8;
+  full.communication.block_size = 64;
+  Case hybrid = Make("llama-nano", ShardingStrategy::kHybridShard, 4, 2);
+  hybrid.param_dtype = DType::kBF16;
+  hybrid.micro_batches = 3;
+  hybrid.accumulation = Accumulation::kSharded;
+  hybrid.communication.all_gather = WireFormat::kInt8;
+  hybrid.communication.reduction = WireFormat::kInt8;
+  Case ddp = Make("nano", ShardingStrategy::kNoShard, 3);
+  ddp.communication.reduction = WireFormat::kFp8E4M3;
+  for (const Case& c : {full, hybrid, ddp}) ExpectAgrees(c);
+  PlanRequest r = full.Request();
+  const int64_t quantized = PlanMemory(r)->communication_peak_bytes;
+  r.communication = {};
+  EXPECT_NE(quantized, PlanMemory(r)->communication_peak_bytes);
+  r.communication.reduction = WireFormat::kInt8;
+  r.reduce_dtype = DType::kBF16;
+  EXPECT_THAT(std::string(PlanMemory(r).status().message()),
+              ::testing::HasSubstr("communication.reduction is int8 with reduce_dtype bf16"));
 }
 
 // The same 8 ranks as R x S = 2 x 4 and 4 x 2 (a shard group other than the replicate group:
