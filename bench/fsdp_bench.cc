@@ -36,6 +36,9 @@ std::string RunName(const fsdp::BenchConfig& c, int world) {
   if (c.communication.all_gather != fsdp::WireFormat::kDType) {
     absl::StrAppend(&s, " all-gather ", std::string(fsdp::WireFormatName(c.communication.all_gather)));
   }
+  if (c.communication.reduction != fsdp::WireFormat::kDType) {
+    absl::StrAppend(&s, " reduction ", std::string(fsdp::WireFormatName(c.communication.reduction)));
+  }
   if (c.checkpoint_every > 0) absl::StrAppend(&s, " ckpt ", c.checkpoint_every);
   absl::StrAppend(&s, c.prefetch == 0   ? " no-prefetch"
                      : c.prefetch == 1 ? " prefetch"
@@ -129,6 +132,9 @@ void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
     if (r.all_gather != fsdp::WireFormat::kDType) {
       absl::StrAppend(&dtype, "+", std::string(fsdp::WireFormatName(r.all_gather)));
     }
+    if (r.reduction != fsdp::WireFormat::kDType) {
+      absl::StrAppend(&dtype, "/", std::string(fsdp::WireFormatName(r.reduction)));
+    }
     std::printf(
         "%-*s %-20s %3d %5d %-9s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8.1f %8s %5.1f %6s\n",
         mw, r.model.c_str(), r.strategy.c_str(), r.world_size, r.hybrid_shard_size,
@@ -217,7 +223,8 @@ void PrintPasses(const std::vector<fsdp::BenchResult>& rs, int passes) {
     return absl::StrCat(r.model, "|", r.strategy, "|", r.world_size, "|", r.hybrid_shard_size, "|",
                         std::string(fsdp::DTypeName(r.param_dtype)), "|",
                         std::string(fsdp::DTypeName(r.reduce_dtype)), "|",
-                        std::string(fsdp::WireFormatName(r.all_gather)), "|", r.checkpoint_every, "|",
+                        std::string(fsdp::WireFormatName(r.all_gather)), "|",
+                        std::string(fsdp::WireFormatName(r.reduction)), "|", r.checkpoint_every, "|",
                         r.prefetch);
   };
   std::vector<std::string> order;
@@ -296,17 +303,22 @@ std::vector<fsdp::BenchConfig> MeasuredGrid(const Args& a, const std::vector<int
           for (int ck : a.checkpoint) {
             for (int pf : a.prefetch) {
               for (fsdp::WireFormat f : a.all_gather) {
-                fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
-                c.strategy = s;
-                c.world_size = w;
-                c.prefetch = pf;
-                c.communication.all_gather = f;
-                c.link = link;
-                // A world smaller than a host is one host.
-                if (w < a.ranks_per_host) c.link.ranks_per_host = w;
-                const int shard = a.hybrid_shard > 0 ? a.hybrid_shard : a.ranks_per_host;
-                c.hybrid_shard_size = shard > 0 && w < shard ? w : a.hybrid_shard;
-                grid.push_back(c);
+                for (fsdp::WireFormat g : a.reduction) {
+                  fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
+                  c.strategy = s;
+                  c.world_size = w;
+                  c.prefetch = pf;
+                  c.communication.all_gather = f;
+                  c.communication.reduction = g;
+                  // A quantized reduction adds in f32 from the f32 gradient.
+                  if (g != fsdp::WireFormat::kDType) c.reduce_dtype = fsdp::DType::kF32;
+                  c.link = link;
+                  // A world smaller than a host is one host.
+                  if (w < a.ranks_per_host) c.link.ranks_per_host = w;
+                  const int shard = a.hybrid_shard > 0 ? a.hybrid_shard : a.ranks_per_host;
+                  c.hybrid_shard_size = shard > 0 && w < shard ? w : a.hybrid_shard;
+                  grid.push_back(c);
+                }
               }
             }
           }

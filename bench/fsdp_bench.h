@@ -30,6 +30,8 @@ struct Args {
   // --all_gather (a grid axis of measured runs; projections take one) and --quant_block: the
   // format of the first entry, or each entry's in the measured grid.
   std::vector<fsdp::WireFormat> all_gather = {fsdp::WireFormat::kDType};
+  // --reduction: the same for the gradient reduction (runs with a format reduce in f32).
+  std::vector<fsdp::WireFormat> reduction = {fsdp::WireFormat::kDType};
   fsdp::CommunicationOptions communication;
   int hybrid_shard = 0, batch = 4, seq = 64, threads = 0, warmup = 2, steps = 5, repeat = 1;
   double link_gbps = 0, link_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;

@@ -51,6 +51,7 @@ FSDP_BENCH_OPTION(checkpoint);
 FSDP_BENCH_OPTION(prefetch);
 FSDP_BENCH_OPTION(reduce_dtype);
 FSDP_BENCH_OPTION(all_gather);
+FSDP_BENCH_OPTION(reduction);
 FSDP_BENCH_OPTION(quant_block);
 FSDP_BENCH_OPTION(hybrid_shard);
 FSDP_BENCH_OPTION(batch);
@@ -102,6 +103,7 @@ const std::vector<std::pair<const char*, absl::Flag<std::string>*>>& Options() {
       {"prefetch", &FLAGS_prefetch},
       {"reduce_dtype", &FLAGS_reduce_dtype},
       {"all_gather", &FLAGS_all_gather},
+      {"reduction", &FLAGS_reduction},
       {"quant_block", &FLAGS_quant_block},
       {"hybrid_shard", &FLAGS_hybrid_shard},
       {"batch", &FLAGS_batch},
@@ -151,8 +153,13 @@ Each run:
   --all_gather LIST    what the parameter all-gather carries: dtype (the parameter dtype),
                        int8 or fp8 (codes and an f32 scale per --quant_block elements); a
                        grid axis of measured runs, one format with --project (default dtype)
-  --quant_block N      elements per scale of a quantized all-gather: a power of two from 16 to
-                       65536 (default 256)
+  --reduction LIST     what the gradient reduction carries: dtype (--reduce_dtype), int8 or
+                       fp8 (each rank's gradient quantized once, exchanged by all_to_all in
+                       the shard group and all-gathered as codes across replicas, added in
+                       f32: such runs reduce in f32); a grid axis like --all_gather
+                       (default dtype)
+  --quant_block N      elements per scale of a quantized all-gather or reduction: a power of
+                       two from 16 to 65536 (default 256)
   --hybrid_shard S     HYBRID strategies: ranks per shard group; 0 = --ranks_per_host when set,
                        else the whole world. A world smaller than S uses one group. (default 0)
   --batch B            sequences per rank and step, B (default 4, at most 1048576): weak
@@ -445,6 +452,14 @@ void SetOption(Args& a, const std::string& k, const std::string& v) {
       a.all_gather.push_back(*f);
     }
     a.communication.all_gather = a.all_gather.front();
+  } else if (k == "--reduction") {
+    a.reduction.clear();
+    for (const std::string& x : List(k, v)) {
+      absl::StatusOr<fsdp::WireFormat> f = fsdp::ParseWireFormat(x);
+      if (!f.ok()) BadUsage(absl::StrCat(k, ": '", x, "' is not dtype, int8 or fp8"));
+      a.reduction.push_back(*f);
+    }
+    a.communication.reduction = a.reduction.front();
   } else if (k == "--quant_block") {
     a.communication.block_size = ParseInt(k, v, 1);
     fsdp::CommunicationOptions c = a.communication;
@@ -551,6 +566,9 @@ Args ParseArgs(int argc, char** argv) {
   if (!a.validate && !unset("--calibrate")) BadUsage("--calibrate: needs --validate_projection");
   if (a.all_gather.size() > 1 && (a.project || a.validate)) {
     BadUsage("--all_gather: --project and --validate_projection take one format");
+  }
+  if (a.reduction.size() > 1 && (a.project || a.validate)) {
+    BadUsage("--reduction: --project and --validate_projection take one format");
   }
   if (!unset("--repeat") && (a.project || a.validate)) {
     BadUsage("--repeat: measured runs only (not --project or --validate_projection)");

@@ -95,7 +95,8 @@ struct BenchResult {
   int batch_size = 0, seq_len = 0;
   DType param_dtype = DType::kF32, reduce_dtype = DType::kF32;
   WireFormat all_gather = WireFormat::kDType;  // CommunicationOptions as run
-  int quant_block = 0;                         // its block size (0 with kDType)
+  WireFormat reduction = WireFormat::kDType;
+  int quant_block = 0;                         // their block size (0 with kDType for both)
   int checkpoint_every = 0;
   int prefetch = 1;  // units gathered ahead (0 = none)
   int pass = 1;      // which pass over the grid this run belongs to (fsdp_bench --repeat), from 1
@@ -138,8 +139,8 @@ struct BenchResult {
   // lane's spans: world, shard and replicate groups, control data included).
   double comm_bytes_per_rank = 0;  // sum of their sizes S (nccl-tests: the gathered output of
                                    // an all_gather, the full input of a reduce_scatter)
-  double bus_bytes_per_rank = 0;   // what the rank sends on a ring: S (n-1)/n for all_gather
-                                   // and reduce_scatter, 2 S (n-1)/n for all_reduce
+  double bus_bytes_per_rank = 0;   // what the rank sends on a ring: S (n-1)/n for all_gather,
+                                   // reduce_scatter and all_to_all, 2 S (n-1)/n for all_reduce
   int64_t collectives_per_step = 0;
   // The collectives' own time per rank and step, added up: each "comm" span less the time it
   // waited for its peers (peer_wait_ns). With a simulated link, the time the step's bytes take

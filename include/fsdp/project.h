@@ -137,7 +137,7 @@ struct ProjectionRun {
 
 // One collective of the projected step.
 struct ProjectedCollective {
-  std::string kind;   // "all_gather", "reduce_scatter", "all_reduce"
+  std::string kind;   // "all_gather", "reduce_scatter", "all_reduce", "all_to_all"
   std::string group;  // "shard" or "replicate"
   int unit = -1;      // -1: the gradient norm's all_gather
   int64_t bytes = 0;  // nccl-tests' size S: the gathered output / full input / the buffer

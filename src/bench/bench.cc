@@ -277,9 +277,13 @@ void SplitStep(const std::vector<Span>& mine, int rank, int64_t b, int64_t e, Ra
           peer_wait != nullptr && peer_wait->is_num ? static_cast<double>(peer_wait->num) : 0;
       comm_time += std::max(0.0, static_cast<double>(s.duration_ns()) - waited);
       if (n > 1) {
-        if (s.name == "all_gather" || s.name == "reduce_scatter") bus += size * (n - 1) / n;
-        else if (s.name == "all_reduce") bus += 2 * size * (n - 1) / n;
-        else if (s.name == "broadcast") bus += size;
+        if (s.name == "all_gather" || s.name == "reduce_scatter" || s.name == "all_to_all") {
+          bus += size * (n - 1) / n;
+        } else if (s.name == "all_reduce") {
+          bus += 2 * size * (n - 1) / n;
+        } else if (s.name == "broadcast") {
+          bus += size;
+        }
       }
     }
   }
@@ -399,8 +403,8 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.param_dtype = c.param_dtype;
   out.reduce_dtype = c.reduce_dtype;
   out.all_gather = c.communication.all_gather;
-  out.quant_block =
-      c.communication.all_gather == WireFormat::kDType ? 0 : c.communication.block_size;
+  out.reduction = c.communication.reduction;
+  out.quant_block = c.communication.quantizes() ? c.communication.block_size : 0;
   out.checkpoint_every = c.checkpoint_every;
   out.prefetch = c.prefetch;
   out.warmup_steps = c.warmup_steps;
@@ -613,7 +617,8 @@ void SetScalingEfficiency(std::vector<BenchResult>& results) {
   auto same = [](const BenchResult& a, const BenchResult& b) {
     return a.model == b.model && a.batch_size == b.batch_size && a.seq_len == b.seq_len &&
            a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype &&
-           a.all_gather == b.all_gather && a.quant_block == b.quant_block &&
+           a.all_gather == b.all_gather && a.reduction == b.reduction &&
+           a.quant_block == b.quant_block &&
            a.checkpoint_every == b.checkpoint_every && a.prefetch == b.prefetch &&
            a.threads_per_rank == b.threads_per_rank && a.pass == b.pass;
   };

@@ -148,9 +148,9 @@ absl::StatusOr<double> ShapeSeconds(CollectiveKind kind, int64_t bytes, int elem
                                     const GroupShape& group, const LinkSpec& link) {
   FSDP_RETURN_IF_ERROR(CheckLink(link));
   if (kind != CollectiveKind::kAllGather && kind != CollectiveKind::kReduceScatter &&
-      kind != CollectiveKind::kAllReduce) {
+      kind != CollectiveKind::kAllReduce && kind != CollectiveKind::kAllToAll) {
     return Bad(absl::StrCat("CollectiveSeconds: ", std::string(CollectiveName(kind)),
-                            ": allowed: all_gather, reduce_scatter, all_reduce"));
+                            ": allowed: all_gather, reduce_scatter, all_reduce, all_to_all"));
   }
   if (bytes < 0 || elem_bytes < 1) {
     return Bad(absl::StrCat("CollectiveSeconds: bytes=", bytes, ", elem_bytes=", elem_bytes,
@@ -299,6 +299,18 @@ class Replay {
   absl::Status PrepareGradient(int /*u*/) { return absl::OkStatus(); }
   absl::StatusOr<bool> IssueReduction(int u) {
     if (S_ == 1 && R_ == 1) return false;
+    const CommunicationOptions& c = run_.communication;
+    const QuantizedLayout chunk{Padded(u) / S_, c.block_size};  // codes, bytes on the wire
+    if (QuantizesReduceScatter(c, S_)) {
+      FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
+                            Issue(true, CollectiveKind::kAllToAll, chunk.bytes() * S_, 1, u));
+      return true;
+    }
+    if (QuantizesReplicaReduction(c, R_)) {
+      FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
+                            Issue(false, CollectiveKind::kAllGather, chunk.bytes() * R_, 1, u));
+      return true;
+    }
     const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
     if (S_ > 1) {
       FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
@@ -322,6 +334,13 @@ class Replay {
     Wait(units_[u].reduce);
     units_[u].reduce = -1;
     if (!to_replicas) return absl::OkStatus();
+    const CommunicationOptions& c = run_.communication;
+    if (QuantizesReplicaReduction(c, R_)) {  // the reduced shard's codes, all-gathered
+      const QuantizedLayout chunk{Padded(u) / S_, c.block_size};
+      FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
+                            Issue(false, CollectiveKind::kAllGather, chunk.bytes() * R_, 1, u));
+      return absl::OkStatus();
+    }
     const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
     FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
                           Issue(false, CollectiveKind::kAllReduce, Padded(u) / S_ * e, e, u));
@@ -401,9 +420,7 @@ class Replay {
     FSDP_ASSIGN_OR_RETURN(double d, ShapeSeconds(kind, bytes, elem, q.shape, link_));
     double& free = q.free;
     ProjectedCollective c;
-    c.kind = kind == CollectiveKind::kAllGather       ? "all_gather"
-             : kind == CollectiveKind::kReduceScatter ? "reduce_scatter"
-                                                      : "all_reduce";
+    c.kind = std::string(CollectiveName(kind));
     c.group = shard ? "shard" : "replicate";
     c.unit = unit;
     c.bytes = bytes;

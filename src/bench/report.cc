@@ -64,6 +64,7 @@ std::vector<Field> Fields(const BenchResult& r) {
   str("param_dtype", std::string(DTypeName(r.param_dtype)));
   str("reduce_dtype", std::string(DTypeName(r.reduce_dtype)));
   str("all_gather", std::string(WireFormatName(r.all_gather)));
+  str("reduction", std::string(WireFormatName(r.reduction)));
   i64("quant_block", r.quant_block);
   i64("checkpoint_every", r.checkpoint_every);
   i64("prefetch", r.prefetch);
