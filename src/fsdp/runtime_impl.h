@@ -126,13 +126,12 @@ struct ShardingRuntime::Impl {
   absl::Status FinishReduction(internal::Unit& unit, internal::Reduction stage);
   // The quantized reduction (CommunicationOptions::reduction): the shard group's all_to_all of
   // the gradient's codes; the replicas' all_gather of the codes of `shard` (f32, shard_numel:
-  // the reduced shard, or NO_SHARD's whole gradient) on `after`.
+  // the reduced shard, or NO_SHARD's whole gradient), quantized on stream `s`.
   absl::Status IssueQuantizedReduceScatter(internal::Unit& unit);
-  absl::Status IssueQuantizedReplicaGather(internal::Unit& unit, fsdp::View shard);
+  absl::Status IssueQuantizedReplicaGather(internal::Unit& unit, fsdp::View shard, Stream s);
   // out (f32, shard_numel) = the mean of the unit's code_ranks received codes, decoded and
-  // added in f32 in rank order on the compute stream (which has waited for them); the codes go
-  // back.
-  absl::Status DecodeMean(internal::Unit& unit, fsdp::View out);
+  // added in f32 in rank order on stream `s` (which has waited for them); the codes go back.
+  absl::Status DecodeMean(internal::Unit& unit, fsdp::View out, Stream s);
   absl::Status FoldAccumulatedShard(internal::Unit& unit);
   void AccumulateShard(internal::Unit& unit, fsdp::View add);
 
