@@ -38,7 +38,7 @@ absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
   }
   if (quantized_replicas()) {  // a shard group of one (NO_SHARD): the replicas' codes
     unit.reduce_issued_ns = internal::NowIfTracing();
-    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, full.Slice(0, sn)));
+    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, full.Slice(0, sn), Stream::kCompute));
     pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
     return true;
   }
@@ -93,7 +93,8 @@ absl::Status ShardingRuntime::Impl::IssueQuantizedReduceScatter(Unit& unit) {
 }
 
 // The codes of `shard` into this replica's slot of the replicas' codes, all-gathered in place.
-absl::Status ShardingRuntime::Impl::IssueQuantizedReplicaGather(Unit& unit, fsdp::View shard) {
+absl::Status ShardingRuntime::Impl::IssueQuantizedReplicaGather(Unit& unit, fsdp::View shard,
+                                                                Stream s) {
   const CommunicationOptions& c = options.communication;
   const QuantizedLayout chunk = QuantizedChunk(unit);
   FSDP_ASSIGN_OR_RETURN(unit.quantized_reduced,
@@ -102,15 +103,14 @@ absl::Status ShardingRuntime::Impl::IssueQuantizedReplicaGather(Unit& unit, fsdp
   unit.code_ranks = R();
   const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
   const fsdp::View slot = all.Slice(mesh->replicate_index() * chunk.bytes(), chunk.bytes());
-  ops().QuantizeBlocks(Stream::kCompute, slot.Slice(0, chunk.code_bytes()),
+  ops().QuantizeBlocks(s, slot.Slice(0, chunk.code_bytes()),
                        slot.Slice(chunk.code_bytes()).As(DType::kF32), shard, c.block_size,
                        c.reduction);
-  FSDP_ASSIGN_OR_RETURN(unit.reduce_event,
-                        replicate_plane->AllGather(slot, all, Stream::kCompute));
+  FSDP_ASSIGN_OR_RETURN(unit.reduce_event, replicate_plane->AllGather(slot, all, s));
   return absl::OkStatus();
 }
 
-absl::Status ShardingRuntime::Impl::DecodeMean(Unit& unit, fsdp::View out) {
+absl::Status ShardingRuntime::Impl::DecodeMean(Unit& unit, fsdp::View out, Stream s) {
   const CommunicationOptions& c = options.communication;
   const QuantizedLayout chunk = QuantizedChunk(unit);
   const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
@@ -122,14 +122,13 @@ absl::Status ShardingRuntime::Impl::DecodeMean(Unit& unit, fsdp::View out) {
                                         chunk.n));
     }
     const fsdp::View codes = all.Slice(q * chunk.bytes(), chunk.bytes());
-    ops().DequantizeBlocks(Stream::kCompute, q == 0 ? out : term.view(),
-                           codes.Slice(0, chunk.code_bytes()),
+    ops().DequantizeBlocks(s, q == 0 ? out : term.view(), codes.Slice(0, chunk.code_bytes()),
                            codes.Slice(chunk.code_bytes()).As(DType::kF32), c.block_size,
                            c.reduction);
-    if (q > 0) ops().Add(Stream::kCompute, out, out, term.view());
+    if (q > 0) ops().Add(s, out, out, term.view());
   }
-  ops().Scale(Stream::kCompute, out, 1.0f / static_cast<float>(n));
-  const Event done = backend->Record(Stream::kCompute);
+  ops().Scale(s, out, 1.0f / static_cast<float>(n));
+  const Event done = backend->Record(s);
   pending.Add(std::move(term), {done});
   pending.Add(std::move(unit.quantized_reduced), {done});
   unit.code_ranks = 0;
@@ -172,7 +171,7 @@ absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit, Reduction stage)
   internal::Accounted wide;
   if (unit.quantized_reduced.allocated()) {  // codes: their mean, in f32
     FSDP_ASSIGN_OR_RETURN(wide, Alloc(book.grad_buffers, "the decoded gradient shard", &unit, sn));
-    FSDP_RETURN_IF_ERROR(DecodeMean(unit, wide.view()));
+    FSDP_RETURN_IF_ERROR(DecodeMean(unit, wide.view(), Stream::kCompute));
     AccumulateShard(unit, wide.view());
   } else if (rd == DType::kF32) {
     AccumulateShard(unit, src.view());
@@ -234,21 +233,27 @@ absl::Status ShardingRuntime::Impl::AdvanceReduction(int u, Reduction stage, boo
   }
   if (!to_replicas) return FinishReduction(unit, stage);
   if (quantized_reduce_scatter()) {
-    // The shard group's codes decoded (with the earlier micro-batches' shard), then the
-    // replicas' codes of the result, on the compute stream.
-    FSDP_RETURN_IF_ERROR(StreamWait(Stream::kCompute, unit.reduce_event, "reduce", unit.name));
+    // The shard group's codes decoded (with the earlier micro-batches' shard added), then the
+    // replicas' codes of the result: on the communication stream, after the all_to_all, so
+    // that a device's compute stream goes on with the next unit's backward meanwhile. (The
+    // gradient shard was last written on the compute stream, which the replica stage's end
+    // waits for before it adds into it again.)
+    FSDP_RETURN_IF_ERROR(StreamWait(Stream::kComm, unit.reduce_event, "reduce", unit.name));
+    if (with_accumulated) {
+      FSDP_RETURN_IF_ERROR(backend->Wait(Stream::kComm, backend->Record(Stream::kCompute)));
+    }
     FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(book.grad_buffers, "the reduce-scatter output",
                                               &unit, unit.layout.shard_numel));
     const fsdp::View reduced = unit.reduced.view();
-    FSDP_RETURN_IF_ERROR(DecodeMean(unit, reduced));
+    FSDP_RETURN_IF_ERROR(DecodeMean(unit, reduced, Stream::kComm));
     if (with_accumulated) {
       const fsdp::View g = unit.grad_shard.view();
-      ops().Add(Stream::kCompute, reduced, reduced, g);
-      FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, Stream::kCompute));
+      ops().Add(Stream::kComm, reduced, reduced, g);
+      FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, Stream::kComm));
     }
     unit.reduce_issued_ns = internal::NowIfTracing();
-    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, reduced));
-    pending.Add(std::move(unit.reduced), {backend->Record(Stream::kCompute)});
+    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, reduced, Stream::kComm));
+    pending.Add(std::move(unit.reduced), {backend->Record(Stream::kComm)});
     return absl::OkStatus();
   }
   if (with_accumulated) {
