@@ -308,7 +308,7 @@ class Replay {
     }
     if (QuantizesReplicaReduction(c, R_)) {
       FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
-                            Issue(false, CollectiveKind::kAllGather, chunk.bytes() * R_, 1, u));
+                            Issue(false, CollectiveKind::kAllToAll, ReplicaCodes(u), 1, u));
       return true;
     }
     const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
@@ -335,15 +335,21 @@ class Replay {
     units_[u].reduce = -1;
     if (!to_replicas) return absl::OkStatus();
     const CommunicationOptions& c = run_.communication;
-    if (QuantizesReplicaReduction(c, R_)) {  // the reduced shard's codes, all-gathered
-      const QuantizedLayout chunk{Padded(u) / S_, c.block_size};
+    if (QuantizesReplicaReduction(c, R_)) {  // the reduced shard's codes, exchanged
       FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
-                            Issue(false, CollectiveKind::kAllGather, chunk.bytes() * R_, 1, u));
+                            Issue(false, CollectiveKind::kAllToAll, ReplicaCodes(u), 1, u));
       return absl::OkStatus();
     }
     const int e = static_cast<int>(DTypeSize(p_.reduce_dtype));
     FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
                           Issue(false, CollectiveKind::kAllReduce, Padded(u) / S_ * e, e, u));
+    return absl::OkStatus();
+  }
+  // Then each replica's mean chunk, re-encoded, all-gathered.
+  absl::Status IssueReplicaGather(int u) {
+    Wait(units_[u].reduce);
+    FSDP_ASSIGN_OR_RETURN(units_[u].reduce,
+                          Issue(false, CollectiveKind::kAllGather, ReplicaCodes(u), 1, u));
     return absl::OkStatus();
   }
   void Collect() {}
@@ -362,7 +368,13 @@ class Replay {
     so.max_prefetch_units = std::max(1, run.prefetch);
     so.shard_size = S;
     so.replicate_size = R;
+    so.two_phase_replicas = QuantizesReplicaReduction(run.communication, R);
     return so;
+  }
+  // A quantized reduction across replicas: the bytes of R slots of one replica's chunk.
+  int64_t ReplicaCodes(int u) const {
+    const int64_t chunk = (Padded(u) / S_ + R_ - 1) / R_;
+    return QuantizedLayout{chunk, run_.communication.block_size}.bytes() * R_;
   }
 
   int64_t Padded(int u) const {

@@ -3,6 +3,8 @@
 // order as they complete (HYBRID: the reduced shard's all-reduce across replicas), and added
 // into the gradient shard on the compute stream. A unit's unsharded gradient is given back as
 // soon as its reduction has read it.
+#include <algorithm>
+
 #include "fsdp/trace.h"
 #include "src/fsdp/runtime_impl.h"
 
@@ -36,9 +38,9 @@ absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
     FSDP_RETURN_IF_ERROR(IssueQuantizedReduceScatter(unit));
     return true;
   }
-  if (quantized_replicas()) {  // a shard group of one (NO_SHARD): the replicas' codes
+  if (quantized_replicas()) {  // a shard group of one (NO_SHARD): the replicas' all_to_all
     unit.reduce_issued_ns = internal::NowIfTracing();
-    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, full.Slice(0, sn), Stream::kCompute));
+    FSDP_RETURN_IF_ERROR(IssueReplicaExchange(unit, full.Slice(0, sn), Stream::kCompute));
     pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
     return true;
   }
@@ -92,38 +94,103 @@ absl::Status ShardingRuntime::Impl::IssueQuantizedReduceScatter(Unit& unit) {
   return absl::OkStatus();
 }
 
-// The codes of `shard` into this replica's slot of the replicas' codes, all-gathered in place.
-absl::Status ShardingRuntime::Impl::IssueQuantizedReplicaGather(Unit& unit, fsdp::View shard,
-                                                                Stream s) {
+// Codes and scales of `n` elements at `slot` (a slot of a quantized reduction's buffer).
+namespace {
+struct SlotViews {
+  fsdp::View codes, scales;
+};
+SlotViews Parts(const fsdp::View& slot, const QuantizedLayout& layout) {
+  return {slot.Slice(0, layout.code_bytes()),
+          slot.Slice(layout.code_bytes(), 4 * layout.blocks()).As(DType::kF32)};
+}
+}  // namespace
+
+QuantizedLayout ShardingRuntime::Impl::ReplicaChunk(const Unit& unit, int r) const {
+  const int64_t c = ReplicaChunkNumel(unit);
+  const int64_t n = std::clamp<int64_t>(unit.layout.shard_numel - r * c, 0, c);
+  return {n, options.communication.block_size};
+}
+
+// The replicas' first phase: `shard` (f32, shard_numel) cut into R chunks, chunk r (replica
+// r's) quantized into slot r of this rank's codes, exchanged by all_to_all, on stream `s`.
+absl::Status ShardingRuntime::Impl::IssueReplicaExchange(Unit& unit, fsdp::View shard,
+                                                         Stream s) {
   const CommunicationOptions& c = options.communication;
-  const QuantizedLayout chunk = QuantizedChunk(unit);
+  const int64_t slot = ReplicaSlotBytes(unit), chunk = ReplicaChunkNumel(unit);
+  FSDP_ASSIGN_OR_RETURN(unit.quantized_grad, Alloc(book.grad_buffers, "the gradient codes", &unit,
+                                                   slot * R(), DType::kU8));
+  const fsdp::View send = unit.quantized_grad.view(DType::kU8);
+  for (int r = 0; r < R(); ++r) {
+    const QuantizedLayout layout = ReplicaChunk(unit, r);
+    if (layout.n == 0) continue;  // a shard shorter than the replicas: nothing for replica r
+    const SlotViews p = Parts(send.Slice(r * slot, slot), layout);
+    ops().QuantizeBlocks(s, p.codes, p.scales, shard.Slice(r * chunk, layout.n), c.block_size,
+                         c.reduction);
+  }
   FSDP_ASSIGN_OR_RETURN(unit.quantized_reduced,
-                        Alloc(book.grad_buffers, "the replicas' gradient codes", &unit,
-                              chunk.bytes() * R(), DType::kU8));
+                        Alloc(book.grad_buffers, "the received gradient codes", &unit, slot * R(),
+                              DType::kU8));
   unit.code_ranks = R();
-  const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
-  const fsdp::View slot = all.Slice(mesh->replicate_index() * chunk.bytes(), chunk.bytes());
-  ops().QuantizeBlocks(s, slot.Slice(0, chunk.code_bytes()),
-                       slot.Slice(chunk.code_bytes()).As(DType::kF32), shard, c.block_size,
-                       c.reduction);
-  FSDP_ASSIGN_OR_RETURN(unit.reduce_event, replicate_plane->AllGather(slot, all, s));
+  FSDP_ASSIGN_OR_RETURN(unit.reduce_event,
+                        replicate_plane->AllToAll(send, unit.quantized_reduced.view(DType::kU8), s));
   return absl::OkStatus();
 }
 
-absl::Status ShardingRuntime::Impl::DecodeMean(Unit& unit, fsdp::View out, Stream s) {
+// The replicas' second phase, on the communication stream after their all_to_all: the mean of
+// this replica's chunk from every replica's codes, re-encoded into its slot of the chunks'
+// codes, all-gathered in place. Every replica then decodes the same codes: their gradient
+// shards agree bit for bit.
+absl::Status ShardingRuntime::Impl::IssueReplicaGather(int u) {
+  Unit& unit = units[u];
   const CommunicationOptions& c = options.communication;
-  const QuantizedLayout chunk = QuantizedChunk(unit);
+  internal::RecordInflight(unit.reduce_event, "replica all_to_all", unit.reduce_issued_ns,
+                           unit.name, false);
+  FSDP_RETURN_IF_ERROR(StreamWait(Stream::kComm, unit.reduce_event, "replica all_to_all",
+                                  unit.name));
+  pending.Add(std::move(unit.quantized_grad), {unit.reduce_event});
+  const int me = mesh->replicate_index();
+  const int64_t slot = ReplicaSlotBytes(unit);
+  const QuantizedLayout mine = ReplicaChunk(unit, me);
+  internal::Accounted mean;
+  if (mine.n > 0) {
+    FSDP_ASSIGN_OR_RETURN(mean, Alloc(book.grad_buffers, "the replicas' mean chunk", &unit,
+                                      mine.n));
+    FSDP_RETURN_IF_ERROR(DecodeMean(unit, mean.view(), mine, slot, Stream::kComm));
+  } else {
+    pending.Add(std::move(unit.quantized_reduced), {backend->Record(Stream::kComm)});
+  }
+  FSDP_ASSIGN_OR_RETURN(unit.quantized_reduced,
+                        Alloc(book.grad_buffers, "the replicas' chunk codes", &unit, slot * R(),
+                              DType::kU8));
+  unit.code_ranks = R();
+  unit.code_chunks = true;
+  const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
+  const fsdp::View own = all.Slice(me * slot, slot);
+  if (mine.n > 0) {
+    const SlotViews p = Parts(own, mine);
+    ops().QuantizeBlocks(Stream::kComm, p.codes, p.scales, mean.view(), c.block_size,
+                         c.reduction);
+  }
+  pending.Add(std::move(mean), {backend->Record(Stream::kComm)});
+  unit.reduce_issued_ns = internal::NowIfTracing();
+  FSDP_ASSIGN_OR_RETURN(unit.reduce_event, replicate_plane->AllGather(own, all, Stream::kComm));
+  return absl::OkStatus();
+}
+
+absl::Status ShardingRuntime::Impl::DecodeMean(Unit& unit, fsdp::View out,
+                                               const QuantizedLayout& layout, int64_t stride,
+                                               Stream s) {
+  const CommunicationOptions& c = options.communication;
   const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
   const int n = unit.code_ranks;
   internal::Accounted term;  // rank q's decoded chunk, q >= 1
   for (int q = 0; q < n; ++q) {
     if (q == 1) {
       FSDP_ASSIGN_OR_RETURN(term, Alloc(book.grad_buffers, "a decoded gradient chunk", &unit,
-                                        chunk.n));
+                                        layout.n));
     }
-    const fsdp::View codes = all.Slice(q * chunk.bytes(), chunk.bytes());
-    ops().DequantizeBlocks(s, q == 0 ? out : term.view(), codes.Slice(0, chunk.code_bytes()),
-                           codes.Slice(chunk.code_bytes()).As(DType::kF32), c.block_size,
+    const SlotViews p = Parts(all.Slice(q * stride, stride), layout);
+    ops().DequantizeBlocks(s, q == 0 ? out : term.view(), p.codes, p.scales, c.block_size,
                            c.reduction);
     if (q > 0) ops().Add(s, out, out, term.view());
   }
@@ -133,6 +200,24 @@ absl::Status ShardingRuntime::Impl::DecodeMean(Unit& unit, fsdp::View out, Strea
   pending.Add(std::move(unit.quantized_reduced), {done});
   unit.code_ranks = 0;
   return absl::OkStatus();
+}
+
+// The replicas' chunks, decoded into their places of `out` (f32, shard_numel) on the compute
+// stream; the codes go back.
+void ShardingRuntime::Impl::DecodeChunks(Unit& unit, fsdp::View out) {
+  const CommunicationOptions& c = options.communication;
+  const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
+  const int64_t slot = ReplicaSlotBytes(unit), chunk = ReplicaChunkNumel(unit);
+  for (int r = 0; r < R(); ++r) {
+    const QuantizedLayout layout = ReplicaChunk(unit, r);
+    if (layout.n == 0) continue;
+    const SlotViews p = Parts(all.Slice(r * slot, slot), layout);
+    ops().DequantizeBlocks(Stream::kCompute, out.Slice(r * chunk, layout.n), p.codes, p.scales,
+                           c.block_size, c.reduction);
+  }
+  pending.Add(std::move(unit.quantized_reduced), {backend->Record(Stream::kCompute)});
+  unit.code_ranks = 0;
+  unit.code_chunks = false;
 }
 
 absl::Status ShardingRuntime::Impl::WaitReduction(int u) {
@@ -169,9 +254,14 @@ absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit, Reduction stage)
                                    : rd == DType::kF32 ? unit.full_grad
                                                        : unit.lowp_grad;
   internal::Accounted wide;
-  if (unit.quantized_reduced.allocated()) {  // codes: their mean, in f32
+  if (unit.quantized_reduced.allocated()) {  // codes: the replicas' chunks, or their mean
     FSDP_ASSIGN_OR_RETURN(wide, Alloc(book.grad_buffers, "the decoded gradient shard", &unit, sn));
-    FSDP_RETURN_IF_ERROR(DecodeMean(unit, wide.view(), Stream::kCompute));
+    if (unit.code_chunks) {
+      DecodeChunks(unit, wide.view());
+    } else {
+      const QuantizedLayout layout = QuantizedChunk(unit);
+      FSDP_RETURN_IF_ERROR(DecodeMean(unit, wide.view(), layout, layout.bytes(), Stream::kCompute));
+    }
     AccumulateShard(unit, wide.view());
   } else if (rd == DType::kF32) {
     AccumulateShard(unit, src.view());
@@ -245,14 +335,15 @@ absl::Status ShardingRuntime::Impl::AdvanceReduction(int u, Reduction stage, boo
     FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(book.grad_buffers, "the reduce-scatter output",
                                               &unit, unit.layout.shard_numel));
     const fsdp::View reduced = unit.reduced.view();
-    FSDP_RETURN_IF_ERROR(DecodeMean(unit, reduced, Stream::kComm));
+    const QuantizedLayout layout = QuantizedChunk(unit);
+    FSDP_RETURN_IF_ERROR(DecodeMean(unit, reduced, layout, layout.bytes(), Stream::kComm));
     if (with_accumulated) {
       const fsdp::View g = unit.grad_shard.view();
       ops().Add(Stream::kComm, reduced, reduced, g);
       FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, Stream::kComm));
     }
     unit.reduce_issued_ns = internal::NowIfTracing();
-    FSDP_RETURN_IF_ERROR(IssueQuantizedReplicaGather(unit, reduced, Stream::kComm));
+    FSDP_RETURN_IF_ERROR(IssueReplicaExchange(unit, reduced, Stream::kComm));
     pending.Add(std::move(unit.reduced), {backend->Record(Stream::kComm)});
     return absl::OkStatus();
   }

@@ -125,13 +125,29 @@ struct ShardingRuntime::Impl {
 
   absl::Status FinishReduction(internal::Unit& unit, internal::Reduction stage);
   // The quantized reduction (CommunicationOptions::reduction): the shard group's all_to_all of
-  // the gradient's codes; the replicas' all_gather of the codes of `shard` (f32, shard_numel:
-  // the reduced shard, or NO_SHARD's whole gradient), quantized on stream `s`.
+  // the gradient's codes; across replicas, the all_to_all of the chunks of `shard` (f32,
+  // shard_numel: the reduced shard, or NO_SHARD's whole gradient; quantized on stream `s`),
+  // then (IssueReplicaGather, a stage of the schedule) the all_gather of each replica's
+  // re-encoded mean chunk.
   absl::Status IssueQuantizedReduceScatter(internal::Unit& unit);
-  absl::Status IssueQuantizedReplicaGather(internal::Unit& unit, fsdp::View shard, Stream s);
-  // out (f32, shard_numel) = the mean of the unit's code_ranks received codes, decoded and
-  // added in f32 in rank order on stream `s` (which has waited for them); the codes go back.
-  absl::Status DecodeMean(internal::Unit& unit, fsdp::View out, Stream s);
+  absl::Status IssueReplicaExchange(internal::Unit& unit, fsdp::View shard, Stream s);
+  absl::Status IssueReplicaGather(int u);
+  // Replica r's chunk of a unit's shard: ReplicaChunkNumel elements from r times that, the
+  // last replicas' shorter (or empty); each in a slot of ReplicaSlotBytes.
+  int64_t ReplicaChunkNumel(const internal::Unit& unit) const {
+    return (unit.layout.shard_numel + R() - 1) / R();
+  }
+  QuantizedLayout ReplicaChunk(const internal::Unit& unit, int r) const;
+  int64_t ReplicaSlotBytes(const internal::Unit& unit) const {
+    return QuantizedLayout{ReplicaChunkNumel(unit), options.communication.block_size}.bytes();
+  }
+  // out (f32, layout.n) = the mean of the unit's code_ranks received codes (slots `stride`
+  // bytes apart, each `layout`), decoded and added in f32 in rank order on stream `s` (which
+  // has waited for them); the codes go back.
+  absl::Status DecodeMean(internal::Unit& unit, fsdp::View out, const QuantizedLayout& layout,
+                          int64_t stride, Stream s);
+  // The replicas' all-gathered chunks decoded into their places of `out` (f32, shard_numel).
+  void DecodeChunks(internal::Unit& unit, fsdp::View out);
   absl::Status FoldAccumulatedShard(internal::Unit& unit);
   void AccumulateShard(internal::Unit& unit, fsdp::View add);
 

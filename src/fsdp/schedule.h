@@ -29,6 +29,9 @@
 //   // replica all-reduce was left out: ShardingRuntime::set_requires_all_reduce).
 //   absl::Status AdvanceReduction(int u, Reduction stage, bool to_replicas,
 //                                 bool with_accumulated);
+//   // A quantized reduction across replicas: their all_to_all has completed (as the streams
+//   // order it); decode this replica's chunk, re-encode it and all-gather the chunks.
+//   absl::Status IssueReplicaGather(int u);
 //   void Collect();                // frees what the device is done with
 #pragma once
 
@@ -49,10 +52,13 @@ struct ScheduleOptions {
   bool forward_prefetch = true, backward_prefetch = true;
   int max_prefetch_units = 1;
   int shard_size = 1, replicate_size = 1;
+  // A quantized reduction across replicas: an all_to_all, then an all_gather (two stages).
+  bool two_phase_replicas = false;
 
   static ScheduleOptions From(const ShardingOptions& o, int shard_size, int replicate_size) {
-    return {o.strategy, o.forward_prefetch, o.backward_prefetch, o.max_prefetch_units,
-            shard_size, replicate_size};
+    return {o.strategy,   o.forward_prefetch, o.backward_prefetch, o.max_prefetch_units,
+            shard_size,   replicate_size,
+            QuantizesReplicaReduction(o.communication, replicate_size)};
   }
   // FULL_SHARD and HYBRID_SHARD give a unit's gathered parameters back after its forward.
   bool reshard_after_forward() const {
@@ -191,32 +197,32 @@ class UnitSchedule {
     // stream), so when depends on counts, never on timing. A device moves it on at once (its
     // stream orders the all-reduce after the reduce-scatter); a host backend, whose stream
     // waits block the host, when more than `in_flight` are held.
-    while (!shard_reductions_.empty()) {
-      const int u = shard_reductions_.front();
-      const bool collective_next = hybrid() && units_[u].all_reduce;
+    FSDP_RETURN_IF_ERROR(ProgressQueue(shard_reductions_, drain, in_flight));
+    FSDP_RETURN_IF_ERROR(ProgressQueue(replica_reductions_, drain, in_flight));
+    FSDP_RETURN_IF_ERROR(ProgressQueue(gather_reductions_, drain, in_flight));
+    exec_->Collect();
+    return absl::OkStatus();
+  }
+
+  // One queue of ProgressReductions, in order. A unit moves on when its collective has
+  // completed, unless moving it issues the next collective (HYBRID's replica stage after the
+  // shard group, a quantized reduction's all_gather after the replicas' all_to_all): a device
+  // then moves it at once, a host backend when more than `in_flight` are held.
+  absl::Status ProgressQueue(std::deque<int>& queue, bool drain, size_t in_flight) {
+    while (!queue.empty()) {
+      const int u = queue.front();
       const bool done = exec_->ReductionDone(u);
-      const bool move_now = collective_next ? !exec_->is_host() : done;
+      const bool move_now = CollectiveNext(units_[u]) ? !exec_->is_host() : done;
       if (!move_now && !drain) {
-        if (shard_reductions_.size() <= in_flight) break;
+        if (queue.size() <= in_flight) break;
         // Too many unsharded gradients held: wait for the oldest reduction (on the host, which
         // issues the next unit's gradient; a host backend's compute thread is blocked).
         if (!done) FSDP_RETURN_IF_ERROR(exec_->WaitReduction(u));
       }
       FSDP_RETURN_IF_ERROR(exec_->ReductionStatus(u));
-      shard_reductions_.pop_front();
+      queue.pop_front();
       FSDP_RETURN_IF_ERROR(Advance(u));
     }
-    while (!replica_reductions_.empty()) {
-      const int u = replica_reductions_.front();
-      if (!drain && !exec_->ReductionDone(u)) {
-        if (replica_reductions_.size() <= in_flight) break;
-        FSDP_RETURN_IF_ERROR(exec_->WaitReduction(u));
-      }
-      FSDP_RETURN_IF_ERROR(exec_->ReductionStatus(u));
-      replica_reductions_.pop_front();
-      FSDP_RETURN_IF_ERROR(Advance(u));
-    }
-    exec_->Collect();
     return absl::OkStatus();
   }
 
@@ -241,6 +247,18 @@ class UnitSchedule {
 
   // Both groups have more than one rank: a shard-group reduction goes on across replicas.
   bool hybrid() const { return o_.shard_size > 1 && o_.replicate_size > 1; }
+  // The stage in flight is the replicas' all_to_all of a quantized reduction (HYBRID's replica
+  // stage; NO_SHARD's only stage): its all_gather follows.
+  bool ReplicaPhaseOne(const UnitRecord& unit) const {
+    if (!o_.two_phase_replicas) return false;
+    return unit.reduction == Reduction::kReplicaGroup ||
+           (unit.reduction == Reduction::kShardGroup && o_.shard_size == 1);
+  }
+  // Moving the unit on issues a collective.
+  bool CollectiveNext(const UnitRecord& unit) const {
+    return (unit.reduction == Reduction::kShardGroup && hybrid() && unit.all_reduce) ||
+           ReplicaPhaseOne(unit);
+  }
 
   // The state a unit is in right before the hook that the current direction calls next.
   UnitState NextState() const {
@@ -294,6 +312,12 @@ class UnitSchedule {
 
   absl::Status Advance(int u) {
     UnitRecord& unit = units_[u];
+    if (ReplicaPhaseOne(unit)) {
+      FSDP_RETURN_IF_ERROR(exec_->IssueReplicaGather(u));
+      unit.reduction = Reduction::kReplicaGather;
+      gather_reductions_.push_back(u);
+      return absl::OkStatus();
+    }
     const bool shard_stage = unit.reduction == Reduction::kShardGroup && hybrid();
     const bool to_replicas = shard_stage && unit.all_reduce;
     FSDP_RETURN_IF_ERROR(exec_->AdvanceReduction(u, unit.reduction, to_replicas,
@@ -318,9 +342,10 @@ class UnitSchedule {
   bool pass_ended_ = true;  // the next PreForward starts a pass
   int prefetched_units_ = 0;
   // Units whose gradient reduction is in flight, in the order issued: first in the shard
-  // group, then (HYBRID) across replicas. Both advance strictly in order, so every rank issues
-  // the replica all-reduces in the same order whatever the timing.
-  std::deque<int> shard_reductions_, replica_reductions_;
+  // group, then (HYBRID) across replicas, then (a quantized reduction) the replicas' gather.
+  // Each advances strictly in order, so every rank issues the replicas' collectives in the
+  // same order whatever the timing.
+  std::deque<int> shard_reductions_, replica_reductions_, gather_reductions_;
 };
 
 }  // namespace fsdp::internal

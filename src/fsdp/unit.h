@@ -113,6 +113,9 @@ enum class Reduction {
   kNone,          // nothing in flight (or no_sync accumulation kept locally)
   kShardGroup,    // reduce-scatter in the shard group (NO_SHARD: the all-reduce) in flight
   kReplicaGroup,  // HYBRID: the reduced shard's all-reduce across replicas in flight
+  // A quantized reduction across replicas (CommunicationOptions::reduction): after the
+  // replicas' all_to_all, the all_gather of each replica's reduced chunk in flight.
+  kReplicaGather,
 };
 
 struct Unit {
@@ -134,6 +137,7 @@ struct Unit {
   // from `code_ranks` ranks (the shard group's, or the replicas' all-gathered), until decoded.
   Accounted quantized_grad, quantized_reduced;
   int code_ranks = 0;
+  bool code_chunks = false;  // quantized_reduced holds the replicas' chunks, not one chunk each
   std::unique_ptr<Optimizer> optimizer;
   // (Its state in the hooks, prefetch and reduction stage are the schedule's: schedule.h.)
   Event gather_event;       // all-gather in flight into `gathered`

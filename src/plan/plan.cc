@@ -47,6 +47,7 @@ struct SimUnit {
   Buf quantized_gathered;  // the shard group's codes and scales, until decoded
   Buf quantized_grad, quantized_reduced;  // a quantized reduction's codes (sent, received)
   int code_ranks = 0;
+  bool code_chunks = false;
   int gather_event = kEmptyEvent;
   int reduce_event = kEmptyEvent;
 };
@@ -166,7 +167,7 @@ class Replay {
       return true;
     }
     if (quantized_replicas()) {
-      IssueQuantizedReplicaGather(unit);
+      IssueReplicaExchange(unit);
       PendingAdd(unit.full_grad, {kEmptyEvent});
       return true;
     }
@@ -202,8 +203,8 @@ class Replay {
     if (quantized_reduce_scatter()) {
       Wait(unit.reduce_event);  // the compute stream waits for the all_to_all
       unit.reduced = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
-      DecodeMean(unit);
-      IssueQuantizedReplicaGather(unit);
+      DecodeMean(unit, unit.shard_numel);
+      IssueReplicaExchange(unit);
       PendingAdd(unit.reduced, {kEmptyEvent});
       return absl::OkStatus();
     }
@@ -216,6 +217,45 @@ class Replay {
     unit.reduce_event = NewCollective();
     return absl::OkStatus();
   }
+  // IssueReplicaExchange, IssueReplicaGather (replica 0's chunk: the largest) and DecodeMean
+  // (of n elements).
+  int64_t ReplicaChunkNumel(const SimUnit& u) const { return (u.shard_numel + R_ - 1) / R_; }
+  int64_t ReplicaSlotBytes(const SimUnit& u) const {
+    return QuantizedLayout{ReplicaChunkNumel(u), o_.communication.block_size}.bytes();
+  }
+  void IssueReplicaExchange(SimUnit& unit) {
+    unit.quantized_grad = Alloc(kGradBuffers, ReplicaSlotBytes(unit) * R_, /*comm=*/true);
+    unit.quantized_reduced = Alloc(kGradBuffers, ReplicaSlotBytes(unit) * R_, /*comm=*/true);
+    unit.code_ranks = R_;
+    unit.reduce_event = NewCollective();
+  }
+  absl::Status IssueReplicaGather(int u) {
+    SimUnit& unit = units_[u];
+    Wait(unit.reduce_event);  // the communication stream waits for the all_to_all
+    PendingAdd(unit.quantized_grad, {unit.reduce_event});
+    const int64_t n = std::min(unit.shard_numel, ReplicaChunkNumel(unit));
+    Buf mean;
+    if (n > 0) {
+      mean = Alloc(kGradBuffers, n * 4, /*comm=*/true);
+      DecodeMean(unit, n);
+    } else {
+      PendingAdd(unit.quantized_reduced, {kEmptyEvent});
+    }
+    unit.quantized_reduced = Alloc(kGradBuffers, ReplicaSlotBytes(unit) * R_, /*comm=*/true);
+    unit.code_ranks = R_;
+    unit.code_chunks = true;
+    PendingAdd(mean, {kEmptyEvent});
+    unit.reduce_event = NewCollective();
+    return absl::OkStatus();
+  }
+  void DecodeMean(SimUnit& unit, int64_t n) {
+    Buf term;
+    if (unit.code_ranks > 1) term = Alloc(kGradBuffers, n * 4, /*comm=*/true);
+    PendingAdd(term, {kEmptyEvent});
+    PendingAdd(unit.quantized_reduced, {kEmptyEvent});
+    unit.code_ranks = 0;
+  }
+
   void Collect() {
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (EntryDone(*it)) {
@@ -236,6 +276,7 @@ class Replay {
     so.max_prefetch_units = o.max_prefetch_units;
     so.shard_size = S;
     so.replicate_size = R;
+    so.two_phase_replicas = QuantizesReplicaReduction(o.communication, R);
     return so;
   }
   DType pd() const { return o_.param_dtype; }
@@ -323,7 +364,12 @@ class Replay {
     Buf wide;
     if (unit.quantized_reduced.allocated()) {
       wide = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
-      DecodeMean(unit);
+      if (unit.code_chunks) {  // DecodeChunks
+        PendingAdd(unit.quantized_reduced, {kEmptyEvent});
+        unit.code_chunks = false;
+      } else {
+        DecodeMean(unit, unit.shard_numel);
+      }
     } else if (rd() != DType::kF32) {
       wide = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
     }
@@ -332,20 +378,6 @@ class Replay {
     PendingAdd(unit.lowp_grad, {kEmptyEvent});
     PendingAdd(unit.full_grad, {kEmptyEvent});
     unit.reduce_event = kEmptyEvent;
-  }
-
-  // IssueQuantizedReplicaGather and DecodeMean.
-  void IssueQuantizedReplicaGather(SimUnit& unit) {
-    unit.quantized_reduced = Alloc(kGradBuffers, Chunk(unit).bytes() * R_, /*comm=*/true);
-    unit.code_ranks = R_;
-    unit.reduce_event = NewCollective();
-  }
-  void DecodeMean(SimUnit& unit) {
-    Buf term;
-    if (unit.code_ranks > 1) term = Alloc(kGradBuffers, Chunk(unit).n * 4, /*comm=*/true);
-    PendingAdd(term, {kEmptyEvent});
-    PendingAdd(unit.quantized_reduced, {kEmptyEvent});
-    unit.code_ranks = 0;
   }
 
   void Step() {

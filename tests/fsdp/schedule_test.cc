@@ -69,6 +69,11 @@ class FakeExec {
     }
     return absl::OkStatus();
   }
+  absl::Status IssueReplicaGather(int u) {
+    reduce_[u] = kInFlight;
+    Log("replica-gather", u);
+    return absl::OkStatus();
+  }
   void Collect() {}
 
   // What happened since the last call, e.g. "gather 1,use 0".
@@ -240,6 +245,40 @@ TEST(UnitScheduleTest, HybridMovesReductionsToTheReplicas) {
   Step(d, device, 3);
   const StepLog dl = Step(d, device, 3);
   EXPECT_EQ(dl.backward[1], "use 2,grad 2,free 2,reduce 2,replica-reduce 2");
+}
+
+// A quantized reduction across replicas has two collectives: the replicas' all_to_all
+// ("replica-reduce"), then the all_gather of their chunks ("replica-gather"), a third queue
+// moved on as the others: on a host backend when over its limit, on a device at once; NO_SHARD's
+// only stage is the all_to_all.
+TEST(UnitScheduleTest, QuantizedReplicasGatherAfterTheirExchange) {
+  ScheduleOptions o = Opts(ShardingStrategy::kHybridShard, 1, 2, 2);
+  o.two_phase_replicas = true;
+  FakeExec host(3);
+  auto s = Make(&host, o, 3);
+  Step(s, host, 3);
+  const StepLog h = Step(s, host, 3);
+  EXPECT_EQ(h.backward[2],
+            "use-prefetched 1,grad 1,free 1,reduce 1,wait-reduce 2,replica-reduce 2");
+  EXPECT_EQ(h.finish,
+            "free 0,reduce 0,wait-reduce 1,replica-reduce 1,wait-reduce 2,replica-gather 2,"
+            "replica-reduce 0,replica-gather 1,replica-gather 0,land-replica 2,land-replica 1,"
+            "land-replica 0");
+  FakeExec device(3, /*host=*/false);
+  auto d = Make(&device, o, 3);
+  Step(d, device, 3);
+  const StepLog dl = Step(d, device, 3);
+  EXPECT_EQ(dl.backward[1], "use 2,grad 2,free 2,reduce 2,replica-reduce 2,replica-gather 2");
+  ScheduleOptions n = Opts(ShardingStrategy::kNoShard, 1, 1, 3);
+  n.two_phase_replicas = true;
+  FakeExec ddp(2);
+  auto ns = Make(&ddp, n, 2);
+  Step(ns, ddp, 2);
+  const StepLog nl = Step(ns, ddp, 2);
+  EXPECT_EQ(nl.backward[1], "use 1,grad 1,free 1,reduce 1");
+  EXPECT_EQ(nl.finish,
+            "free 0,reduce 0,wait-reduce 1,replica-gather 1,replica-gather 0,land-replica 1,"
+            "land-replica 0");
 }
 
 // HYBRID without the replica all-reduce (requires_all_reduce off): each backward reduces in
