@@ -323,6 +323,17 @@ std::vector<std::string> List(const std::string& flag, const std::string& v) {
   return out;
 }
 
+// A list of wire formats (--all_gather, --reduction).
+std::vector<fsdp::WireFormat> Formats(const std::string& flag, const std::string& v) {
+  std::vector<fsdp::WireFormat> out;
+  for (const std::string& x : List(flag, v)) {
+    absl::StatusOr<fsdp::WireFormat> f = fsdp::ParseWireFormat(x);
+    if (!f.ok()) BadUsage(absl::StrCat(flag, ": '", x, "' is not dtype, int8 or fp8"));
+    out.push_back(*f);
+  }
+  return out;
+}
+
 // One option of the command line (after absl::flags parsed it) into `a`, checked: bad usage
 // names the flag, the value and what is allowed.
 void SetOption(Args& a, const std::string& k, const std::string& v) {
@@ -445,20 +456,10 @@ void SetOption(Args& a, const std::string& k, const std::string& v) {
     if (v != "same") FloatDTypeFlag(k, v);
     a.reduce_dtype = v;
   } else if (k == "--all_gather") {
-    a.all_gather.clear();
-    for (const std::string& x : List(k, v)) {
-      absl::StatusOr<fsdp::WireFormat> f = fsdp::ParseWireFormat(x);
-      if (!f.ok()) BadUsage(absl::StrCat(k, ": '", x, "' is not dtype, int8 or fp8"));
-      a.all_gather.push_back(*f);
-    }
+    a.all_gather = Formats(k, v);
     a.communication.all_gather = a.all_gather.front();
   } else if (k == "--reduction") {
-    a.reduction.clear();
-    for (const std::string& x : List(k, v)) {
-      absl::StatusOr<fsdp::WireFormat> f = fsdp::ParseWireFormat(x);
-      if (!f.ok()) BadUsage(absl::StrCat(k, ": '", x, "' is not dtype, int8 or fp8"));
-      a.reduction.push_back(*f);
-    }
+    a.reduction = Formats(k, v);
     a.communication.reduction = a.reduction.front();
   } else if (k == "--quant_block") {
     a.communication.block_size = ParseInt(k, v, 1);
