@@ -605,6 +605,13 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   }
   mp.dynamic_loss_scale = loss_scaling > 0;
   if (mp.dynamic_loss_scale) mp.initial_loss_scale = static_cast<float>(loss_scaling);
+  if (mp.dynamic_loss_scale && comm.reduction != fsdp::WireFormat::kDType) {
+    return BadFlag("loss_scaling", loss_scaling,
+                   absl::StrCat("allowed: 0 (off) with --reduction_format ",
+                                std::string(fsdp::WireFormatName(comm.reduction)),
+                                ": block codes round the small gradients loss scaling keeps to "
+                                "zero; train in bf16 without loss scaling, or reduce in dtype"));
+  }
   if (mp.param_dtype == fsdp::DType::kF16 && !mp.dynamic_loss_scale) {
     s.warnings.push_back(
         "--param_dtype=f16 without --loss_scaling: small gradients may underflow to zero in "
