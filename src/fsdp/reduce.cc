@@ -76,6 +76,8 @@ absl::Status ShardingRuntime::Impl::IssueQuantizedReduceScatter(Unit& unit) {
   FSDP_ASSIGN_OR_RETURN(unit.quantized_grad, Alloc(book.grad_buffers, "the gradient codes", &unit,
                                                    chunk.bytes() * S(), DType::kU8));
   const fsdp::View send = unit.quantized_grad.view(DType::kU8);
+  // The kernels do not write the codes' padding to 4 bytes: the wire carries zeros there.
+  if (chunk.code_bytes() != chunk.n) FSDP_RETURN_IF_ERROR(backend->Memset(send, 0));
   for (int d = 0; d < S(); ++d) {
     const fsdp::View codes = send.Slice(d * chunk.bytes(), chunk.bytes());
     ops().QuantizeBlocks(Stream::kCompute, codes.Slice(0, chunk.code_bytes()),
@@ -120,6 +122,8 @@ absl::Status ShardingRuntime::Impl::IssueReplicaExchange(Unit& unit, fsdp::View 
   FSDP_ASSIGN_OR_RETURN(unit.quantized_grad, Alloc(book.grad_buffers, "the gradient codes", &unit,
                                                    slot * R(), DType::kU8));
   const fsdp::View send = unit.quantized_grad.view(DType::kU8);
+  // A shorter last chunk and the codes' padding leave bytes of a slot unwritten: zeros.
+  FSDP_RETURN_IF_ERROR(backend->Memset(send, 0, s));
   for (int r = 0; r < R(); ++r) {
     const QuantizedLayout layout = ReplicaChunk(unit, r);
     if (layout.n == 0) continue;  // a shard shorter than the replicas: nothing for replica r
@@ -166,6 +170,7 @@ absl::Status ShardingRuntime::Impl::IssueReplicaGather(int u) {
   unit.code_chunks = true;
   const fsdp::View all = unit.quantized_reduced.view(DType::kU8);
   const fsdp::View own = all.Slice(me * slot, slot);
+  FSDP_RETURN_IF_ERROR(backend->Memset(own, 0, Stream::kComm));  // what the codes leave
   if (mine.n > 0) {
     const SlotViews p = Parts(own, mine);
     ops().QuantizeBlocks(Stream::kComm, p.codes, p.scales, mean.view(), c.block_size,

@@ -338,6 +338,9 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
         FSDP_ASSIGN_OR_RETURN(u.quantized_shard,
                               m.Alloc(m.book.params, "the quantized parameter shard", &u,
                                       m.QuantizedChunk(u).bytes(), DType::kU8));
+        // The codes' padding to 4 bytes is never written by the kernels: zero, so that the
+        // wire carries defined bytes.
+        FSDP_RETURN_IF_ERROR(m.backend->Memset(u.quantized_shard.view(DType::kU8), 0));
       }
       std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
       absl::StatusOr<std::unique_ptr<Optimizer>> opt;
