@@ -424,6 +424,86 @@ class PjrtOps final : public Ops {
     p->Store(x, p->Mul(v, Bcast(*p, p->Scalar(factor), v)));
     launch_(s, std::move(p));
   }
+  // Block quantization (fsdp/wire_format.h), as the CPU kernels compute it bit for bit: the
+  // shard padded with zeros to whole blocks, each block's largest magnitude (a NaN poisons it),
+  // scale = that / 127 (int8) or / 448 (fp8 e4m3), codes x / scale rounded to nearest even
+  // (int8 clamped to +-127 and stored as two's complement bytes; fp8 clamped to +-448 and
+  // converted, so it saturates as the CPU's), a block whose scale is zero or not finite all
+  // zero codes.
+  bool supports_wire_format(WireFormat) const override { return true; }
+  void QuantizeBlocks(Stream s, View codes, View scales, View x, int64_t block,
+                      WireFormat format) override {
+    const int64_t n = x.count;
+    if (n == 0) return;
+    const int64_t blocks = (n + block - 1) / block, padded = blocks * block;
+    const bool int8 = format == WireFormat::kInt8;
+    auto p = New(int8 ? "quantize_int8" : "quantize_fp8");
+    Value v = p->Load(x.Slice(0, n), {n});
+    if (padded > n) v = p->Concat({v, p->Constant(0.0, "f32", {padded - n})}, 0);
+    const Value grid = p->Reshape(v, {blocks, block});
+    const Value amax = p->Reduce(p->Unary("abs", grid), {1}, "maximum");
+    // The plugin's maximum may drop NaNs (XLA CPU's fast min/max): a NaN poisons its block's
+    // scale as it does on the CPU, found apart.
+    const Value nan_in_block = p->Reduce(
+        p->Convert(p->Compare("NE", grid, grid), "f32"), {1}, "maximum");
+    const Value zero = p->Constant(0.0, "f32", {blocks});
+    const Value scale =
+        p->Select(p->Compare("GT", nan_in_block, zero), p->Constant(std::nan(""), "f32", {blocks}),
+                  // A run-time divisor: a constant one may be compiled as a product with its
+                  // reciprocal, which rounds differently from the CPU's division.
+                  p->Div(amax, p->Broadcast(p->Scalar(int8 ? 127.0 : 448.0), {blocks}, {})));
+    p->Store(scales.Slice(0, blocks), scale);
+    const Value usable = p->Binary("and", p->Compare("GT", scale, zero),
+                                   p->Compare("EQ", p->Sub(scale, scale), zero));
+    const Value divisor = p->Select(usable, scale, p->Constant(1.0, "f32", {blocks}));
+    const Value q = p->Div(grid, p->Broadcast(divisor, {blocks, block}, {0}));
+    const Value keep = p->Broadcast(usable, {blocks, block}, {0});
+    const double limit = int8 ? 127.0 : 448.0;
+    const Value clamped =
+        p->Binary("minimum", p->Max(int8 ? p->Unary("round_nearest_even", q) : q,
+                                    p->Constant(-limit, "f32", {blocks, block})),
+                  p->Constant(limit, "f32", {blocks, block}));
+    Value bytes;
+    if (int8) {
+      const Value c = p->Convert(clamped, "i32");
+      const Value zi = p->Constant(0.0, "i32", {blocks, block});
+      const Value twos =
+          p->Select(p->Compare("LT", c, zi), p->Add(c, p->Constant(256.0, "i32", {blocks, block})), c);
+      bytes = p->Select(keep, twos, zi);
+    } else {
+      const Value c = p->Bitcast(p->Convert(clamped, "f8E4M3FN"), "ui8");
+      bytes = p->Select(keep, c, p->Constant(0.0, "ui8", {blocks, block}));
+    }
+    p->Store(codes.Slice(0, n), p->Slice(p->Reshape(bytes, {padded}), {0}, {n}));
+    launch_(s, std::move(p));
+  }
+  void DequantizeBlocks(Stream s, View out, View codes, View scales, int64_t block,
+                        WireFormat format) override {
+    const int64_t n = out.count;
+    if (n == 0) return;
+    const int64_t blocks = (n + block - 1) / block, padded = blocks * block;
+    const bool int8 = format == WireFormat::kInt8;
+    auto p = New(int8 ? "dequantize_int8" : "dequantize_fp8");
+    Value c;
+    if (int8) {
+      const Value u = p->Load(codes.Slice(0, n), {n}, "i32");
+      const Value signed_code = p->Select(p->Compare("GE", u, p->Constant(128.0, "i32", {n})),
+                                          p->Sub(u, p->Constant(256.0, "i32", {n})), u);
+      c = p->Convert(signed_code, "f32");
+    } else {
+      c = p->Convert(p->Bitcast(p->Load(codes.Slice(0, n), {n}, "ui8"), "f8E4M3FN"), "f32");
+    }
+    if (padded > n) c = p->Concat({c, p->Constant(0.0, "f32", {padded - n})}, 0);
+    const Value scale = p->Load(scales.Slice(0, blocks), {blocks});
+    const Value zero = p->Constant(0.0, "f32", {blocks});
+    // A scale that is not finite decodes to NaN, never to a finite value.
+    const Value finite = p->Compare("EQ", p->Sub(scale, scale), zero);
+    const Value s_used = p->Select(finite, scale, p->Constant(std::nan(""), "f32", {blocks}));
+    const Value y = p->Mul(p->Reshape(c, {blocks, block}), p->Broadcast(s_used, {blocks, block}, {0}));
+    p->Store(out, p->Slice(p->Reshape(y, {padded}), {0}, {n}));
+    launch_(s, std::move(p));
+  }
+
   void ScaleBy(Stream s, View x, View factor) override {
     if (x.count == 0) return;
     auto p = New("scale_by");

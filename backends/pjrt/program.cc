@@ -232,6 +232,12 @@ Value Program::Convert(const Value& a, const std::string& type) {
               a.dims, type);
 }
 
+Value Program::Bitcast(const Value& a, const std::string& type) {
+  return Emit(absl::StrCat("stablehlo.bitcast_convert ", a.id, " : (", a.tensor(), ") -> ",
+                           Tensor(a.dims, type)),
+              a.dims, type);
+}
+
 Value Program::RoundTo(const Value& a, DType d) {
   if (d == DType::kF32) return a;
   return Convert(Convert(a, ElementTypeOf(d)), a.type);

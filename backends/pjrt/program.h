@@ -64,6 +64,8 @@ class Program {
   Value Compare(const char* direction, const Value& a, const Value& b);  // "LT", "EQ", ...
   Value Select(const Value& pred, const Value& a, const Value& b);
   Value Convert(const Value& a, const std::string& type);
+  // The same bits as another element type of the same width (ui8 <-> f8E4M3FN).
+  Value Bitcast(const Value& a, const std::string& type);
   // Rounds f32 to `type` (bf16 / f16, nearest even) and back: the value a kernel computing in
   // that dtype reads. f32 returns a.
   Value RoundTo(const Value& a, DType d);

@@ -172,7 +172,7 @@ absl::Status CheckOptions(Backend* backend, const ShardingOptions& options, int 
       return absl::InvalidArgumentError(absl::StrCat(
           "communication.", field, " is ", std::string(WireFormatName(format)), ", which the ",
           std::string(backend->name()),
-          " backend does not implement (the cpu, sim and cuda backends do); use dtype"));
+          " backend does not implement (the cpu, sim, cuda and pjrt backends do); use dtype"));
     }
   }
   if (c.reduction != WireFormat::kDType) {

@@ -105,7 +105,7 @@ TEST(QuantizedGatherTest, EveryRankComputesWithTheDecodedMasterShards) {
         if (!backend->runtime_ops().supports_wire_format(format)) {
           EXPECT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument);
           EXPECT_THAT(created.status().message(),
-                      HasSubstr("backend does not implement (the cpu, sim and cuda "
+                      HasSubstr("backend does not implement (the cpu, sim, cuda and pjrt "
                                     "backends do); use dtype"));
           refused = true;
           return absl::OkStatus();

@@ -22,6 +22,7 @@
 #include "backends/pjrt/stablehlo.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/data_plane.h"
+#include "fsdp/kernels_cpu.h"
 #include "fsdp/local_world.h"
 #include "fsdp/ops.h"
 
@@ -54,6 +55,76 @@ absl::StatusOr<std::shared_ptr<pjrt::Client>> CpuClient(int devices) {
 absl::StatusOr<std::unique_ptr<PjrtBackend>> OneDeviceBackend() {
   FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> c, CpuClient(1));
   return PjrtBackend::Create(std::move(c), 0);
+}
+
+// The quantization programs give the CPU kernels' codes, scales and decoded values bit for bit
+// (int8 and fp8; a shard whose last block is short, an all-zero block, a block with a NaN, a
+// block of subnormal fp8 codes; f32 and bf16 outputs).
+TEST(PjrtOps, BlockQuantizationIsTheCpuKernelsBitForBit) {
+  SKIP_WITHOUT_PLUGIN();
+  absl::StatusOr<std::unique_ptr<PjrtBackend>> b = OneDeviceBackend();
+  ASSERT_TRUE(b.ok()) << b.status();
+  constexpr int64_t kN = 300, kBlock = 64;
+  const int64_t blocks = (kN + kBlock - 1) / kBlock;
+  std::vector<float> x(kN);
+  for (int64_t i = 0; i < kN; ++i) {
+    x[i] = std::ldexp(std::sin(0.37f * static_cast<float>(i) + 0.1f), static_cast<int>(i / 16) % 9 - 4);
+  }
+  for (int64_t i = 64; i < 128; ++i) x[i] = 0.0f;                  // block 1: zeros
+  x[150] = std::nanf("");                                          // block 2: poisoned
+  x[192] = 1000.0f;                                                // block 3: tiny values subnormal in fp8
+  for (WireFormat format : {WireFormat::kInt8, WireFormat::kFp8E4M3}) {
+    for (DType out_dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(absl::StrCat(std::string(WireFormatName(format)), " ",
+                                std::string(DTypeName(out_dtype))));
+      std::vector<uint8_t> want_codes(kN);
+      std::vector<float> want_scales(blocks);
+      kernels::cpu::quantize_blocks(want_codes.data(), want_scales.data(), x.data(), kN, kBlock,
+                                    format);
+      std::vector<uint16_t> want_out(kN * 2);
+      kernels::cpu::dequantize_blocks(want_out.data(), out_dtype, want_codes.data(),
+                                      want_scales.data(), kN, kBlock, format);
+      auto in = Buffer::Create(b->get(), kN * 4);
+      auto codes = Buffer::Create(b->get(), kN);
+      auto scales = Buffer::Create(b->get(), blocks * 4);
+      auto out = Buffer::Create(b->get(), kN * 4);
+      ASSERT_TRUE(in.ok() && codes.ok() && scales.ok() && out.ok());
+      ASSERT_TRUE((*b)->CopyFromHost(in->view(), x.data()).ok());
+      RuntimeOps& ops = (*b)->runtime_ops();
+      ASSERT_TRUE(ops.supports_wire_format(format));
+      ops.QuantizeBlocks(Stream::kCompute, codes->view(DType::kU8), scales->view(), in->view(),
+                         kBlock, format);
+      const View o = out->view(out_dtype).Slice(0, kN);
+      ops.DequantizeBlocks(Stream::kCompute, o, codes->view(DType::kU8), scales->view(), kBlock,
+                           format);
+      std::vector<uint8_t> got_codes(kN);
+      std::vector<float> got_scales(blocks);
+      std::vector<uint16_t> got_out(kN * 2);
+      ASSERT_TRUE((*b)->CopyToHost(got_codes.data(), codes->view(DType::kU8)).ok());
+      ASSERT_TRUE((*b)->CopyToHost(got_scales.data(), scales->view()).ok());
+      ASSERT_TRUE((*b)->CopyToHost(got_out.data(), o).ok());
+      for (int64_t i = 0; i < kN; ++i) {
+        ASSERT_EQ(got_codes[i], want_codes[i]) << "code " << i << " of x = " << x[i];
+      }
+      for (int64_t k = 0; k < blocks; ++k) {
+        EXPECT_EQ(std::memcmp(&got_scales[k], &want_scales[k], 4), 0)
+            << "scale " << k << ": " << got_scales[k] << " vs " << want_scales[k];
+      }
+      const size_t bytes = static_cast<size_t>(kN) * DTypeSize(out_dtype);
+      for (size_t i = 0; i < bytes; i += DTypeSize(out_dtype)) {
+        const bool nan_block = i / DTypeSize(out_dtype) / kBlock == 2;
+        if (nan_block) continue;  // NaN payloads may differ; NaN-ness is checked below
+        ASSERT_EQ(std::memcmp(reinterpret_cast<char*>(got_out.data()) + i,
+                              reinterpret_cast<char*>(want_out.data()) + i, DTypeSize(out_dtype)),
+                  0)
+            << "decoded " << i / DTypeSize(out_dtype);
+      }
+      if (out_dtype == DType::kF32) {
+        const float* f = reinterpret_cast<const float*>(got_out.data());
+        for (int64_t i = 128; i < 192; ++i) EXPECT_TRUE(std::isnan(f[i])) << i;
+      }
+    }
+  }
 }
 
 TEST(PjrtPlugin, MissingPathIsAClearError) {
