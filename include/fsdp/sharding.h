@@ -165,6 +165,16 @@ inline bool QuantizesReduceScatter(const CommunicationOptions& c, int shard_size
 inline bool QuantizesReplicaReduction(const CommunicationOptions& c, int replicate_size) {
   return c.reduction != WireFormat::kDType && replicate_size > 1;
 }
+// A quantized reduction across `replicate_size` replicas cuts a shard of `shard_numel` elements
+// into chunks of this many (the last replicas' shorter, or empty), each sent in a slot of the
+// layout's bytes(). The runtime, the planner and the projection size them by it.
+inline QuantizedLayout ReplicaChunkLayout(const CommunicationOptions& c, int64_t shard_numel,
+                                          int replicate_size) {
+  return {(shard_numel + replicate_size - 1) / replicate_size, c.block_size};
+}
+// InvalidArgument, naming the option, when a quantized reduction meets a reduce_dtype other
+// than f32 (its codes are made from the f32 gradient and added in f32).
+absl::Status CheckReductionDtype(const CommunicationOptions& c, DType reduce_dtype);
 
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;

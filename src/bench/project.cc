@@ -373,8 +373,7 @@ class Replay {
   }
   // A quantized reduction across replicas: the bytes of R slots of one replica's chunk.
   int64_t ReplicaCodes(int u) const {
-    const int64_t chunk = (Padded(u) / S_ + R_ - 1) / R_;
-    return QuantizedLayout{chunk, run_.communication.block_size}.bytes() * R_;
+    return ReplicaChunkLayout(run_.communication, Padded(u) / S_, R_).bytes() * R_;
   }
 
   int64_t Padded(int u) const {

@@ -135,11 +135,11 @@ struct ShardingRuntime::Impl {
   // Replica r's chunk of a unit's shard: ReplicaChunkNumel elements from r times that, the
   // last replicas' shorter (or empty); each in a slot of ReplicaSlotBytes.
   int64_t ReplicaChunkNumel(const internal::Unit& unit) const {
-    return (unit.layout.shard_numel + R() - 1) / R();
+    return ReplicaChunkLayout(options.communication, unit.layout.shard_numel, R()).n;
   }
   QuantizedLayout ReplicaChunk(const internal::Unit& unit, int r) const;
   int64_t ReplicaSlotBytes(const internal::Unit& unit) const {
-    return QuantizedLayout{ReplicaChunkNumel(unit), options.communication.block_size}.bytes();
+    return ReplicaChunkLayout(options.communication, unit.layout.shard_numel, R()).bytes();
   }
   // out (f32, layout.n) = the mean of the unit's code_ranks received codes (slots `stride`
   // bytes apart, each `layout`), decoded and added in f32 in rank order on stream `s` (which

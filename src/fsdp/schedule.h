@@ -204,6 +204,25 @@ class UnitSchedule {
     return absl::OkStatus();
   }
 
+  // FULL_SHARD keeps two units gathered from forward into backward, as FSDP does with the root
+  // and FSDP2 recommends for the last block: the first unit of the forward order (the root,
+  // which runs again at the head and starts backward) and the last one (whose backward comes
+  // first). Regathering them would be exposed: nothing runs to overlap with.
+  bool NeededFirstInBackward(int u) const {
+    if (forward_.units.empty()) return false;
+    return u == forward_.units.front() || (forward_recorded_ && u == forward_.units.back());
+  }
+
+ private:
+  struct UnitRecord {
+    UnitState state = UnitState::kIdle;
+    bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
+    bool unsynced = false;
+    bool all_reduce = true;  // the reduction in flight goes on across replicas (HYBRID)
+    bool replica_pending = false;
+    Reduction reduction = Reduction::kNone;
+  };
+
   // One queue of ProgressReductions, in order. A unit moves on when its collective has
   // completed, unless moving it issues the next collective (HYBRID's replica stage after the
   // shard group, a quantized reduction's all_gather after the replicas' all_to_all): a device
@@ -225,25 +244,6 @@ class UnitSchedule {
     }
     return absl::OkStatus();
   }
-
-  // FULL_SHARD keeps two units gathered from forward into backward, as FSDP does with the root
-  // and FSDP2 recommends for the last block: the first unit of the forward order (the root,
-  // which runs again at the head and starts backward) and the last one (whose backward comes
-  // first). Regathering them would be exposed: nothing runs to overlap with.
-  bool NeededFirstInBackward(int u) const {
-    if (forward_.units.empty()) return false;
-    return u == forward_.units.front() || (forward_recorded_ && u == forward_.units.back());
-  }
-
- private:
-  struct UnitRecord {
-    UnitState state = UnitState::kIdle;
-    bool prefetched = false;  // gathered ahead of use, not yet claimed by a Pre* hook
-    bool unsynced = false;
-    bool all_reduce = true;  // the reduction in flight goes on across replicas (HYBRID)
-    bool replica_pending = false;
-    Reduction reduction = Reduction::kNone;
-  };
 
   // Both groups have more than one rank: a shard-group reduction goes on across replicas.
   bool hybrid() const { return o_.shard_size > 1 && o_.replicate_size > 1; }

@@ -175,21 +175,13 @@ absl::Status CheckOptions(Backend* backend, const ShardingOptions& options, int 
           " backend does not implement (the cpu, sim, cuda and pjrt backends do); use dtype"));
     }
   }
-  if (c.reduction != WireFormat::kDType) {
-    const std::string what =
-        absl::StrCat("communication.reduction is ", std::string(WireFormatName(c.reduction)));
-    if (mp.reduce_dtype != DType::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " with reduce_dtype ", std::string(DTypeName(mp.reduce_dtype)),
-          ": a quantized reduction encodes the f32 gradient and adds in f32; set reduce_dtype "
-          "to f32 (the dtype of an unquantized reduction), or the reduction to dtype"));
-    }
-    if (mp.dynamic_loss_scale) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " with dynamic loss scaling: block codes keep 8 bits below each block's "
-          "largest value, so the small gradients loss scaling exists to keep round to zero; "
-          "train in bf16 without loss scaling, or set the reduction to dtype"));
-    }
+  FSDP_RETURN_IF_ERROR(CheckReductionDtype(c, mp.reduce_dtype));
+  if (c.reduction != WireFormat::kDType && mp.dynamic_loss_scale) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communication.reduction is ", std::string(WireFormatName(c.reduction)),
+        " with dynamic loss scaling: block codes keep 8 bits below each block's largest "
+        "value, so the small gradients loss scaling exists to keep round to zero; train in "
+        "bf16 without loss scaling, or set the reduction to dtype"));
   }
   if (mp.dynamic_loss_scale &&
       !(mp.initial_loss_scale > 0 && std::isfinite(mp.initial_loss_scale) &&

@@ -91,6 +91,15 @@ absl::StatusOr<MeshShape> StrategyMesh(const ShardingOptions& options, int world
 
 }  // namespace internal
 
+absl::Status CheckReductionDtype(const CommunicationOptions& c, DType reduce_dtype) {
+  if (c.reduction == WireFormat::kDType || reduce_dtype == DType::kF32) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "communication.reduction is ", std::string(WireFormatName(c.reduction)),
+      " with reduce_dtype ", std::string(DTypeName(reduce_dtype)),
+      ": a quantized reduction encodes the f32 gradient and adds in f32; set reduce_dtype to "
+      "f32 (the dtype of an unquantized reduction), or the reduction to dtype"));
+}
+
 absl::Status CheckCommunicationOptions(const CommunicationOptions& c) {
   if (!c.quantizes()) return absl::OkStatus();
   const int b = c.block_size;

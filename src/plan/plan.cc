@@ -219,9 +219,8 @@ class Replay {
   }
   // IssueReplicaExchange, IssueReplicaGather (replica 0's chunk: the largest) and DecodeMean
   // (of n elements).
-  int64_t ReplicaChunkNumel(const SimUnit& u) const { return (u.shard_numel + R_ - 1) / R_; }
   int64_t ReplicaSlotBytes(const SimUnit& u) const {
-    return QuantizedLayout{ReplicaChunkNumel(u), o_.communication.block_size}.bytes();
+    return ReplicaChunkLayout(o_.communication, u.shard_numel, R_).bytes();
   }
   void IssueReplicaExchange(SimUnit& unit) {
     unit.quantized_grad = Alloc(kGradBuffers, ReplicaSlotBytes(unit) * R_, /*comm=*/true);
@@ -233,7 +232,8 @@ class Replay {
     SimUnit& unit = units_[u];
     Wait(unit.reduce_event);  // the communication stream waits for the all_to_all
     PendingAdd(unit.quantized_grad, {unit.reduce_event});
-    const int64_t n = std::min(unit.shard_numel, ReplicaChunkNumel(unit));
+    const int64_t n = std::min(unit.shard_numel,
+                               ReplicaChunkLayout(o_.communication, unit.shard_numel, R_).n);
     Buf mean;
     if (n > 0) {
       mean = Alloc(kGradBuffers, n * 4, /*comm=*/true);
@@ -474,14 +474,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   if (absl::Status c = CheckCommunicationOptions(o.communication); !c.ok()) {
     return Invalid(std::string(c.message()));
   }
-  if (o.communication.reduction != WireFormat::kDType && o.reduce_dtype != DType::kF32) {
-    return Invalid(absl::StrCat(
-        "communication.reduction is ", std::string(WireFormatName(o.communication.reduction)),
-        " with reduce_dtype ", std::string(DTypeName(o.reduce_dtype)),
-        ": a quantized reduction encodes the f32 gradient and adds in f32; set reduce_dtype to "
-        "f32, or the reduction to dtype"));
+  if (absl::Status c = CheckReductionDtype(o.communication, o.reduce_dtype); !c.ok()) {
+    return Invalid(std::string(c.message()));
   }
-
   if (o.device_memory_bytes < 0) {
     return Invalid(absl::StrCat("device memory must be >= 0 bytes (0 = unknown), got ",
                                 o.device_memory_bytes));
