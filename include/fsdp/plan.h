@@ -112,6 +112,10 @@ struct PlanRequest {
   // reduced, the codes this rank sends and receives and a decoded chunk (communication
   // buffers, counted with the gradient buffers).
   CommunicationOptions communication;
+  // ShardingOptions::secondary_shard_size (FULL_SHARD, HYBRID_SHARD): each unit's 1/N of its
+  // gathered parameters kept from its forward to its backward (secondary_param_peak_bytes).
+  // N must divide the shard group and the ranks per host.
+  int secondary_shard_size = 0;
   bool forward_prefetch = true;
   bool backward_prefetch = true;
   // Device memory per rank; 0 = unknown (the plan then says nothing about fitting).
@@ -130,6 +134,7 @@ struct MemoryPlan {
   // Unsharded f32 gradients and the reductions' buffers, at peak (includes the next field).
   int64_t grad_buffer_peak_bytes = 0;
   int64_t activation_peak_bytes = 0;  // the model's buffers for B x T (a fixed allocation)
+  int64_t secondary_param_peak_bytes = 0;  // secondary shards in param_dtype, at peak
   int64_t peak_bytes = 0;  // everything together at its peak (not the sum of the peaks)
   // Communication buffers: the runtime has no separate category for them. All-gathers run in
   // place into the gathered buffer (counted in gathered_param_peak_bytes); the reductions'
@@ -155,6 +160,7 @@ struct MemoryPlan {
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
   CommunicationOptions communication;
+  int secondary_shard_size = 0;
   int batch_size = 1;
   int seq_len = 1;
   int checkpointed_blocks = 0;

@@ -130,6 +130,10 @@ struct ProjectionRun {
   // scales (fsdp/wire_format.h) instead of the padded unit in param_dtype. The quantize and
   // decode kernels are not in the profile's times.
   CommunicationOptions communication;
+  // ShardingOptions::secondary_shard_size (FULL_SHARD, HYBRID_SHARD): backward's all-gathers
+  // of the units resharded after forward run over the secondary group (N consecutive ranks,
+  // group "secondary") in param_dtype instead of over the shard group. 0: off.
+  int secondary_shard_size = 0;
   // The fraction by which compute slows down while a collective runs beside it (on a GPU,
   // NCCL's kernels take streaming multiprocessors and memory bandwidth); 0 = not at all.
   double overlap_slowdown = 0;
@@ -138,7 +142,7 @@ struct ProjectionRun {
 // One collective of the projected step.
 struct ProjectedCollective {
   std::string kind;   // "all_gather", "reduce_scatter", "all_reduce", "all_to_all"
-  std::string group;  // "shard" or "replicate"
+  std::string group;  // "shard", "replicate" or "secondary"
   int unit = -1;      // -1: the gradient norm's all_gather
   int64_t bytes = 0;  // nccl-tests' size S: the gathered output / full input / the buffer
   double start_s = 0, end_s = 0;

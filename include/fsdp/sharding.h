@@ -197,7 +197,21 @@ struct ShardingOptions {
   MixedPrecision mixed_precision;
   CommunicationOptions communication;
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;
+  // A secondary shard inside each host (DeepSpeed ZeRO++'s hpZ; FSDP2's reshard_after_forward
+  // as an int). 0: off. N: FULL_SHARD and HYBRID_SHARD keep, after a unit's forward, 1/N of
+  // its gathered parameters on each rank (in param_dtype, the values forward computed with)
+  // instead of only the 1/S shard, and the unit's backward all-gather runs over a secondary
+  // group of N ranks (consecutive ranks of the shard group, which must share a host) instead
+  // of the whole shard group: backward's gathers never leave the host, and its results are
+  // bitwise forward's. Costs P / N elements of param_dtype per unit of P (padded) elements
+  // from its forward to its backward (MemoryReport::secondary_param_*). N must divide the
+  // shard group size S, with 2 <= N < S.
+  int secondary_shard_size = 0;
 };
+// InvalidArgument, naming the option, the value and what is allowed, when a secondary shard of
+// `o.secondary_shard_size` ranks does not fit `o.strategy` with a shard group of `shard_size`.
+// (Whether each secondary group shares a host is checked when the runtime is created.)
+absl::Status CheckSecondaryShard(const ShardingOptions& o, int shard_size);
 
 // A parameter of a unit as seen through a view: element `offset` of the unit's flat buffer is
 // its first element.
@@ -247,12 +261,17 @@ struct MemoryReport {
   int64_t grad_buffer_bytes = 0;          // unsharded gradient / reduction buffers alive now
   int64_t grad_buffer_peak_bytes = 0;
   int64_t activation_peak_bytes = 0;      // as reported by the model (SetActivationBytes)
+  // ShardingOptions::secondary_shard_size: the units' secondary shards kept from their forward
+  // to their backward (param_dtype), now and at peak.
+  int64_t secondary_param_bytes = 0;
+  int64_t secondary_param_peak_bytes = 0;
   int64_t peak_bytes = 0;  // all of the above together at their peak (not the sum of peaks)
   int64_t persistent_bytes() const {
     return param_shard_bytes + grad_shard_bytes + optimizer_bytes;
   }
   int64_t bytes_in_use() const {
-    return persistent_bytes() + gathered_param_bytes + grad_buffer_bytes + activation_peak_bytes;
+    return persistent_bytes() + gathered_param_bytes + grad_buffer_bytes +
+           secondary_param_bytes + activation_peak_bytes;
   }
 };
 std::string FormatMemoryReport(const MemoryReport& m);

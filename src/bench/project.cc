@@ -188,6 +188,11 @@ class Replay {
     group.clear();
     for (int i = 0; i < R; ++i) group.push_back(i * S);
     replicate_.shape = ShapeOf(group, l);
+    if (run.secondary_shard_size > 0) {
+      group.clear();
+      for (int i = 0; i < run.secondary_shard_size; ++i) group.push_back(i);
+      secondary_.shape = ShapeOf(group, l);
+    }
     // A step after the first: the orders ShardedModel's first step records.
     std::vector<int> forward, backward = {0};
     for (int u = 0; u < U; ++u) forward.push_back(u);
@@ -204,11 +209,11 @@ class Replay {
     for (int i = 0; i < L; ++i) {
       FSDP_RETURN_IF_ERROR(schedule_.PreForward(i + 1));
       Compute(p_.forward_gaps_s / L + p_.block_forward_s[i]);
-      schedule_.PostForward(i + 1);
+      FSDP_RETURN_IF_ERROR(schedule_.PostForward(i + 1));
     }
     // The head: its forward (a third) before PostForward(root), its backward after.
     Compute(p_.head_s / 3);
-    schedule_.PostForward(0);
+    FSDP_RETURN_IF_ERROR(schedule_.PostForward(0));
     FSDP_RETURN_IF_ERROR(schedule_.PreBackward(0));
     Compute(p_.head_s * 2 / 3);
     for (int i = L - 1; i >= 0; --i) {
@@ -248,7 +253,9 @@ class Replay {
     for (const ProjectedCollective& c : colls_) {
       out.comm_total_s += c.end_s - c.start_s;
       spans.push_back({c.start_s, c.end_s});
-      const double n = c.group == "shard" ? S_ : R_;
+      const double n = c.group == "shard"       ? S_
+                       : c.group == "secondary" ? run_.secondary_shard_size
+                                                : R_;
       out.comm_bytes_per_rank += static_cast<double>(c.bytes);
       out.bus_bytes_per_rank += (c.kind == "all_reduce" ? 2 : 1) * static_cast<double>(c.bytes) *
                                 (n - 1) / n;
@@ -276,6 +283,13 @@ class Replay {
     Unit& unit = units_[u];
     if (unit.gathered || S_ == 1) return absl::OkStatus();
     unit.gathered = true;
+    if (unit.secondary) {  // backward's gather inside the host, in param_dtype
+      unit.secondary = false;
+      const int e = static_cast<int>(DTypeSize(p_.param_dtype));
+      FSDP_ASSIGN_OR_RETURN(unit.gather,
+                            Issue(secondary_, CollectiveKind::kAllGather, Padded(u) * e, e, u));
+      return absl::OkStatus();
+    }
     const CommunicationOptions& c = run_.communication;
     if (QuantizesAllGather(c, S_)) {  // codes and scales, bytes on the wire
       const QuantizedLayout chunk{Padded(u) / S_, c.block_size};
@@ -296,6 +310,11 @@ class Replay {
     units_[u].gathered = false;
     units_[u].gather = -1;
   }
+  absl::Status KeepSecondary(int u) {
+    units_[u].secondary = units_[u].gathered;
+    return absl::OkStatus();
+  }
+  void DropSecondary(int u) { units_[u].secondary = false; }
   absl::Status PrepareGradient(int /*u*/) { return absl::OkStatus(); }
   absl::StatusOr<bool> IssueReduction(int u) {
     if (S_ == 1 && R_ == 1) return false;
@@ -355,8 +374,17 @@ class Replay {
   void Collect() {}
 
  private:
+  // A communicator: its group's shape, its collectives (indices into colls_) in the order they
+  // were issued, the first of them that may still run, and when it is free.
+  struct Queue {
+    GroupShape shape;
+    std::vector<int> colls;
+    size_t live = 0;
+    double free = 0;
+  };
   struct Unit {
     bool gathered = false;
+    bool secondary = false;  // holds a secondary shard: backward gathers over that group
     int gather = -1;  // the collective of its gather in flight, until waited for
     int reduce = -1;  // the collective of its reduction in flight
   };
@@ -369,6 +397,7 @@ class Replay {
     so.shard_size = S;
     so.replicate_size = R;
     so.two_phase_replicas = QuantizesReplicaReduction(run.communication, R);
+    so.secondary_shard_size = run.secondary_shard_size;
     return so;
   }
   // A quantized reduction across replicas: the bytes of R slots of one replica's chunk.
@@ -391,10 +420,11 @@ class Replay {
     }
     // The collectives that end after now, by when they run from now on: each queue's from its
     // first that has not ended, in the order they were issued (a queue runs one after another,
-    // so they start and end in that order), the two queues merged as the walk goes. The walk
+    // so they start and end in that order), the queues merged as the walk goes. The walk
     // stops at the first that starts after the work is done: each call visits the collectives
     // that end during it, and one more, not every collective in flight.
-    for (Queue* q : {&shard_, &replicate_}) {
+    Queue* queues[] = {&shard_, &replicate_, &secondary_};
+    for (Queue* q : queues) {
       while (q->live < q->colls.size() && colls_[q->colls[q->live]].end_s <= t_) ++q->live;
     }
     const double now = t_;
@@ -402,12 +432,16 @@ class Replay {
       const ProjectedCollective& c = colls_[q.colls[i]];
       return std::pair<double, double>(std::max(c.start_s, now), c.end_s);
     };
-    size_t i = shard_.live, j = replicate_.live;
+    size_t next[] = {shard_.live, replicate_.live, secondary_.live};
     double left = s;
-    while (i < shard_.colls.size() || j < replicate_.colls.size()) {
-      const bool from_shard = j >= replicate_.colls.size() ||
-                              (i < shard_.colls.size() && span(shard_, i) <= span(replicate_, j));
-      auto [b, e] = from_shard ? span(shard_, i++) : span(replicate_, j++);
+    for (;;) {
+      int from = -1;  // the queue whose next collective runs first
+      for (int k = 0; k < 3; ++k) {
+        if (next[k] >= queues[k]->colls.size()) continue;
+        if (from < 0 || span(*queues[k], next[k]) < span(*queues[from], next[from])) from = k;
+      }
+      if (from < 0) break;
+      auto [b, e] = span(*queues[from], next[from]++);
       if (e <= t_) continue;
       b = std::max(b, t_);
       if (b > t_) {  // free of communication until b
@@ -427,12 +461,14 @@ class Replay {
   }
 
   absl::StatusOr<int> Issue(bool shard, CollectiveKind kind, int64_t bytes, int elem, int unit) {
-    Queue& q = shard ? shard_ : replicate_;
+    return Issue(shard ? shard_ : replicate_, kind, bytes, elem, unit);
+  }
+  absl::StatusOr<int> Issue(Queue& q, CollectiveKind kind, int64_t bytes, int elem, int unit) {
     FSDP_ASSIGN_OR_RETURN(double d, ShapeSeconds(kind, bytes, elem, q.shape, link_));
     double& free = q.free;
     ProjectedCollective c;
     c.kind = std::string(CollectiveName(kind));
-    c.group = shard ? "shard" : "replicate";
+    c.group = &q == &shard_ ? "shard" : &q == &secondary_ ? "secondary" : "replicate";
     c.unit = unit;
     c.bytes = bytes;
     c.start_s = std::max(t_, free);
@@ -455,15 +491,7 @@ class Replay {
   const LinkSpec& link_;
   const ProjectionRun& run_;
   const int S_, R_;
-  // A communicator: its group's shape, its collectives (indices into colls_) in the order they
-  // were issued, the first of them that may still run, and when it is free.
-  struct Queue {
-    GroupShape shape;
-    std::vector<int> colls;
-    size_t live = 0;
-    double free = 0;
-  };
-  Queue shard_, replicate_;
+  Queue shard_, replicate_, secondary_;
   std::vector<Unit> units_;
   std::vector<ProjectedCollective> colls_;
   double t_ = 0, exposed_ = 0;

@@ -23,6 +23,7 @@ absl::Status ShardingRuntime::Impl::IssueGather(int u) {
   throttle_waits += pending.WaitUntilAtMost(&book.gathered, 1);
   FSDP_ASSIGN_OR_RETURN(unit.gathered,
                         Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
+  if (unit.secondary.allocated()) return IssueSecondaryGather(unit);
   if (quantized_gather()) return IssueQuantizedGather(unit);
   // In place, as NCCL defines it: the shard is staged into its own slot of the gathered
   // buffer (cast from the fp32 master on the way in a low param_dtype), and the all-gather
@@ -64,6 +65,42 @@ absl::Status ShardingRuntime::Impl::IssueQuantizedGather(Unit& unit) {
   unit.gather_issued_ns = internal::NowIfTracing();
   FSDP_ASSIGN_OR_RETURN(unit.gather_event, shard_plane->AllGather(slot, all, Stream::kCompute));
   return absl::OkStatus();
+}
+
+// Backward's gather of a unit that kept a secondary shard: the shard goes into its slot of the
+// gathered buffer and the secondary group (the ranks of this host) all-gathers in place. The
+// values are forward's (decoded codes included), so backward computes with what forward did.
+absl::Status ShardingRuntime::Impl::IssueSecondaryGather(Unit& unit) {
+  const DType pd = param_dtype();
+  const int64_t part = SecondaryNumel(unit);
+  const fsdp::View gathered = unit.gathered.view(pd);
+  const fsdp::View slot = gathered.Slice(secondary_group->rank() * part, part);
+  FSDP_RETURN_IF_ERROR(backend->Copy(slot, unit.secondary.view(pd), Stream::kCompute));
+  pending.Add(std::move(unit.secondary), {backend->Record(Stream::kCompute)});
+  unit.gather_issued_ns = internal::NowIfTracing();
+  FSDP_ASSIGN_OR_RETURN(unit.gather_event,
+                        secondary_plane->AllGather(slot, gathered, Stream::kCompute));
+  return absl::OkStatus();
+}
+
+absl::Status ShardingRuntime::Impl::KeepSecondary(int u) {
+  Unit& unit = units[u];
+  if (secondary_plane == nullptr || !unit.gathered.allocated() || unit.secondary.allocated()) {
+    return absl::OkStatus();
+  }
+  const DType pd = param_dtype();
+  const int64_t part = SecondaryNumel(unit);
+  FSDP_ASSIGN_OR_RETURN(unit.secondary,
+                        Alloc(book.secondary, "the secondary shard", &unit, part, pd));
+  const fsdp::View from = unit.gathered.view(pd).Slice(secondary_group->rank() * part, part);
+  return backend->Copy(unit.secondary.view(pd), from, Stream::kCompute);
+}
+
+void ShardingRuntime::Impl::DropSecondary(int u) {
+  Unit& unit = units[u];
+  if (unit.secondary.allocated()) {
+    pending.Add(std::move(unit.secondary), {backend->Record(Stream::kCompute)});
+  }
 }
 
 // Every rank's codes, its own included, decoded into the gathered parameters on the compute

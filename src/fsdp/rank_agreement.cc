@@ -40,6 +40,7 @@ std::vector<Setting> ShardingOptionSettings(const ShardingOptions& o) {
   std::vector<Setting> out = {
       {"strategy", std::string(StrategyName(o.strategy))},
       {"hybrid_shard_size", absl::StrCat(o.hybrid_shard_size)},
+      {"secondary_shard_size", absl::StrCat(o.secondary_shard_size)},
       {"forward_prefetch", absl::StrCat(o.forward_prefetch)},
       {"backward_prefetch", absl::StrCat(o.backward_prefetch)},
       {"max_prefetch_units", absl::StrCat(o.max_prefetch_units)},

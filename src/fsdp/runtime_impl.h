@@ -41,6 +41,10 @@ struct ShardingRuntime::Impl {
   ShardingOptions options;
   std::optional<DeviceMesh> mesh;  // the control plane: host groups of the strategy's mesh
   std::unique_ptr<DataPlane> shard_plane, replicate_plane;  // the data plane of the same groups
+  // ShardingOptions::secondary_shard_size N: the N ranks of the shard group that share this
+  // rank's secondary shard (shard indices N * (i / N) ...), and their data plane; else null.
+  std::unique_ptr<Communicator> secondary_group;
+  std::unique_ptr<DataPlane> secondary_plane;
   internal::MemoryBook book;  // before the units: their buffers give their bytes back to it
   internal::PendingFrees pending;
   std::vector<internal::Unit> units;
@@ -113,6 +117,14 @@ struct ShardingRuntime::Impl {
   void DecodeGathered(internal::Unit& unit);
   // Gives the gathered parameters back (once the device is done with them).
   void FreeGathered(int u);
+  // The secondary shard: this rank's 1/N of the gathered unit, copied after its forward; the
+  // backward's gather (IssueSecondaryGather) starts from it over the secondary group.
+  absl::Status KeepSecondary(int u);
+  void DropSecondary(int u);
+  absl::Status IssueSecondaryGather(internal::Unit& unit);
+  int64_t SecondaryNumel(const internal::Unit& unit) const {
+    return unit.layout.padded_numel / options.secondary_shard_size;
+  }
   // The unsharded gradient, zeroed, unless it holds an earlier micro-batch's accumulation.
   absl::Status PrepareGradient(int u);
   absl::StatusOr<bool> IssueReduction(int u);

@@ -15,6 +15,11 @@
 //   absl::Status IssueGather(int u);  // starts the gather, unless not needed (a no-op then)
 //   absl::Status WaitGather(int u, bool prefetched);  // compute waits for it
 //   void FreeGathered(int u);      // gives the gathered parameters back (deferred)
+//   // A secondary shard (ScheduleOptions::secondary_shard_size): keeps this rank's part of
+//   // the gathered unit before FreeGathered after forward, so that IssueGather in backward
+//   // gathers over the secondary group; DropSecondary gives an unused one back.
+//   absl::Status KeepSecondary(int u);
+//   void DropSecondary(int u);
 //   absl::Status PrepareGradient(int u);  // PreBackward: the unsharded gradient buffer
 //   // PostBackward with sync: starts the unit's reduction in the shard group (NO_SHARD: across
 //   // replicas); false when nothing is in flight (a single rank: already in the shard).
@@ -54,11 +59,15 @@ struct ScheduleOptions {
   int shard_size = 1, replicate_size = 1;
   // A quantized reduction across replicas: an all_to_all, then an all_gather (two stages).
   bool two_phase_replicas = false;
+  // ShardingOptions::secondary_shard_size: a unit resharded after forward keeps a secondary
+  // shard for its backward's gather.
+  int secondary_shard_size = 0;
 
   static ScheduleOptions From(const ShardingOptions& o, int shard_size, int replicate_size) {
     return {o.strategy,   o.forward_prefetch, o.backward_prefetch, o.max_prefetch_units,
             shard_size,   replicate_size,
-            QuantizesReplicaReduction(o.communication, replicate_size)};
+            QuantizesReplicaReduction(o.communication, replicate_size),
+            o.secondary_shard_size};
   }
   // FULL_SHARD and HYBRID_SHARD give a unit's gathered parameters back after its forward.
   bool reshard_after_forward() const {
@@ -123,9 +132,13 @@ class UnitSchedule {
     return absl::OkStatus();
   }
 
-  void PostForward(int u) {
-    if (o_.reshard_after_forward() && !NeededFirstInBackward(u)) Free(u);
+  absl::Status PostForward(int u) {
+    if (o_.reshard_after_forward() && !NeededFirstInBackward(u)) {
+      if (o_.secondary_shard_size > 0) FSDP_RETURN_IF_ERROR(exec_->KeepSecondary(u));
+      Free(u);
+    }
     units_[u].state = UnitState::kForwardDone;
+    return absl::OkStatus();
   }
 
   absl::Status PreBackward(int u) {
@@ -170,6 +183,7 @@ class UnitSchedule {
     for (int u = 0; u < num_units(); ++u) {
       units_[u].state = UnitState::kIdle;
       Free(u);  // a prefetch that no hook claimed
+      exec_->DropSecondary(u);  // a unit whose backward did not run
     }
     backward_recorded_ = true;
     in_backward_ = false;
@@ -180,6 +194,7 @@ class UnitSchedule {
   void FinishForwardOnly() {
     for (int u = 0; u < num_units(); ++u) {
       Free(u);
+      exec_->DropSecondary(u);
       units_[u].state = UnitState::kIdle;
     }
     exec_->Collect();

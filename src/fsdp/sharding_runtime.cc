@@ -28,10 +28,14 @@ std::string FormatMemoryReport(const MemoryReport& m) {
   return absl::StrFormat(
       "params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB (persistent %.2f MiB); gathered "
       "params now %.2f / peak %.2f MiB; grad buffers now %.2f / peak %.2f MiB; activations "
-      "peak %.2f MiB",
+      "peak %.2f MiB%s",
       mib(m.param_shard_bytes), mib(m.grad_shard_bytes), mib(m.optimizer_bytes),
       mib(m.persistent_bytes()), mib(m.gathered_param_bytes), mib(m.gathered_param_peak_bytes),
-      mib(m.grad_buffer_bytes), mib(m.grad_buffer_peak_bytes), mib(m.activation_peak_bytes));
+      mib(m.grad_buffer_bytes), mib(m.grad_buffer_peak_bytes), mib(m.activation_peak_bytes),
+      m.secondary_param_peak_bytes == 0
+          ? ""
+          : absl::StrFormat("; secondary shards now %.2f / peak %.2f MiB",
+                            mib(m.secondary_param_bytes), mib(m.secondary_param_peak_bytes)));
 }
 
 // ---- Impl: errors, allocation, views ------------------------------------------------------------
@@ -194,6 +198,27 @@ absl::Status CheckOptions(Backend* backend, const ShardingOptions& options, int 
   return absl::OkStatus();
 }
 
+// Collective over `world`: each secondary group (N consecutive ranks of a shard group) must
+// share a host, so that backward's gathers stay inside it. The same layout, so the same
+// outcome, on every rank.
+absl::Status CheckSecondaryHosts(Communicator& world, const ShardingOptions& options, int S) {
+  FSDP_ASSIGN_OR_RETURN(HostLayout layout, DiscoverHostLayout(world));
+  const int n = options.secondary_shard_size;
+  for (int first = 0; first < world.size(); first += n) {  // groups of n: inside a shard group
+    for (int r = first + 1; r < first + n; ++r) {
+      if (layout.host_of[r] == layout.host_of[first]) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "secondary_shard_size is ", n, ": the secondary group of ranks ", first, "..",
+          first + n - 1, " (of a shard group of ", S, ") spans hosts ", layout.host_of[first],
+          " and ", layout.host_of[r], ", so backward's gathers would cross hosts; the ranks of '",
+          world.name(), "' run as ", layout.Describe(),
+          ". Set it to a divisor of the ranks each host holds (consecutive ranks: mpirun "
+          "--map-by slot), or 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
@@ -221,6 +246,11 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
     }
   }
   FSDP_ASSIGN_OR_RETURN(internal::MeshShape shape, internal::StrategyMesh(options, world.size()));
+  // The same options and the same shape on every rank: the same outcome.
+  FSDP_RETURN_IF_ERROR(CheckSecondaryShard(options, shape.shard));
+  if (options.secondary_shard_size > 0) {
+    FSDP_RETURN_IF_ERROR(CheckSecondaryHosts(world, options, shape.shard));
+  }
   SetTraceRank(world.rank());
   auto impl = std::make_unique<Impl>();
   impl->scaler.Init(options.mixed_precision);
@@ -232,6 +262,13 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
   FSDP_ASSIGN_OR_RETURN(impl->shard_plane, backend->CreateDataPlane(impl->mesh->shard_group()));
   FSDP_ASSIGN_OR_RETURN(impl->replicate_plane,
                         backend->CreateDataPlane(impl->mesh->replicate_group()));
+  if (const int n = options.secondary_shard_size; n > 0) {
+    const int i = impl->mesh->shard_index();
+    FSDP_ASSIGN_OR_RETURN(impl->secondary_group,
+                          impl->mesh->shard_group().Split(i / n, i % n, "secondary"));
+    FSDP_ASSIGN_OR_RETURN(impl->secondary_plane,
+                          backend->CreateDataPlane(*impl->secondary_group));
+  }
   impl->host_syncs_at_step = backend->host_syncs();
   impl->schedule.emplace(impl.get(),
                          internal::ScheduleOptions::From(options, impl->mesh->shard_size(),
@@ -376,8 +413,7 @@ absl::Status ShardingRuntime::PostForward(int u) {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PostForward").status());
   FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(u, "PostForward", {UnitState::kForward})));
-  m.schedule->PostForward(u);
-  return absl::OkStatus();
+  return m.Fail(m.schedule->PostForward(u));
 }
 
 absl::StatusOr<UnitView> ShardingRuntime::PreBackward(int u) {
@@ -662,6 +698,8 @@ MemoryReport ShardingRuntime::memory() const {
   r.grad_buffer_bytes = b.grad_buffers.now;
   r.grad_buffer_peak_bytes = b.grad_buffers.peak;
   r.activation_peak_bytes = b.activations;
+  r.secondary_param_bytes = b.secondary.now;
+  r.secondary_param_peak_bytes = b.secondary.peak;
   r.peak_bytes = b.total.peak + b.activations;
   return r;
 }
@@ -677,6 +715,7 @@ void ShardingRuntime::ResetPeaks() {
   internal::MemoryBook& b = impl_->book;
   b.gathered.peak = b.gathered.now;
   b.grad_buffers.peak = b.grad_buffers.now;
+  b.secondary.peak = b.secondary.now;
   b.total.peak = b.total.now;
 }
 

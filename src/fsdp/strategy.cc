@@ -100,6 +100,27 @@ absl::Status CheckReductionDtype(const CommunicationOptions& c, DType reduce_dty
       "f32 (the dtype of an unquantized reduction), or the reduction to dtype"));
 }
 
+absl::Status CheckSecondaryShard(const ShardingOptions& o, int shard_size) {
+  const int n = o.secondary_shard_size;
+  if (n == 0) return absl::OkStatus();
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "secondary_shard_size is ", n, " with ", std::string(StrategyName(o.strategy)),
+        " and a shard group of ", shard_size, " ranks: ", std::string(why)));
+  };
+  if (o.strategy != ShardingStrategy::kFullShard && o.strategy != ShardingStrategy::kHybridShard) {
+    return bad("a secondary shard is what FULL_SHARD and HYBRID_SHARD keep after forward; the "
+               "other strategies keep the whole unit or never shard it; set it to 0");
+  }
+  if (n < 2 || n >= shard_size || shard_size % n != 0) {
+    return bad(absl::StrCat(
+        "allowed: 0 (off) or a divisor N of the shard group size with 2 <= N < ", shard_size,
+        " (1 keeps every unit whole: SHARD_GRAD_OP; ", shard_size,
+        " is the shard group itself: 0)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckCommunicationOptions(const CommunicationOptions& c) {
   if (!c.quantizes()) return absl::OkStatus();
   const int b = c.block_size;

@@ -36,7 +36,7 @@ struct Gauge {
 // The runtime's allocations by category, and all of them together (with the model's
 // activations) for the combined peak.
 struct MemoryBook {
-  Gauge params, grads, optimizer, gathered, grad_buffers, total;
+  Gauge params, grads, optimizer, gathered, grad_buffers, secondary, total;
   int64_t activations = 0;
   void Add(Gauge& g, int64_t b) {
     g.Add(b);
@@ -129,6 +129,9 @@ struct Unit {
   // A quantized all-gather (CommunicationOptions): this rank's shard as codes and scales (from
   // Finalize on), and the shard group's, gathered, until they are decoded into `gathered`.
   Accounted quantized_shard, quantized_gathered;
+  // ShardingOptions::secondary_shard_size N: this rank's 1/N of `gathered` (param_dtype), kept
+  // from PostForward until the backward's gather over the secondary group.
+  Accounted secondary;
   Accounted full_grad;   // padded unit gradient (f32), from PreBackward until reduced
   Accounted lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
   Accounted reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)

@@ -28,7 +28,7 @@ namespace {
 
 using internal::Gauge;  // the runtime's own byte gauge (src/fsdp/unit.h)
 
-enum Category { kParams, kGrads, kOptimizer, kGathered, kGradBuffers, kNumCategories };
+enum Category { kParams, kGrads, kOptimizer, kGathered, kGradBuffers, kSecondary, kNumCategories };
 
 // An allocation counted in its category (and, for the reductions' own buffers, as
 // communication) while it lives; as internal::Accounted.
@@ -45,6 +45,7 @@ struct SimUnit {
   int64_t numel = 0, shard_numel = 0, padded_numel = 0;
   Buf gathered, full_grad, lowp_grad, reduced;
   Buf quantized_gathered;  // the shard group's codes and scales, until decoded
+  Buf secondary;           // PlanRequest::secondary_shard_size: kept from forward to backward
   Buf quantized_grad, quantized_reduced;  // a quantized reduction's codes (sent, received)
   int code_ranks = 0;
   bool code_chunks = false;
@@ -92,9 +93,9 @@ class Replay {
     schedule_.PreForward(0).IgnoreError();
     for (int u = 1; u < n; ++u) {
       schedule_.PreForward(u).IgnoreError();
-      schedule_.PostForward(u);
+      schedule_.PostForward(u).IgnoreError();
     }
-    schedule_.PostForward(0);
+    schedule_.PostForward(0).IgnoreError();
     schedule_.PreBackward(0).IgnoreError();
     for (int u = n - 1; u >= 1; --u) {
       schedule_.PreBackward(u).IgnoreError();
@@ -123,6 +124,11 @@ class Replay {
     unit.gathered =
         Alloc(kGathered, unit.padded_numel * static_cast<int64_t>(DTypeSize(pd())));
     if (S_ == 1) return absl::OkStatus();
+    if (unit.secondary.allocated()) {  // IssueSecondaryGather: copied in, then given back
+      PendingAdd(unit.secondary, {kEmptyEvent});
+      unit.gather_event = NewCollective();
+      return absl::OkStatus();
+    }
     if (quantized()) unit.quantized_gathered = Alloc(kGathered, Chunk(unit).bytes() * S_);
     unit.gather_event = NewCollective();
     return absl::OkStatus();
@@ -145,6 +151,15 @@ class Replay {
     PendingAdd(unit.gathered, std::move(users));
     unit.gather_event = kEmptyEvent;
   }
+
+  absl::Status KeepSecondary(int u) {
+    SimUnit& unit = units_[u];
+    if (!unit.gathered.allocated() || unit.secondary.allocated()) return absl::OkStatus();
+    unit.secondary = Alloc(kSecondary, unit.padded_numel / o_.secondary_shard_size *
+                                           static_cast<int64_t>(DTypeSize(pd())));
+    return absl::OkStatus();
+  }
+  void DropSecondary(int u) { PendingAdd(units_[u].secondary, {kEmptyEvent}); }
 
   // reduce.cc
   absl::Status PrepareGradient(int u) {
@@ -277,6 +292,7 @@ class Replay {
     so.shard_size = S;
     so.replicate_size = R;
     so.two_phase_replicas = QuantizesReplicaReduction(o.communication, R);
+    so.secondary_shard_size = o.secondary_shard_size;
     return so;
   }
   DType pd() const { return o_.param_dtype; }
@@ -414,6 +430,7 @@ MemoryReport MemoryPlan::AsReport() const {
   r.gathered_param_peak_bytes = gathered_param_peak_bytes;
   r.grad_buffer_peak_bytes = grad_buffer_peak_bytes;
   r.activation_peak_bytes = activation_peak_bytes;
+  r.secondary_param_peak_bytes = secondary_param_peak_bytes;
   r.peak_bytes = peak_bytes;
   return r;
 }
@@ -485,6 +502,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   so.strategy = o.strategy;
   so.hybrid_shard_size = o.hybrid_shard_size == 0 ? per_host : o.hybrid_shard_size;
   FSDP_ASSIGN_OR_RETURN(internal::MeshShape mesh, internal::StrategyMesh(so, o.world_size));
+  so.secondary_shard_size = o.secondary_shard_size;
+  if (absl::Status c = CheckSecondaryShard(so, mesh.shard); !c.ok()) {
+    return Invalid(std::string(c.message()));
+  }
+  if (o.secondary_shard_size > 0 && per_host % o.secondary_shard_size != 0) {
+    return Invalid(absl::StrCat(
+        "secondary_shard_size is ", o.secondary_shard_size, " with ", per_host,
+        " ranks per host: a secondary group would span hosts; give a divisor of the ranks per "
+        "host, or 0"));
+  }
 
   // The runtime's first step records the orders and prefetches nothing; the second and later
   // steps are alike. Peaks are since creation, as ShardingRuntime::memory() reports them.
@@ -507,6 +534,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   p.optimizer_bytes = replay.gauge(kOptimizer).now;
   p.gathered_param_peak_bytes = replay.gauge(kGathered).peak;
   p.grad_buffer_peak_bytes = replay.gauge(kGradBuffers).peak;
+  p.secondary_param_peak_bytes = replay.gauge(kSecondary).peak;
   p.communication_peak_bytes = replay.comm().peak;
   p.activation_peak_bytes = model.activation_bytes;
   p.peak_bytes = peak;
@@ -524,6 +552,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   p.param_dtype = o.param_dtype;
   p.reduce_dtype = o.reduce_dtype;
   p.communication = o.communication;
+  p.secondary_shard_size = o.secondary_shard_size;
   p.batch_size = o.batch_size;
   p.seq_len = o.seq_len;
   p.max_prefetch_units = o.max_prefetch_units;
@@ -570,6 +599,10 @@ std::string FormatMemoryPlan(const MemoryPlan& p) {
   out += line("gathered parameters, peak", p.gathered_param_peak_bytes, "");
   out += line("unsharded gradient buffers, peak", p.grad_buffer_peak_bytes, "");
   out += line("  of which communication buffers", p.communication_peak_bytes, "");
+  if (p.secondary_shard_size > 0) {
+    out += line(absl::StrCat("secondary shards (1/", p.secondary_shard_size, "), peak").c_str(),
+                p.secondary_param_peak_bytes, "");
+  }
   out += line("activations", p.activation_peak_bytes, "");
   out += line("  without checkpointing", p.activation_bytes_without_checkpointing, "");
   out += line("  with checkpointing", p.activation_bytes_with_checkpointing, "");

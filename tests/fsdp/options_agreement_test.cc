@@ -73,6 +73,8 @@ const OptionField kFields[] = {
      [](ShardingOptions& o) { o.forward_prefetch = false; }},
     {"backward_prefetch", "ShardingOptions", Defaults,
      [](ShardingOptions& o) { o.backward_prefetch = false; }},
+    {"secondary_shard_size", "ShardingOptions", Defaults,
+     [](ShardingOptions& o) { o.secondary_shard_size = 2; }},
     {"max_prefetch_units", "ShardingOptions", Defaults,
      [](ShardingOptions& o) { o.max_prefetch_units = 2; }},
     {"nonfinite", "ShardingOptions", Defaults,

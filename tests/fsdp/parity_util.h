@@ -45,6 +45,11 @@ struct TrainResult {
   std::vector<int64_t> throttle_waits;      // StepStats::throttle_waits, per step
   MemoryReport memory;
   MemoryStats backend_memory;  // the backend's own count, at the same moment as `memory`
+  int num_units = 0;
+  std::vector<int64_t> unit_shard_numel;  // per unit, elements per rank
+  // Issued on this rank's shard group over every step, as its communicator counts them (a host
+  // backend's data plane; a device's planes run their own collectives: then -1).
+  int64_t shard_all_gathers = 0;
 };
 
 // The runtime's memory report must be the backend's allocations: nothing allocated outside
@@ -119,6 +124,12 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
   FSDP_ASSIGN_OR_RETURN(result.params, model->GatherModelUnits());
   result.memory = model->memory();
   result.backend_memory = backend->memory_stats();
+  result.num_units = model->runtime().num_units();
+  for (int u = 0; u < result.num_units; ++u) {
+    result.unit_shard_numel.push_back(model->runtime().unit_shard_numel(u));
+  }
+  result.shard_all_gathers =
+      backend->is_host() ? model->runtime().shard_group().issued(CollectiveKind::kAllGather) : -1;
   return result;
 }
 

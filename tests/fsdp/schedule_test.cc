@@ -39,6 +39,17 @@ class FakeExec {
     gathered_[u] = false;
     Log("free", u);
   }
+  absl::Status KeepSecondary(int u) {
+    secondary_.resize(gathered_.size());
+    secondary_[u] = true;
+    Log("keep", u);
+    return absl::OkStatus();
+  }
+  void DropSecondary(int u) {
+    if (static_cast<size_t>(u) >= secondary_.size() || !secondary_[u]) return;
+    secondary_[u] = false;
+    Log("drop", u);
+  }
   absl::Status PrepareGradient(int u) {
     Log("grad", u);
     return absl::OkStatus();
@@ -93,7 +104,7 @@ class FakeExec {
  private:
   enum { kNone, kInFlight, kDone };
   void Log(const char* what, int u) { log_.push_back(absl::StrCat(what, " ", u)); }
-  std::vector<bool> gathered_;
+  std::vector<bool> gathered_, secondary_;
   std::vector<int> reduce_;
   bool host_;
   bool single_rank_ = false;
@@ -124,10 +135,10 @@ StepLog Step(UnitSchedule<FakeExec>& s, FakeExec& e, int units, bool sync = true
   log.forward.push_back(e.Take());
   for (int u = 1; u < units; ++u) {
     EXPECT_TRUE(s.PreForward(u).ok());
-    s.PostForward(u);
+    EXPECT_TRUE(s.PostForward(u).ok());
     log.forward.push_back(e.Take());
   }
-  s.PostForward(0);
+  EXPECT_TRUE(s.PostForward(0).ok());
   EXPECT_TRUE(s.PreBackward(0).ok());
   log.backward.push_back(e.Take());
   for (int u = units - 1; u >= 1; --u) {
@@ -342,7 +353,7 @@ TEST(UnitScheduleTest, ForwardOnlyGivesEverythingBack) {
   auto s = Make(&e, Opts(ShardingStrategy::kShardGradOp, 1, 2, 1), 3);
   for (int u = 0; u < 3; ++u) {
     ASSERT_TRUE(s.PreForward(u).ok());
-    s.PostForward(u);
+    ASSERT_TRUE(s.PostForward(u).ok());
   }
   e.Take();
   s.FinishForwardOnly();
@@ -351,6 +362,51 @@ TEST(UnitScheduleTest, ForwardOnlyGivesEverythingBack) {
   for (int u = 0; u < 3; ++u) EXPECT_EQ(s.state(u), UnitState::kIdle);
   ASSERT_TRUE(s.PreForward(0).ok());
   EXPECT_EQ(e.Take(), "gather 0,gather 1,use 0");  // the recorded order prefetches
+}
+
+// A secondary shard (hpZ): each unit resharded after forward keeps its part first; the two
+// units kept gathered into backward keep none. Without the option nothing is kept.
+TEST(UnitScheduleTest, SecondaryShardIsKeptWhereForwardReshards) {
+  for (int n : {0, 2}) {
+    SCOPED_TRACE(n);
+    FakeExec e(4);
+    ScheduleOptions o = Opts(ShardingStrategy::kFullShard, 1, 4, 1);
+    o.secondary_shard_size = n;
+    auto s = Make(&e, o, 4);
+    Step(s, e, 4);  // records the orders
+    const StepLog log = Step(s, e, 4);
+    EXPECT_EQ(log.forward[1], n ? "gather 2,use-prefetched 1,keep 1,free 1"
+                                : "gather 2,use-prefetched 1,free 1");
+    EXPECT_EQ(log.forward[2], n ? "gather 3,use-prefetched 2,keep 2,free 2"
+                                : "gather 3,use-prefetched 2,free 2");
+    EXPECT_EQ(log.forward[3], "use-prefetched 3");  // the last unit stays gathered into backward
+    // Backward regathers units 2 and 1 (the executor gathers them from their secondary shards).
+    EXPECT_THAT(log.backward, ::testing::Contains(::testing::HasSubstr("gather 1")));
+  }
+  // SHARD_GRAD_OP keeps the whole unit: no secondary shard is asked for.
+  FakeExec e(3);
+  ScheduleOptions o = Opts(ShardingStrategy::kShardGradOp, 1, 4, 1);
+  o.secondary_shard_size = 2;
+  auto s = Make(&e, o, 3);
+  const StepLog log = Step(s, e, 3);
+  for (const std::string& f : log.forward) EXPECT_THAT(f, ::testing::Not(::testing::HasSubstr("keep")));
+}
+
+// A forward without backward gives the secondary shards back with the gathered units.
+TEST(UnitScheduleTest, ForwardOnlyDropsSecondaryShards) {
+  FakeExec e(3);
+  ScheduleOptions o = Opts(ShardingStrategy::kFullShard, 0, 4, 1);
+  o.secondary_shard_size = 2;
+  auto s = Make(&e, o, 3);
+  for (int u = 0; u < 3; ++u) {
+    ASSERT_TRUE(s.PreForward(u).ok());
+    ASSERT_TRUE(s.PostForward(u).ok());
+  }
+  // The root stays gathered (it runs again at the head); in the first pass the last unit is
+  // not known yet, so it reshards too.
+  EXPECT_EQ(e.Take(), "gather 0,use 0,gather 1,use 1,keep 1,free 1,gather 2,use 2,keep 2,free 2");
+  s.FinishForwardOnly();
+  EXPECT_EQ(e.Take(), "free 0,drop 1,drop 2");
 }
 
 }  // namespace
