@@ -39,6 +39,7 @@ std::string RunName(const fsdp::BenchConfig& c, int world) {
   if (c.communication.reduction != fsdp::WireFormat::kDType) {
     absl::StrAppend(&s, " reduction ", std::string(fsdp::WireFormatName(c.communication.reduction)));
   }
+  if (c.secondary_shard_size > 0) absl::StrAppend(&s, " secondary ", c.secondary_shard_size);
   if (c.checkpoint_every > 0) absl::StrAppend(&s, " ckpt ", c.checkpoint_every);
   absl::StrAppend(&s, c.prefetch == 0   ? " no-prefetch"
                      : c.prefetch == 1 ? " prefetch"
@@ -54,6 +55,7 @@ fsdp::BenchConfig BaseConfig(const Args& a, const std::string& model, fsdp::DTyp
   c.param_dtype = dtype;
   c.reduce_dtype = a.reduce_dtype == "same" ? dtype : FloatDTypeFlag("", a.reduce_dtype);
   c.communication = a.communication;
+  c.secondary_shard_size = a.secondary_shard.front();
   c.checkpoint_every = checkpoint;
   c.batch_size = a.batch;
   c.seq_len = a.seq;
@@ -135,6 +137,7 @@ void PrintTable(const std::vector<fsdp::BenchResult>& rs) {
     if (r.reduction != fsdp::WireFormat::kDType) {
       absl::StrAppend(&dtype, "/", std::string(fsdp::WireFormatName(r.reduction)));
     }
+    if (r.secondary_shard_size > 0) absl::StrAppend(&dtype, " sec", r.secondary_shard_size);
     std::printf(
         "%-*s %-20s %3d %5d %-9s %4d %3d %10.0f %17s %6.2f %28s %6.1f %9s %8.1f %8s %5.1f %6s\n",
         mw, r.model.c_str(), r.strategy.c_str(), r.world_size, r.hybrid_shard_size,
@@ -224,7 +227,8 @@ void PrintPasses(const std::vector<fsdp::BenchResult>& rs, int passes) {
                         std::string(fsdp::DTypeName(r.param_dtype)), "|",
                         std::string(fsdp::DTypeName(r.reduce_dtype)), "|",
                         std::string(fsdp::WireFormatName(r.all_gather)), "|",
-                        std::string(fsdp::WireFormatName(r.reduction)), "|", r.checkpoint_every, "|",
+                        std::string(fsdp::WireFormatName(r.reduction)), "|",
+                        r.secondary_shard_size, "|", r.checkpoint_every, "|",
                         r.prefetch);
   };
   std::vector<std::string> order;
@@ -304,20 +308,38 @@ std::vector<fsdp::BenchConfig> MeasuredGrid(const Args& a, const std::vector<int
             for (int pf : a.prefetch) {
               for (fsdp::WireFormat f : a.all_gather) {
                 for (fsdp::WireFormat g : a.reduction) {
-                  fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
-                  c.strategy = s;
-                  c.world_size = w;
-                  c.prefetch = pf;
-                  c.communication.all_gather = f;
-                  c.communication.reduction = g;
-                  // A quantized reduction adds in f32 from the f32 gradient.
-                  if (g != fsdp::WireFormat::kDType) c.reduce_dtype = fsdp::DType::kF32;
-                  c.link = link;
-                  // A world smaller than a host is one host.
-                  if (w < a.ranks_per_host) c.link.ranks_per_host = w;
-                  const int shard = a.hybrid_shard > 0 ? a.hybrid_shard : a.ranks_per_host;
-                  c.hybrid_shard_size = shard > 0 && w < shard ? w : a.hybrid_shard;
-                  grid.push_back(c);
+                  for (int n : a.secondary_shard) {
+                    fsdp::BenchConfig c = BaseConfig(a, m, d, ck, threads);
+                    c.secondary_shard_size = n;
+                    c.strategy = s;
+                    c.world_size = w;
+                    c.prefetch = pf;
+                    c.communication.all_gather = f;
+                    c.communication.reduction = g;
+                    // A quantized reduction adds in f32 from the f32 gradient.
+                    if (g != fsdp::WireFormat::kDType) c.reduce_dtype = fsdp::DType::kF32;
+                    c.link = link;
+                    // A world smaller than a host is one host.
+                    if (w < a.ranks_per_host) c.link.ranks_per_host = w;
+                    const int shard = a.hybrid_shard > 0 ? a.hybrid_shard : a.ranks_per_host;
+                    c.hybrid_shard_size = shard > 0 && w < shard ? w : a.hybrid_shard;
+                    if (n > 0) {  // only where a secondary shard means something
+                      fsdp::ShardingOptions probe;
+                      probe.strategy = s;
+                      probe.secondary_shard_size = n;
+                      const bool hybrid = s == fsdp::ShardingStrategy::kHybridShard;
+                      const int S = hybrid && c.hybrid_shard_size > 0 ? c.hybrid_shard_size : w;
+                      if (!fsdp::CheckSecondaryShard(probe, S).ok()) {
+                        std::fprintf(stderr,
+                                     "fsdp_bench: --secondary_shard %d does not apply to %s "
+                                     "(FULL_SHARD or HYBRID_SHARD with a shard group it "
+                                     "divides, 2 <= N < group): not run\n",
+                                     n, RunName(c, w).c_str());
+                        continue;
+                      }
+                    }
+                    grid.push_back(c);
+                  }
                 }
               }
             }

@@ -32,6 +32,9 @@ struct Args {
   std::vector<fsdp::WireFormat> all_gather = {fsdp::WireFormat::kDType};
   // --reduction: the same for the gradient reduction (runs with a format reduce in f32).
   std::vector<fsdp::WireFormat> reduction = {fsdp::WireFormat::kDType};
+  // --secondary_shard: ShardingOptions::secondary_shard_size per run (a grid axis; it applies
+  // to FULL_SHARD and HYBRID_SHARD runs whose shard group it divides).
+  std::vector<int> secondary_shard = {0};
   fsdp::CommunicationOptions communication;
   int hybrid_shard = 0, batch = 4, seq = 64, threads = 0, warmup = 2, steps = 5, repeat = 1;
   double link_gbps = 0, link_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;

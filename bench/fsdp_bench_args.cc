@@ -53,6 +53,7 @@ FSDP_BENCH_OPTION(reduce_dtype);
 FSDP_BENCH_OPTION(all_gather);
 FSDP_BENCH_OPTION(reduction);
 FSDP_BENCH_OPTION(quant_block);
+FSDP_BENCH_OPTION(secondary_shard);
 FSDP_BENCH_OPTION(hybrid_shard);
 FSDP_BENCH_OPTION(batch);
 FSDP_BENCH_OPTION(seq);
@@ -105,6 +106,7 @@ const std::vector<std::pair<const char*, absl::Flag<std::string>*>>& Options() {
       {"all_gather", &FLAGS_all_gather},
       {"reduction", &FLAGS_reduction},
       {"quant_block", &FLAGS_quant_block},
+      {"secondary_shard", &FLAGS_secondary_shard},
       {"hybrid_shard", &FLAGS_hybrid_shard},
       {"batch", &FLAGS_batch},
       {"seq", &FLAGS_seq},
@@ -160,6 +162,11 @@ Each run:
                        (default dtype)
   --quant_block N      elements per scale of a quantized all-gather or reduction: a power of
                        two from 16 to 65536 (default 256)
+  --secondary_shard LIST
+                       FULL_SHARD and HYBRID_SHARD: after forward keep 1/N of each unit on
+                       each rank so that backward gathers inside groups of N consecutive
+                       ranks (a host's; ZeRO++'s hpZ); 0 = off; a grid axis, applied to the
+                       runs whose shard group N divides (2 <= N < it) (default 0)
   --hybrid_shard S     HYBRID strategies: ranks per shard group; 0 = --ranks_per_host when set,
                        else the whole world. A world smaller than S uses one group. (default 0)
   --batch B            sequences per rank and step, B (default 4, at most 1048576): weak
@@ -468,6 +475,9 @@ void SetOption(Args& a, const std::string& k, const std::string& v) {
     if (!fsdp::CheckCommunicationOptions(c).ok()) {
       BadUsage(absl::StrCat(k, "=", v, ": allowed: a power of two from 16 to 65536"));
     }
+  } else if (k == "--secondary_shard") {
+    a.secondary_shard.clear();
+    for (const std::string& s : List(k, v)) a.secondary_shard.push_back(ParseInt(k, s, 0));
   } else if (k == "--hybrid_shard") {
     a.hybrid_shard = ParseInt(k, v, 0);
   } else if (k == "--batch") {
@@ -570,6 +580,9 @@ Args ParseArgs(int argc, char** argv) {
   }
   if (a.reduction.size() > 1 && (a.project || a.validate)) {
     BadUsage("--reduction: --project and --validate_projection take one format");
+  }
+  if (a.secondary_shard.size() > 1 && (a.project || a.validate)) {
+    BadUsage("--secondary_shard: --project and --validate_projection take one value");
   }
   if (!unset("--repeat") && (a.project || a.validate)) {
     BadUsage("--repeat: measured runs only (not --project or --validate_projection)");

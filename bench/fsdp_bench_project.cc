@@ -194,6 +194,7 @@ int RunProjection(const Args& a) {
               run.hybrid_shard_size = shard;
               run.prefetch = pf;
               run.communication = a.communication;
+              run.secondary_shard_size = a.secondary_shard.front();
               run.overlap_slowdown = a.overlap_slowdown;
               fsdp::LinkSpec l = link;
               l.inter_efficiency = ie;
@@ -415,6 +416,7 @@ int RunValidation(const Args& a) {
             run.hybrid_shard_size = r->hybrid_shard_size;
             run.prefetch = c.prefetch;
             run.communication = c.communication;
+            run.secondary_shard_size = c.secondary_shard_size;
             absl::StatusOr<fsdp::Projection> p =
                 fsdp::ProjectStep(*profile, fsdp::SimulatedLink(c.link), run);
             absl::StatusOr<fsdp::StepProfile> own_profile = fsdp::ProfileFromBench(*r, mc);

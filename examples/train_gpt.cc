@@ -375,6 +375,10 @@ void PrintBanner(const Settings& s, const Communicator& world, ShardedModel& mod
                     model.runtime().shard_group().size(),
                     s.model.sharding.hybrid_shard_size == 0 ? " (a shard group per host)" : "");
   }
+  if (const int n = s.model.sharding.secondary_shard_size; n > 0) {
+    absl::StrAppend(&extras, " | secondary shard over ", n,
+                    " ranks of a host (backward gathers inside it)");
+  }
   if (!s.model.sharding.forward_prefetch) {
     absl::StrAppend(&extras, " | no prefetch");
   } else if (s.model.sharding.max_prefetch_units > 1) {

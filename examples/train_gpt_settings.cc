@@ -62,6 +62,11 @@ ABSL_FLAG(std::string, strategy, "FULL_SHARD",
 ABSL_FLAG(int, hybrid_shard, 0,
           "ranks per shard group, for the HYBRID strategies only (a divisor of the rank count); "
           "0 = the ranks of one host (under mpirun: each host a shard group)");
+ABSL_FLAG(int, secondary_shard, 0,
+          "FULL_SHARD and HYBRID_SHARD: after a unit's forward keep 1/N of its parameters on "
+          "each rank, so that backward gathers it from the N ranks of its host only (DeepSpeed "
+          "ZeRO++'s hpZ, FSDP2's reshard_after_forward=N); N divides the shard group and the "
+          "ranks of a host, 2 <= N < shard group size; 0 = off");
 ABSL_FLAG(bool, prefetch, true, "prefetch the next units' all-gathers while a unit computes");
 ABSL_FLAG(int, prefetch_units, 1,
           "with --prefetch: units gathered ahead of the one computing (FSDP's limit_all_gathers; "
@@ -396,6 +401,7 @@ absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::strin
   r.backward_prefetch = s.model.sharding.backward_prefetch;
   r.max_prefetch_units = s.model.sharding.max_prefetch_units;
   r.communication = s.model.sharding.communication;
+  r.secondary_shard_size = s.model.sharding.secondary_shard_size;
   r.async_checkpoint = s.checkpoint_async;
   // The peak of K >= 2 micro-batches is that of 2: the second holds whatever the first kept.
   r.micro_batches = std::min(s.micro_batches, 2);
@@ -491,6 +497,18 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
                                 " ranks, or 0 for the ranks of one host"));
   }
   s.model.sharding.hybrid_shard_size = hybrid_shard;
+  const int secondary = absl::GetFlag(FLAGS_secondary_shard);
+  if (secondary != 0) {
+    fsdp::ShardingOptions probe = s.model.sharding;
+    probe.secondary_shard_size = secondary;
+    // Against the shard group's size when the flags decide it; with each host a shard group
+    // (known at start-up) only the strategy and the range here, the runtime checks the rest.
+    const int shard = hybrid ? hybrid_shard : world_size;
+    if (absl::Status c = fsdp::CheckSecondaryShard(probe, shard); !c.ok()) {
+      return BadFlag("secondary_shard", secondary, std::string(c.message()));
+    }
+  }
+  s.model.sharding.secondary_shard_size = secondary;
   s.model.sharding.forward_prefetch = s.model.sharding.backward_prefetch =
       absl::GetFlag(FLAGS_prefetch);
   const int prefetch_units = absl::GetFlag(FLAGS_prefetch_units);

@@ -71,6 +71,10 @@ ABSL_FLAG(std::string, reduction_format, "dtype",
           "what the gradient reduction carries: dtype (reduce_dtype), int8 or fp8 (each rank's "
           "codes for every rank, the codes received and one decoded chunk, while a unit's "
           "gradient is reduced); needs --reduce_dtype f32");
+ABSL_FLAG(int, secondary_shard, 0,
+          "FULL_SHARD and HYBRID_SHARD: a secondary shard over N ranks of a host (ZeRO++'s hpZ): "
+          "each unit's 1/N of its parameters, in param_dtype, kept from its forward to its "
+          "backward; N divides the shard group and --ranks_per_host (0 = off)");
 ABSL_FLAG(int, quant_block, 256,
           "elements per scale of a quantized all-gather or reduction (16 to 65536)");
 ABSL_FLAG(int, prefetch, 1,
@@ -278,6 +282,7 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
                      "allowed: a power of two from 16 to 65536");
     }
   }
+  r.secondary_shard_size = absl::GetFlag(FLAGS_secondary_shard);
   r.async_checkpoint = absl::GetFlag(FLAGS_async_checkpoint);
   r.max_prefetch_units = absl::GetFlag(FLAGS_prefetch);
   if (r.max_prefetch_units < 0) {

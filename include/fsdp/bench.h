@@ -52,6 +52,8 @@ struct BenchConfig {
   DType reduce_dtype = DType::kF32;
   // What the parameter all-gather carries (ShardingOptions::communication).
   CommunicationOptions communication;
+  // ShardingOptions::secondary_shard_size (FULL_SHARD, HYBRID_SHARD): 0 = off.
+  int secondary_shard_size = 0;
   int checkpoint_every = 0;  // activation checkpointing: every k-th block (0 = off)
   // Forward and backward prefetch: at most this many units gathered ahead of their use per
   // direction (ShardingOptions::max_prefetch_units); 0 = no prefetch.
@@ -97,6 +99,7 @@ struct BenchResult {
   WireFormat all_gather = WireFormat::kDType;  // CommunicationOptions as run
   WireFormat reduction = WireFormat::kDType;
   int quant_block = 0;                         // their block size (0 with kDType for both)
+  int secondary_shard_size = 0;                // ShardingOptions::secondary_shard_size as run
   int checkpoint_every = 0;
   int prefetch = 1;  // units gathered ahead (0 = none)
   int pass = 1;      // which pass over the grid this run belongs to (fsdp_bench --repeat), from 1

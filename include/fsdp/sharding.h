@@ -209,8 +209,9 @@ struct ShardingOptions {
   int secondary_shard_size = 0;
 };
 // InvalidArgument, naming the option, the value and what is allowed, when a secondary shard of
-// `o.secondary_shard_size` ranks does not fit `o.strategy` with a shard group of `shard_size`.
-// (Whether each secondary group shares a host is checked when the runtime is created.)
+// `o.secondary_shard_size` ranks does not fit `o.strategy` with a shard group of `shard_size`
+// (0: not known yet, a shard group per host: the strategy and N >= 2 only). Whether each
+// secondary group shares a host is checked when the runtime is created.
 absl::Status CheckSecondaryShard(const ShardingOptions& o, int shard_size);
 
 // A parameter of a unit as seen through a view: element `offset` of the unit's flat buffer is

@@ -148,7 +148,8 @@ struct RankFigures {
     const MemoryReport& m = memory;
     for (int64_t x : {m.param_shard_bytes, m.grad_shard_bytes, m.optimizer_bytes,
                       m.gathered_param_bytes, m.gathered_param_peak_bytes, m.grad_buffer_bytes,
-                      m.grad_buffer_peak_bytes, m.activation_peak_bytes, m.peak_bytes}) {
+                      m.grad_buffer_peak_bytes, m.activation_peak_bytes,
+                      m.secondary_param_bytes, m.secondary_param_peak_bytes, m.peak_bytes}) {
       out.push_back(static_cast<double>(x));
     }
     out.push_back(host_syncs);
@@ -168,7 +169,8 @@ struct RankFigures {
     for (int64_t* x : {&m.param_shard_bytes, &m.grad_shard_bytes, &m.optimizer_bytes,
                        &m.gathered_param_bytes, &m.gathered_param_peak_bytes,
                        &m.grad_buffer_bytes, &m.grad_buffer_peak_bytes,
-                       &m.activation_peak_bytes, &m.peak_bytes}) {
+                       &m.activation_peak_bytes, &m.secondary_param_bytes,
+                       &m.secondary_param_peak_bytes, &m.peak_bytes}) {
       *x = static_cast<int64_t>(std::llround(*p++));
     }
     f.host_syncs = *p++;
@@ -332,6 +334,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   o.sharding.mixed_precision.param_dtype = c.param_dtype;
   o.sharding.mixed_precision.reduce_dtype = c.reduce_dtype;
   o.sharding.communication = c.communication;
+  o.sharding.secondary_shard_size = c.secondary_shard_size;
   o.batch_size = B;
   o.seq_len = T;
   o.checkpoint_every = c.checkpoint_every;
@@ -405,6 +408,7 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.all_gather = c.communication.all_gather;
   out.reduction = c.communication.reduction;
   out.quant_block = c.communication.quantizes() ? c.communication.block_size : 0;
+  out.secondary_shard_size = c.secondary_shard_size;
   out.checkpoint_every = c.checkpoint_every;
   out.prefetch = c.prefetch;
   out.warmup_steps = c.warmup_steps;
@@ -478,6 +482,9 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
     o2.grad_buffer_bytes = std::max(o2.grad_buffer_bytes, m.grad_buffer_bytes);
     o2.grad_buffer_peak_bytes = std::max(o2.grad_buffer_peak_bytes, m.grad_buffer_peak_bytes);
     o2.activation_peak_bytes = std::max(o2.activation_peak_bytes, m.activation_peak_bytes);
+    o2.secondary_param_bytes = std::max(o2.secondary_param_bytes, m.secondary_param_bytes);
+    o2.secondary_param_peak_bytes =
+        std::max(o2.secondary_param_peak_bytes, m.secondary_param_peak_bytes);
     o2.peak_bytes = std::max(o2.peak_bytes, m.peak_bytes);
   }
   out.host_syncs_per_step = sum_syncs / samples;
@@ -515,6 +522,7 @@ absl::Status CheckHostMemory(const BenchConfig& c, const nn::ModelConfig& mc, in
   r.param_dtype = c.param_dtype;
   r.reduce_dtype = c.reduce_dtype;
   r.communication = c.communication;
+  r.secondary_shard_size = c.secondary_shard_size;
   r.checkpoint_every = c.checkpoint_every;
   r.batch_size = c.batch_size;
   r.seq_len = seq_len;
@@ -618,7 +626,7 @@ void SetScalingEfficiency(std::vector<BenchResult>& results) {
     return a.model == b.model && a.batch_size == b.batch_size && a.seq_len == b.seq_len &&
            a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype &&
            a.all_gather == b.all_gather && a.reduction == b.reduction &&
-           a.quant_block == b.quant_block &&
+           a.quant_block == b.quant_block && a.secondary_shard_size == b.secondary_shard_size &&
            a.checkpoint_every == b.checkpoint_every && a.prefetch == b.prefetch &&
            a.threads_per_rank == b.threads_per_rank && a.pass == b.pass;
   };

@@ -626,6 +626,18 @@ absl::StatusOr<Projection> ProjectStep(const StepProfile& p, const LinkSpec& lin
     }
     R = W / S;
   }
+  if (run.secondary_shard_size != 0) {
+    ShardingOptions probe;
+    probe.strategy = run.strategy;
+    probe.secondary_shard_size = run.secondary_shard_size;
+    if (absl::Status c = CheckSecondaryShard(probe, S); !c.ok()) return Bad(std::string(c.message()));
+    if (link.ranks_per_host > 0 && link.ranks_per_host % run.secondary_shard_size != 0) {
+      return Bad(absl::StrCat("secondary_shard_size=", run.secondary_shard_size,
+                              " with ranks_per_host=", link.ranks_per_host,
+                              ": a secondary group would span hosts; allowed: a divisor of the "
+                              "ranks per host"));
+    }
+  }
   Replay replay(p, link, run, S, R);
   return replay.Run();
 }

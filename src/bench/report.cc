@@ -66,6 +66,7 @@ std::vector<Field> Fields(const BenchResult& r) {
   str("all_gather", std::string(WireFormatName(r.all_gather)));
   str("reduction", std::string(WireFormatName(r.reduction)));
   i64("quant_block", r.quant_block);
+  i64("secondary_shard_size", r.secondary_shard_size);
   i64("checkpoint_every", r.checkpoint_every);
   i64("prefetch", r.prefetch);
   i64("pass", r.pass);
@@ -113,6 +114,7 @@ std::vector<Field> Fields(const BenchResult& r) {
   i64("mem_gathered_param_peak_bytes", m.gathered_param_peak_bytes);
   i64("mem_grad_buffer_peak_bytes", m.grad_buffer_peak_bytes);
   i64("mem_activation_peak_bytes", m.activation_peak_bytes);
+  i64("mem_secondary_param_peak_bytes", m.secondary_param_peak_bytes);
   i64("mem_peak_bytes", m.peak_bytes);
   num("host_syncs_per_step", r.host_syncs_per_step);
   num("final_loss", r.final_loss);

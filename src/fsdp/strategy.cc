@@ -106,13 +106,19 @@ absl::Status CheckSecondaryShard(const ShardingOptions& o, int shard_size) {
   auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "secondary_shard_size is ", n, " with ", std::string(StrategyName(o.strategy)),
-        " and a shard group of ", shard_size, " ranks: ", std::string(why)));
+        shard_size > 0 ? absl::StrCat(" and a shard group of ", shard_size, " ranks")
+                       : std::string(" and a shard group per host"),
+        ": ", std::string(why)));
   };
   if (o.strategy != ShardingStrategy::kFullShard && o.strategy != ShardingStrategy::kHybridShard) {
     return bad("a secondary shard is what FULL_SHARD and HYBRID_SHARD keep after forward; the "
                "other strategies keep the whole unit or never shard it; set it to 0");
   }
-  if (n < 2 || n >= shard_size || shard_size % n != 0) {
+  if (shard_size <= 0 && n < 2) {  // the hosts are not known yet
+    return bad("allowed: 0 (off) or N >= 2 dividing the ranks of a host (1 keeps every unit "
+               "whole: SHARD_GRAD_OP)");
+  }
+  if (shard_size > 0 && (n < 2 || n >= shard_size || shard_size % n != 0)) {
     return bad(absl::StrCat(
         "allowed: 0 (off) or a divisor N of the shard group size with 2 <= N < ", shard_size,
         " (1 keeps every unit whole: SHARD_GRAD_OP; ", shard_size,

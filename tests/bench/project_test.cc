@@ -185,6 +185,51 @@ TEST(ProjectStep, QuantizedAllGatherCarriesCodesAndScales) {
               ::testing::HasSubstr("communication.block_size is 7"));
 }
 
+// A secondary shard over the 2 ranks of each host: backward's regather (the one block not kept
+// gathered) runs over the "secondary" group, inside the host, and the step gets shorter when the
+// link between hosts is the slow one; forward's gathers stay on the shard group.
+TEST(ProjectStep, SecondaryShardGathersBackwardInsideTheHost) {
+  LinkSpec l;
+  l.ranks_per_host = 2;
+  l.intra_bytes_per_s = 1e6;
+  l.inter_bytes_per_s = 400;
+  double step_s[2] = {0, 0};
+  for (int n : {0, 2}) {
+    ProjectionRun run = MakeRun(ShardingStrategy::kFullShard, 4, false);
+    run.secondary_shard_size = n;
+    absl::StatusOr<Projection> p = ProjectStep(TwoBlocks(), l, run);
+    ASSERT_TRUE(p.ok()) << p.status();
+    int forward = 0, backward = 0;
+    for (const ProjectedCollective& c : p->collectives) {
+      if (c.kind != "all_gather" || c.unit < 0) continue;
+      if (c.group == "secondary") {
+        ++backward;
+        EXPECT_EQ(c.unit, 1);
+        EXPECT_EQ(c.bytes, 1600);  // the padded unit in f32, from 2 ranks
+        EXPECT_LT(c.end_s - c.start_s, 0.01);
+      } else {
+        EXPECT_EQ(c.group, "shard");
+        ++forward;
+      }
+    }
+    EXPECT_EQ(backward, n ? 1 : 0);
+    EXPECT_EQ(forward, n ? 3 : 4);  // each unit in forward (+ block 1 in backward without)
+    step_s[n > 0] = p->step_s;
+  }
+  EXPECT_LT(step_s[1], step_s[0] - 1.0);
+  ProjectionRun bad = MakeRun(ShardingStrategy::kFullShard, 4, false);
+  bad.secondary_shard_size = 3;
+  EXPECT_THAT(std::string(ProjectStep(TwoBlocks(), l, bad).status().message()),
+              ::testing::HasSubstr("secondary_shard_size is 3"));
+  bad.secondary_shard_size = 2;
+  l.ranks_per_host = 1;
+  EXPECT_THAT(std::string(ProjectStep(TwoBlocks(), l, bad).status().message()),
+              ::testing::HasSubstr("a secondary group would span hosts"));
+  bad.strategy = ShardingStrategy::kShardGradOp;
+  EXPECT_THAT(std::string(ProjectStep(TwoBlocks(), l, bad).status().message()),
+              ::testing::HasSubstr("FULL_SHARD and HYBRID_SHARD"));
+}
+
 TEST(ProjectStep, MicroBatchesAccumulateAsTheModeSays) {
   LinkSpec l;
   l.ranks_per_host = 2;

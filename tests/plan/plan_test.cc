@@ -59,6 +59,7 @@ struct Case {
   int micro_batches = 1;
   Accumulation accumulation = Accumulation::kNoSync;
   CommunicationOptions communication;
+  int secondary = 0;  // ShardingOptions::secondary_shard_size
   // Explicit sizes instead of the bundled model's (model is then only a label).
   std::optional<nn::ModelConfig> config;
   // How long every transfer between two ranks takes at least (CommOptions::link_latency).
@@ -84,7 +85,8 @@ struct Case {
                             ? absl::StrCat(" reduction ",
                                            std::string(WireFormatName(communication.reduction)),
                                            " block ", communication.block_size)
-                            : "");
+                            : "",
+                        secondary > 0 ? absl::StrCat(" secondary ", secondary) : "");
   }
   PlanRequest Request() const {
     PlanRequest r;
@@ -102,6 +104,7 @@ struct Case {
     r.micro_batches = micro_batches;
     r.accumulation = accumulation;
     r.communication = communication;
+    r.secondary_shard_size = secondary;
     r.config = config;
     return r;
   }
@@ -134,6 +137,7 @@ absl::StatusOr<std::vector<MemoryReport>> Measure(const Case& c) {
     o.sharding.mixed_precision.reduce_dtype = c.reduce_dtype;
     o.sharding.max_prefetch_units = c.prefetch;
     o.sharding.communication = c.communication;
+    o.sharding.secondary_shard_size = c.secondary;
     o.sharding.forward_prefetch = o.sharding.backward_prefetch = c.prefetch > 0;
     o.batch_size = c.batch;
     o.seq_len = c.seq;
@@ -177,6 +181,7 @@ const Category kCategories[] = {
     {"gathered_param_peak_bytes", &MemoryReport::gathered_param_peak_bytes},
     {"grad_buffer_peak_bytes", &MemoryReport::grad_buffer_peak_bytes},
     {"activation_peak_bytes", &MemoryReport::activation_peak_bytes},
+    {"secondary_param_peak_bytes", &MemoryReport::secondary_param_peak_bytes},
     {"peak_bytes", &MemoryReport::peak_bytes},
 };
 
@@ -445,6 +450,35 @@ TEST(PlanAgreesWithRuntime, QuantizedReduction) {
   r.reduce_dtype = DType::kBF16;
   EXPECT_THAT(std::string(PlanMemory(r).status().message()),
               ::testing::HasSubstr("communication.reduction is int8 with reduce_dtype bf16"));
+}
+
+// A secondary shard inside the host (hpZ): each unit's 1/N kept from its forward to its
+// backward, and backward's gathers into buffers of the same size (FULL_SHARD 4 ranks with N = 2
+// in f32; with checkpointing and two micro-batches no_sync; HYBRID 2 x 4 with N = 2 in bf16,
+// an int8 all-gather and two units prefetched).
+TEST(PlanAgreesWithRuntime, SecondaryShard) {
+  Case full = Make("nano", ShardingStrategy::kFullShard, 4);
+  full.secondary = 2;
+  Case accum = full;
+  accum.checkpoint_every = 1;
+  accum.micro_batches = 2;
+  Case hybrid = Make("llama-nano", ShardingStrategy::kHybridShard, 8, 4);
+  hybrid.secondary = 2;
+  hybrid.param_dtype = DType::kBF16;
+  hybrid.prefetch = 2;
+  hybrid.communication.all_gather = WireFormat::kInt8;
+  for (const Case& c : {full, accum, hybrid}) ExpectAgrees(c);
+  PlanRequest r = full.Request();
+  EXPECT_GT(PlanMemory(r)->secondary_param_peak_bytes, 0);
+  r.secondary_shard_size = 3;
+  EXPECT_THAT(std::string(PlanMemory(r).status().message()),
+              ::testing::HasSubstr("secondary_shard_size is 3 with FULL_SHARD and a shard group "
+                                   "of 4 ranks: allowed: 0 (off) or a divisor N"));
+  r.secondary_shard_size = 2;
+  r.world_size = 8;
+  r.ranks_per_host = 1;
+  EXPECT_THAT(std::string(PlanMemory(r).status().message()),
+              ::testing::HasSubstr("with 1 ranks per host: a secondary group would span hosts"));
 }
 
 // The same 8 ranks as R x S = 2 x 4 and 4 x 2 (a shard group other than the replicate group:
