@@ -140,6 +140,7 @@ int RunProjection(const Args& a) {
         if (!flops) {
           fsdp::BenchConfig c = ProjectionConfig(a, m, d, ck, threads);
           c.world_size = 1;
+          c.secondary_shard_size = 0;  // one rank: nothing is sharded
           std::fprintf(stderr, "fsdp_bench: measuring %s on 1 rank for its compute profile\n",
                        m.c_str());
           absl::StatusOr<fsdp::BenchResult> r = fsdp::RunBench(c);
@@ -213,6 +214,7 @@ int RunProjection(const Args& a) {
               req.ranks_per_host = a.ranks_per_host > 0 && a.ranks_per_host <= w ? a.ranks_per_host : 0;
               req.strategy = st;
               req.hybrid_shard_size = shard;
+              req.secondary_shard_size = run.secondary_shard_size;
               req.param_dtype = d;
               req.reduce_dtype = wl_reduce(a, d);
               req.checkpoint_every = ck;

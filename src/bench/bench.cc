@@ -132,7 +132,7 @@ struct RankFigures {
   std::vector<double> profile;
 
   static constexpr int kPerStep = 8;
-  static constexpr int kScalars = 9 + 3;
+  static constexpr int kScalars = 11 + 3;  // the memory report's 11 fields, syncs, threads, loss
   static constexpr int kPlaces = 12;
   static int ProfileSize(int blocks) { return 3 * blocks + kPlaces; }
   static int Size(int steps, int blocks) {
@@ -389,6 +389,10 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   const std::vector<double> packed = f.Pack();
   const int L = mc.num_layers();
   const int size = RankFigures::Size(c.steps, L);
+  if (packed.size() != static_cast<size_t>(size)) {  // Pack and Size must agree
+    return absl::InternalError(absl::StrCat("RunBench: ", packed.size(), " figures packed, ",
+                                            size, " expected"));
+  }
   std::vector<double> all(static_cast<size_t>(size) * W);
   FSDP_RETURN_IF_ERROR(world.AllGather(packed.data(), all.data(), size, DType::kF64));
   // The tracer may be restored once every rank has read its spans.

@@ -77,6 +77,48 @@ TEST(AccumulationMpiTest, HybridQuantizedReductionKeepsReplicasEqual) {
   }
 }
 
+// The secondary shard inside the host (hpZ) across processes: FULL_SHARD over the 4 processes
+// with backward's gathers over pairs of them (their own Open MPI communicator, shared memory
+// inside the host) trains bitwise as without it, and the shard group no longer carries
+// backward's regathers. HYBRID_SHARD 2 x 2 cannot take one (2 <= N < 2): every process is
+// refused, naming the option.
+TEST(AccumulationMpiTest, SecondaryShardTrainsBitwiseAcrossProcesses) {
+  ASSERT_EQ(g_world->size(), 4) << "run under mpirun -np 4";
+  TrainSpec spec;
+  spec.steps = 4;
+  spec.micro_batches = 2;
+  spec.accumulation = Accumulation::kSharded;
+  ShardingOptions sharding;
+  sharding.mixed_precision.param_dtype = DType::kBF16;
+  absl::StatusOr<TrainResult> plain = TrainSharded(*g_world, spec, sharding, 1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  sharding.secondary_shard_size = 2;
+  absl::StatusOr<TrainResult> hpz = TrainSharded(*g_world, spec, sharding, 1);
+  ASSERT_TRUE(hpz.ok()) << hpz.status();
+  EXPECT_EQ(hpz->losses, plain->losses);
+  EXPECT_EQ(hpz->grad_norms, plain->grad_norms);
+  ASSERT_EQ(hpz->params.size(), plain->params.size());
+  for (size_t u = 0; u < hpz->params.size(); ++u) {
+    ASSERT_EQ(hpz->params[u].size(), plain->params[u].size());
+    for (size_t i = 0; i < hpz->params[u].size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(hpz->params[u][i]),
+                std::bit_cast<uint32_t>(plain->params[u][i]))
+          << "unit " << u << " element " << i;
+    }
+  }
+  const int64_t passes = int64_t{spec.steps} * spec.micro_batches;
+  EXPECT_EQ(plain->shard_all_gathers - hpz->shard_all_gathers,
+            (hpz->num_units - 1) + int64_t{hpz->num_units - 2} * (passes - 1));
+  EXPECT_GT(hpz->memory.secondary_param_peak_bytes, 0);
+  sharding.strategy = ShardingStrategy::kHybridShard;
+  sharding.hybrid_shard_size = 2;
+  absl::StatusOr<TrainResult> bad = TrainSharded(*g_world, spec, sharding, 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("secondary_shard_size is 2 with HYBRID_SHARD"),
+            absl::string_view::npos)
+      << bad.status();
+}
+
 }  // namespace
 }  // namespace fsdp::testing
 
