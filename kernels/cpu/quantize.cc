@@ -1,7 +1,7 @@
 // Block quantization for the wire (fsdp/wire_format.h): int8 and fp8 e4m3 codes with one f32
-// scale per block. Each block is independent, so blocks are spread over OpenMP threads.
-// Scalar code: these run once per unit and step on a shard (int8: one division, one rounding
-// per element), well below the optimizer update of the same shard.
+// scale per block. Each block is independent, so blocks are spread over OpenMP threads. The
+// block's max and the int8 codes run eight lanes at a time (GCC vectors, kernels/cpu/vec_math.h),
+// bit for bit the scalar definitions; fp8's encoding is scalar.
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -10,6 +10,7 @@
 
 #include "fsdp/dtype.h"
 #include "fsdp/kernels_cpu.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
 namespace {
@@ -45,14 +46,67 @@ void ForEachBlock(int64_t n, int64_t block, Body body) {
   }
 }
 
+using I8 = int32_t __attribute__((vector_size(32)));  // the lanes of internal::F8 as integers
+using C8 = int8_t __attribute__((vector_size(8)));
+
+// The largest |x| of a block; for a block that holds a NaN, the first NaN's magnitude, which
+// poisons the scale (a later larger value must not hide it). Eight lanes at a time (a max is
+// exact in any order) with a NaN flag and no early exit; a block with a NaN is scanned again.
 float BlockMaxAbs(const float* in, int64_t lo, int64_t hi) {
   float m = 0.0f;
-  for (int64_t i = lo; i < hi; ++i) {
+  int nan = 0;
+  int64_t i = lo;
+  if (hi - lo >= 8) {
+    const I8 abs_bits = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff,
+                         0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
+    internal::F8 mx = {};
+    I8 bad = {};
+    for (; i + 8 <= hi; i += 8) {
+      const internal::F8 a =
+          reinterpret_cast<internal::F8>(reinterpret_cast<I8>(internal::LoadF8(in + i)) & abs_bits);
+      bad |= a != a;
+      mx = mx < a ? a : mx;
+    }
+    for (int j = 0; j < 8; ++j) {
+      m = m < mx[j] ? mx[j] : m;
+      nan |= bad[j];
+    }
+  }
+  for (; i < hi; ++i) {
     const float a = std::fabs(in[i]);
-    if (std::isnan(a)) return a;  // poisons the scale (a later larger value must not hide it)
-    m = std::max(m, a);
+    nan |= a != a;
+    m = m < a ? a : m;
+  }
+  if (nan != 0) {
+    for (i = lo; i < hi; ++i) {
+      if (std::isnan(in[i])) return std::fabs(in[i]);
+    }
   }
   return m;
+}
+
+// codes[lo, hi) = clamp(nearbyint(in / scale), -127, 127) as int8 (scale finite and > 0, so
+// every quotient is finite): eight lanes at a time, the same divisions and roundings as the
+// scalar tail. Adding and taking away 1.5 * 2^23 rounds to the nearest integer, ties to even,
+// exactly, for |q| <= 2^22 (the quotients are at most 127 and a rounding above it).
+void QuantizeInt8(uint8_t* codes, const float* in, int64_t lo, int64_t hi, float scale) {
+  constexpr float kRound = 12582912.0f;
+  int64_t i = lo;
+  const internal::F8 s = {scale, scale, scale, scale, scale, scale, scale, scale};
+  const internal::F8 top = {kInt8Max, kInt8Max, kInt8Max, kInt8Max,
+                            kInt8Max, kInt8Max, kInt8Max, kInt8Max};
+  for (; i + 8 <= hi; i += 8) {
+    internal::F8 q = internal::LoadF8(in + i) / s;
+    q = (q + kRound) - kRound;
+    q = q < -top ? -top : q;
+    q = q > top ? top : q;
+    const C8 c = __builtin_convertvector(__builtin_convertvector(q, I8), C8);
+    __builtin_memcpy(codes + i, &c, sizeof(c));
+  }
+  for (; i < hi; ++i) {
+    const float q = std::clamp(std::nearbyint(in[i] / scale), -kInt8Max, kInt8Max);
+    codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  }
 }
 
 }  // namespace
@@ -88,10 +142,7 @@ void quantize_blocks(uint8_t* codes, float* scales, const float* in, int64_t n, 
       return;
     }
     if (format == WireFormat::kInt8) {
-      for (int64_t i = lo; i < hi; ++i) {
-        const float q = std::clamp(std::nearbyint(in[i] / scale), -kInt8Max, kInt8Max);
-        codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
-      }
+      QuantizeInt8(codes, in, lo, hi, scale);
     } else {
       for (int64_t i = lo; i < hi; ++i) codes[i] = float_to_e4m3(in[i] / scale);
     }
@@ -105,30 +156,32 @@ void dequantize_blocks(void* out, DType out_dtype, const uint8_t* codes, const f
     const float scale = scales[b];
     // A non-finite scale (an inf or NaN in the block) decodes to NaN: never a finite value.
     const float s = std::isfinite(scale) ? scale : std::nanf("");
-    auto value = [&](int64_t i) {
-      const float c = format == WireFormat::kInt8
-                          ? static_cast<float>(static_cast<int8_t>(codes[i]))
-                          : e4m3[codes[i]];
-      return c * s;
+    // One loop per format and dtype, without a branch inside, so that int8's vectorize.
+    auto decode = [&](auto code) {
+      switch (out_dtype) {
+        case DType::kF32: {
+          float* o = static_cast<float*>(out);
+          for (int64_t i = lo; i < hi; ++i) o[i] = code(i) * s;
+          break;
+        }
+        case DType::kBF16: {
+          uint16_t* o = static_cast<uint16_t*>(out);
+          for (int64_t i = lo; i < hi; ++i) o[i] = internal::Bf16Bits(code(i) * s);  // FloatToBf16
+          break;
+        }
+        case DType::kF16: {
+          uint16_t* o = static_cast<uint16_t*>(out);
+          for (int64_t i = lo; i < hi; ++i) o[i] = FloatToF16(code(i) * s);
+          break;
+        }
+        default:
+          break;  // the runtime gathers parameters in f32, bf16 or f16 only
+      }
     };
-    switch (out_dtype) {
-      case DType::kF32: {
-        float* o = static_cast<float*>(out);
-        for (int64_t i = lo; i < hi; ++i) o[i] = value(i);
-        break;
-      }
-      case DType::kBF16: {
-        uint16_t* o = static_cast<uint16_t*>(out);
-        for (int64_t i = lo; i < hi; ++i) o[i] = FloatToBf16(value(i));
-        break;
-      }
-      case DType::kF16: {
-        uint16_t* o = static_cast<uint16_t*>(out);
-        for (int64_t i = lo; i < hi; ++i) o[i] = FloatToF16(value(i));
-        break;
-      }
-      default:
-        break;  // the runtime gathers parameters in f32, bf16 or f16 only
+    if (format == WireFormat::kInt8) {
+      decode([&](int64_t i) { return static_cast<float>(static_cast<int8_t>(codes[i])); });
+    } else {
+      decode([&](int64_t i) { return e4m3[codes[i]]; });
     }
   });
 }

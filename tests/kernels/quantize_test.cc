@@ -147,6 +147,48 @@ TEST(QuantizeBlocks, Int8ErrorIsAtMostHalfAScaleStep) {
   }
 }
 
+// The int8 codes are clamp(nearbyint(x / scale), -127, 127) element by element, in the
+// vector lanes and in a block's tail alike: ties go to the even integer (a block whose scale is
+// 1 exactly holds every k + 1/2), negative values that round to zero give code 0, and a block
+// that holds NaNs takes the first NaN's magnitude (its payload) for its scale.
+TEST(QuantizeBlocks, Int8CodesAreTheScalarDefinitionTiesToEven) {
+  constexpr int64_t kBlock = 256, kN = 300;  // a full block and a short one of 44 (5 x 8 + 4)
+  std::vector<float> x(kN);
+  for (int64_t i = 0; i < kN; ++i) {
+    x[i] = static_cast<float>((i * 37) % 254 - 127) + 0.5f;  // -126.5 .. 126.5: ties
+  }
+  x[0] = 127.0f;  // the first block's scale: exactly 1
+  x[256] = -127.0f;
+  x[257] = -0.3f;
+  x[258] = -0.5f;
+  std::vector<uint8_t> codes(kN);
+  std::vector<float> scales(2);
+  quantize_blocks(codes.data(), scales.data(), x.data(), kN, kBlock, WireFormat::kInt8);
+  for (int64_t i = 0; i < kN; ++i) {
+    const float scale = scales[i / kBlock];
+    ASSERT_EQ(scale, 1.0f);
+    const float want = std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f);
+    ASSERT_EQ(static_cast<int8_t>(codes[i]), static_cast<int>(want)) << "element " << i;
+    const float t = x[i] - std::floor(x[i]);
+    if (t == 0.5f) {
+      ASSERT_EQ(static_cast<int8_t>(codes[i]) % 2, 0) << "a tie, element " << i;
+    }
+  }
+  // NaNs: the first one's magnitude (a payload) poisons the scale, wherever the lanes see it.
+  const float first = std::bit_cast<float>(0xffc12345u), later = std::bit_cast<float>(0x7fc00001u);
+  for (int64_t at : {3, 17, 250}) {
+    std::vector<float> y(kN, 1.0f);
+    y[at] = first;
+    y[at + 2] = later;
+    y[at + 1] = 1e30f;
+    quantize_blocks(codes.data(), scales.data(), y.data(), kN, kBlock, WireFormat::kInt8);
+    EXPECT_EQ(std::bit_cast<uint32_t>(scales[0]),
+              std::bit_cast<uint32_t>(std::fabs(first) / 127.0f))
+        << "NaN at " << at;
+    EXPECT_EQ(scales[1], 1.0f / 127.0f);
+  }
+}
+
 TEST(QuantizeBlocks, Fp8ErrorIsRelative) {
   const int64_t block = 64;
   const std::vector<float> x = Blocks(999, block, 2);
