@@ -283,6 +283,43 @@ void BM_SoftmaxCrossEntropy(benchmark::State& state) {
 }
 BENCHMARK(BM_SoftmaxCrossEntropy)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// Block quantization for the wire over all `mini` parameters (~10.8 M, block 256): a shard's
+// codes and scales (int8, fp8 e4m3), and every rank's codes decoded into bf16 parameters.
+void BM_QuantizeBlocks(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const fsdp::WireFormat f = state.range(1) == 0 ? fsdp::WireFormat::kInt8
+                                                 : fsdp::WireFormat::kFp8E4M3;
+  const int64_t n = 10'800'000, block = 256;
+  const auto x = Random(n, 3.0f);
+  std::vector<uint8_t> codes(n);
+  std::vector<float> scales(n / block + 1);
+  for (auto _ : state) {
+    k::quantize_blocks(codes.data(), scales.data(), x.data(), n, block, f);
+    benchmark::DoNotOptimize(codes.data());
+  }
+  SetBytes(state, 1.0 * n * (sizeof(float) + 1));
+}
+BENCHMARK(BM_QuantizeBlocks)->ArgNames({"threads", "fp8"})->Args({1, 0})->Args({1, 1})
+    ->Args({0, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_DequantizeBlocksBf16(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const int64_t n = 10'800'000, block = 256;
+  const auto x = Random(n, 3.0f);
+  std::vector<uint8_t> codes(n);
+  std::vector<float> scales(n / block + 1);
+  k::quantize_blocks(codes.data(), scales.data(), x.data(), n, block, fsdp::WireFormat::kInt8);
+  std::vector<uint16_t> out(n);
+  for (auto _ : state) {
+    k::dequantize_blocks(out.data(), fsdp::DType::kBF16, codes.data(), scales.data(), n, block,
+                         fsdp::WireFormat::kInt8);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetBytes(state, 1.0 * n * (1 + sizeof(uint16_t)));
+}
+BENCHMARK(BM_DequantizeBlocksBf16)->ArgName("threads")->Arg(1)->Arg(0)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // AdamW over all `mini` parameters (~10.8 M): read p, g, m, v; write p, m, v.
 void BM_AdamW(benchmark::State& state) {
   ThreadScope scope(static_cast<int>(state.range(0)));
