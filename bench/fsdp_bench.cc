@@ -29,6 +29,16 @@
 
 namespace fsdp_bench {
 
+int ShardSize(fsdp::ShardingStrategy s, int world, int hybrid_shard, int ranks_per_host) {
+  if (s == fsdp::ShardingStrategy::kNoShard) return 1;
+  if (s != fsdp::ShardingStrategy::kHybridShard &&
+      s != fsdp::ShardingStrategy::kHybridShardGradOp) {
+    return world;
+  }
+  const int shard = hybrid_shard > 0 ? hybrid_shard : ranks_per_host;
+  return shard > 0 && shard <= world && world % shard == 0 ? shard : world;
+}
+
 std::string RunName(const fsdp::BenchConfig& c, int world) {
   std::string s = absl::StrCat(c.model, " ", std::string(fsdp::StrategyName(c.strategy)), " ",
                                world, world == 1 ? " rank " : " ranks ",
@@ -327,8 +337,7 @@ std::vector<fsdp::BenchConfig> MeasuredGrid(const Args& a, const std::vector<int
                       fsdp::ShardingOptions probe;
                       probe.strategy = s;
                       probe.secondary_shard_size = n;
-                      const bool hybrid = s == fsdp::ShardingStrategy::kHybridShard;
-                      const int S = hybrid && c.hybrid_shard_size > 0 ? c.hybrid_shard_size : w;
+                      const int S = ShardSize(s, w, c.hybrid_shard_size, c.link.ranks_per_host);
                       if (!fsdp::CheckSecondaryShard(probe, S).ok()) {
                         std::fprintf(stderr,
                                      "fsdp_bench: --secondary_shard %d does not apply to %s "

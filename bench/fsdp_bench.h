@@ -68,6 +68,10 @@ void CheckOutputs(const Args& a);
 
 // Shared by the measured runs and the projection (fsdp_bench.cc).
 std::string RunName(const fsdp::BenchConfig& c, int world);
+// The ranks each unit is sharded over: 1 for NO_SHARD, the world for FULL_SHARD and
+// SHARD_GRAD_OP, for the HYBRID strategies the shard size given, else the ranks per host when
+// they divide the world, else the world.
+int ShardSize(fsdp::ShardingStrategy s, int world, int hybrid_shard, int ranks_per_host);
 // A run of `model` with the grid's common settings (no strategy, world, link or peak yet).
 fsdp::BenchConfig BaseConfig(const Args& a, const std::string& model, fsdp::DType dtype,
                              int checkpoint, int threads);

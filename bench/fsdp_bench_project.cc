@@ -29,15 +29,6 @@ fsdp::DType wl_reduce(const Args& a, fsdp::DType d) {
   return a.reduce_dtype == "same" ? d : FloatDTypeFlag("--reduce_dtype", a.reduce_dtype);
 }
 
-int ShardSize(fsdp::ShardingStrategy s, int world, int hybrid_shard, int ranks_per_host) {
-  if (s == fsdp::ShardingStrategy::kNoShard) return 1;
-  if (s != fsdp::ShardingStrategy::kHybridShard &&
-      s != fsdp::ShardingStrategy::kHybridShardGradOp) {
-    return world;
-  }
-  const int shard = hybrid_shard > 0 ? hybrid_shard : ranks_per_host;
-  return shard > 0 && shard <= world && world % shard == 0 ? shard : world;
-}
 
 // The configurations the projection measures do not use MFU: the peak is given or not measured.
 fsdp::BenchConfig ProjectionConfig(const Args& a, const std::string& model, fsdp::DType dtype,

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -116,6 +117,16 @@ double Percentile(std::vector<double> v, double p) {  // linear interpolation, p
   return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
 }
 
+// The memory report's fields, in the order a rank's figures pack them (each rank's report is
+// merged by its largest value).
+constexpr int64_t MemoryReport::*kMemoryFields[] = {
+    &MemoryReport::param_shard_bytes,       &MemoryReport::grad_shard_bytes,
+    &MemoryReport::optimizer_bytes,         &MemoryReport::gathered_param_bytes,
+    &MemoryReport::gathered_param_peak_bytes, &MemoryReport::grad_buffer_bytes,
+    &MemoryReport::grad_buffer_peak_bytes,  &MemoryReport::activation_peak_bytes,
+    &MemoryReport::secondary_param_bytes,   &MemoryReport::secondary_param_peak_bytes,
+    &MemoryReport::peak_bytes};
+
 // What one rank measured, packed as doubles so that one all_gather moves it.
 struct RankFigures {
   // Per measured step.
@@ -132,7 +143,8 @@ struct RankFigures {
   std::vector<double> profile;
 
   static constexpr int kPerStep = 8;
-  static constexpr int kScalars = 11 + 3;  // the memory report's 11 fields, syncs, threads, loss
+  // The memory report's fields, then syncs, threads and loss.
+  static constexpr int kScalars = static_cast<int>(std::size(kMemoryFields)) + 3;
   static constexpr int kPlaces = 12;
   static int ProfileSize(int blocks) { return 3 * blocks + kPlaces; }
   static int Size(int steps, int blocks) {
@@ -145,12 +157,8 @@ struct RankFigures {
                           &collectives, &comm_time}) {
       out.insert(out.end(), v->begin(), v->end());
     }
-    const MemoryReport& m = memory;
-    for (int64_t x : {m.param_shard_bytes, m.grad_shard_bytes, m.optimizer_bytes,
-                      m.gathered_param_bytes, m.gathered_param_peak_bytes, m.grad_buffer_bytes,
-                      m.grad_buffer_peak_bytes, m.activation_peak_bytes,
-                      m.secondary_param_bytes, m.secondary_param_peak_bytes, m.peak_bytes}) {
-      out.push_back(static_cast<double>(x));
+    for (int64_t MemoryReport::*field : kMemoryFields) {
+      out.push_back(static_cast<double>(memory.*field));
     }
     out.push_back(host_syncs);
     out.push_back(threads);
@@ -165,13 +173,8 @@ struct RankFigures {
       v->assign(p, p + steps);
       p += steps;
     }
-    MemoryReport& m = f.memory;
-    for (int64_t* x : {&m.param_shard_bytes, &m.grad_shard_bytes, &m.optimizer_bytes,
-                       &m.gathered_param_bytes, &m.gathered_param_peak_bytes,
-                       &m.grad_buffer_bytes, &m.grad_buffer_peak_bytes,
-                       &m.activation_peak_bytes, &m.secondary_param_bytes,
-                       &m.secondary_param_peak_bytes, &m.peak_bytes}) {
-      *x = static_cast<int64_t>(std::llround(*p++));
+    for (int64_t MemoryReport::*field : kMemoryFields) {
+      f.memory.*field = static_cast<int64_t>(std::llround(*p++));
     }
     f.host_syncs = *p++;
     f.threads = *p++;
@@ -475,21 +478,9 @@ absl::StatusOr<BenchResult> RunRank(const BenchConfig& c, const Prepared& prep,
   out.collectives_per_step = std::llround(sum_coll / samples);
   out.comm_s = sum_comm_time / samples;
   for (const RankFigures& r : ranks) {
-    const MemoryReport& m = r.memory;
-    MemoryReport& o2 = out.memory;
-    o2.param_shard_bytes = std::max(o2.param_shard_bytes, m.param_shard_bytes);
-    o2.grad_shard_bytes = std::max(o2.grad_shard_bytes, m.grad_shard_bytes);
-    o2.optimizer_bytes = std::max(o2.optimizer_bytes, m.optimizer_bytes);
-    o2.gathered_param_bytes = std::max(o2.gathered_param_bytes, m.gathered_param_bytes);
-    o2.gathered_param_peak_bytes =
-        std::max(o2.gathered_param_peak_bytes, m.gathered_param_peak_bytes);
-    o2.grad_buffer_bytes = std::max(o2.grad_buffer_bytes, m.grad_buffer_bytes);
-    o2.grad_buffer_peak_bytes = std::max(o2.grad_buffer_peak_bytes, m.grad_buffer_peak_bytes);
-    o2.activation_peak_bytes = std::max(o2.activation_peak_bytes, m.activation_peak_bytes);
-    o2.secondary_param_bytes = std::max(o2.secondary_param_bytes, m.secondary_param_bytes);
-    o2.secondary_param_peak_bytes =
-        std::max(o2.secondary_param_peak_bytes, m.secondary_param_peak_bytes);
-    o2.peak_bytes = std::max(o2.peak_bytes, m.peak_bytes);
+    for (int64_t MemoryReport::*field : kMemoryFields) {
+      out.memory.*field = std::max(out.memory.*field, r.memory.*field);
+    }
   }
   out.host_syncs_per_step = sum_syncs / samples;
   std::vector<double> profile(RankFigures::ProfileSize(L), 0.0);
