@@ -7,11 +7,13 @@
 //   build/bench/kernels_bench --benchmark_counters_tabular=true
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "bench/attention_full_square.h"
 #include "fsdp/kernels_cpu.h"
 
 namespace k = fsdp::kernels::cpu;
@@ -172,27 +174,67 @@ BENCHMARK(BM_MatmulBackwardBf16)->MINI_LINEAR_SHAPES;
 void BM_AttentionForward(benchmark::State& state) {
   ThreadScope scope(static_cast<int>(state.range(0)));
   const auto qkv = Random(kTokens * 3 * kC);
-  std::vector<float> out(kTokens * kC), att(kB * kNH * kT * kT);
+  std::vector<float> out(kTokens * kC), lse(kB * kNH * kT);
   for (auto _ : state) {
-    k::attention_forward(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH);
+    k::attention_forward(out.data(), lse.data(), qkv.data(), kB, kT, kC, kNH);
     benchmark::DoNotOptimize(out.data());
   }
-  SetFlops(state, 4.0 * kB * kT * kT * kC);  // q k^T and att v
+  SetFlops(state, 4.0 * kB * kT * kT * kC);  // q k^T and p v
 }
 BENCHMARK(BM_AttentionForward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_AttentionBackward(benchmark::State& state) {
   ThreadScope scope(static_cast<int>(state.range(0)));
   const auto qkv = Random(kTokens * 3 * kC), dout = Random(kTokens * kC);
-  std::vector<float> out(kTokens * kC), att(kB * kNH * kT * kT), dqkv(kTokens * 3 * kC);
-  k::attention_forward(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH);
+  std::vector<float> out(kTokens * kC), lse(kB * kNH * kT), dqkv(kTokens * 3 * kC);
+  k::attention_forward(out.data(), lse.data(), qkv.data(), kB, kT, kC, kNH);
   for (auto _ : state) {
-    k::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC, kNH);
+    k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), kB, kT,
+                          kC, kNH);
     benchmark::DoNotOptimize(dqkv.data());
   }
   SetFlops(state, 8.0 * kB * kT * kT * kC);  // twice the forward
 }
 BENCHMARK(BM_AttentionBackward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Forward + backward of one Llama attention layer at llama-mini's heads (6 query heads, 2 kv
+// heads, D = 64), B = 1, on all cores (one rank's threads), by sequence length: the blocked
+// kernels of the library (kernel 1: the log-sum-exp kept, the probabilities recomputed) against
+// the full-square baseline (kernel 0: bench/attention_full_square.cc, the T x T probabilities
+// kept). Counters: GFLOP/s as above (forward 4 B T^2 C, backward twice that, C = 6 * 64), and
+// the bytes each kernel allocates: `kept_MiB`, what forward keeps for backward beyond its
+// output (lse or att), and `scratch_MiB`, the per-thread working buffers of backward, summed
+// over the threads.
+void BM_LlamaAttention(benchmark::State& state) {
+  ThreadScope scope(0);
+  constexpr int64_t B = 1, NH = 6, NKV = 2, D = 64, C = NH * D, W = (NH + 2 * NKV) * D;
+  constexpr int64_t kBlock = 64;  // as kernels/cpu/attention.h's kAttentionBlock
+  const int64_t T = state.range(0);
+  const bool flash = state.range(1) != 0;
+  const auto qkv = Random(B * T * W), dout = Random(B * T * C);
+  std::vector<float> out(B * T * C), dqkv(B * T * W);
+  std::vector<float> kept(flash ? B * NH * T : B * NH * T * T);
+  for (auto _ : state) {
+    if (flash) {
+      k::gqa_attention_forward(out.data(), kept.data(), qkv.data(), B, T, NH, NKV, D);
+      k::gqa_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), kept.data(), B,
+                                T, NH, NKV, D);
+    } else {
+      fsdp::bench::FullSquareAttentionForward(out.data(), kept.data(), qkv.data(), B, T, NH, NKV,
+                                              D, kBlock);
+      fsdp::bench::FullSquareAttentionBackward(dqkv.data(), dout.data(), qkv.data(), kept.data(),
+                                               B, T, NH, NKV, D, kBlock);
+    }
+    benchmark::DoNotOptimize(dqkv.data());
+  }
+  SetFlops(state, 12.0 * B * T * T * C);
+  const double threads = omp_get_max_threads(), mib = 1024.0 * 1024.0;
+  state.counters["kept_MiB"] = static_cast<double>(kept.size()) * sizeof(float) / mib;
+  const double scratch = flash ? 2.0 * std::min(kBlock, T) * T : static_cast<double>(T) * T;
+  state.counters["scratch_MiB"] = threads * scratch * sizeof(float) / mib;
+}
+BENCHMARK(BM_LlamaAttention)->ArgNames({"T", "flash"})->ArgsProduct({{256, 1024, 2048, 4096}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // ---- Memory-bound layers ----------------------------------------------------------------------
 void BM_LayernormForward(benchmark::State& state) {

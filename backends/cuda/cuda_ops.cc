@@ -111,28 +111,28 @@ class CudaOps final : public Ops {
   }
 
   // ---- attention ---------------------------------------------------------------------------------
-  void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t C,
+  void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
-    GqaAttentionForward(s, out, att, qkv, B, T, NH, NH, NH > 0 ? C / NH : 0);
+    GqaAttentionForward(s, out, lse, qkv, B, T, NH, NH, NH > 0 ? C / NH : 0);
   }
-  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
+  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
-    GqaAttentionBackward(s, dqkv, dout, qkv, att, B, T, NH, NH, NH > 0 ? C / NH : 0);
+    GqaAttentionBackward(s, dqkv, dout, qkv, out, lse, B, T, NH, NH, NH > 0 ? C / NH : 0);
   }
-  void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T,
+  void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Begin(__func__, s, {out, att, qkv})) return;
-    k::attention_forward(stream(s), F32(out), F32(att), F32(qkv), B, T, NH, NKV, D);
+    if (!Begin(__func__, s, {out, lse, qkv})) return;
+    k::attention_forward(stream(s), F32(out), F32(lse), F32(qkv), B, T, NH, NKV, D);
     End(__func__);
   }
-  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
-                            int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Begin(__func__, s, {dqkv, dout, qkv, att})) return;
+  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
+                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
+    if (!Begin(__func__, s, {dqkv, dout, qkv, out, lse})) return;
     absl::StatusOr<Scratch> ws = Scratch::Create(
         *b_, static_cast<size_t>(k::attention_backward_workspace_bytes(B, T, NH)));
     if (!ws.ok()) return Fail(__func__, ws.status());
-    k::attention_backward(stream(s), F32(dqkv), F32(dout), F32(qkv), F32(att), B, T, NH, NKV, D,
-                          ws->as<float>());
+    k::attention_backward(stream(s), F32(dqkv), F32(dout), F32(qkv), F32(out), F32(lse), B, T,
+                          NH, NKV, D, ws->as<float>());
     End(__func__);
   }
 

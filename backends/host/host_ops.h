@@ -85,31 +85,33 @@ class HostOps final : public Ops {
     const int64_t n = inp.count;
     exec_->Run(s, __func__, [=] { kernels::cpu::gelu_backward(di, i, go, n); });
   }
-  void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t C,
+  void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
-    float *o = F32(out), *a = F32(att);
+    float *o = F32(out), *l = F32(lse);
     const float* q = F32(qkv);
-    exec_->Run(s, __func__, [=] { kernels::cpu::attention_forward(o, a, q, B, T, C, NH); });
+    exec_->Run(s, __func__, [=] { kernels::cpu::attention_forward(o, l, q, B, T, C, NH); });
   }
-  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
+  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
     float* dq = F32(dqkv);
-    const float *go = F32(dout), *q = F32(qkv), *a = F32(att);
-    exec_->Run(s, __func__, [=] { kernels::cpu::attention_backward(dq, go, q, a, B, T, C, NH); });
+    const float *go = F32(dout), *q = F32(qkv), *o = F32(out), *l = F32(lse);
+    exec_->Run(s, __func__,
+               [=] { kernels::cpu::attention_backward(dq, go, q, o, l, B, T, C, NH); });
   }
-  void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T,
+  void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t D) override {
-    float *o = F32(out), *a = F32(att);
+    float *o = F32(out), *l = F32(lse);
     const float* q = F32(qkv);
     exec_->Run(s, __func__,
-               [=] { kernels::cpu::gqa_attention_forward(o, a, q, B, T, NH, NKV, D); });
+               [=] { kernels::cpu::gqa_attention_forward(o, l, q, B, T, NH, NKV, D); });
   }
-  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
-                            int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
+  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
+                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
     float* dq = F32(dqkv);
-    const float *go = F32(dout), *q = F32(qkv), *a = F32(att);
-    exec_->Run(s, __func__,
-               [=] { kernels::cpu::gqa_attention_backward(dq, go, q, a, B, T, NH, NKV, D); });
+    const float *go = F32(dout), *q = F32(qkv), *o = F32(out), *l = F32(lse);
+    exec_->Run(s, __func__, [=] {
+      kernels::cpu::gqa_attention_backward(dq, go, q, o, l, B, T, NH, NKV, D);
+    });
   }
   void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N, int64_t C,
                       float eps) override {

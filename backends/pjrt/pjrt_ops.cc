@@ -39,8 +39,11 @@ void Accumulate(P& p, const View& dst, const Value& x) {
   p.Store(dst, p.Add(p.Load(dst, x.dims), x));
 }
 
-// Causal (grouped-query) attention forward, shared by the GPT and Llama layers.
-// qkv[B,T,(NH+2NKV)*D]. Returns att [B,NKV,G,T,T] (probabilities) and out [B,T,NH*D].
+// Causal (grouped-query) attention, shared by the GPT and Llama layers, with the CPU kernels'
+// contract (fsdp/kernels_cpu.h): forward stores out and the log-sum-exp of each row of the
+// scaled scores, no T x T matrix; backward recomputes the probabilities from qkv and lse (XLA
+// keeps them only inside the program). qkv[B,T,(NH+2NKV)*D], out[B,T,NH*D], lse[B,NH,T]
+// (= [B,NKV,G,T], head h = kv head * G + its index in the group).
 struct AttentionParts {
   Value q, k, v;  // [B,NKV,G,T,D], [B,NKV,T,D], [B,NKV,T,D]
 };
@@ -57,45 +60,60 @@ AttentionParts SplitQkv(P& p, const Value& qkv, int64_t B, int64_t T, int64_t NH
   return {q, k, v};
 }
 
-void AttentionForwardProgram(P& p, const View& out, const View& att, const View& qkv, int64_t B,
-                             int64_t T, int64_t NH, int64_t NKV, int64_t D) {
-  const int64_t G = NH / NKV;
-  const AttentionParts in = SplitQkv(p, p.Load(qkv, {B, T, (NH + 2 * NKV) * D}), B, T, NH, NKV, D);
+// [B,T,NH*D] (out, dout) as [B,NKV,G,T,D].
+Value HeadsMajor(P& p, const View& x, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+  return p.Transpose(p.Reshape(p.Load(x, {B, T, NH * D}), {B, T, NKV, NH / NKV, D}),
+                     {0, 2, 3, 1, 4});
+}
+
+// The scaled scores [B,NKV,G,T,T] and the causal mask (key index <= query index).
+struct Scores {
+  Value s, causal;
+};
+Scores CausalScores(P& p, const AttentionParts& in, int64_t D) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  // scores [B,NKV,G,T,T]
-  Value s = MulC(p, p.Dot(in.q, in.k, {0, 1}, {0, 1}, {4}, {3}), scale);
-  const std::vector<int64_t> dims = s.dims;
-  const Value causal = p.Compare("GE", p.Iota(dims, 3, "i32"), p.Iota(dims, 4, "i32"));
-  s = p.Select(causal, s, Splat(p, -INFINITY, s));
+  const Value s = MulC(p, p.Dot(in.q, in.k, {0, 1}, {0, 1}, {4}, {3}), scale);
+  const Value causal = p.Compare("GE", p.Iota(s.dims, 3, "i32"), p.Iota(s.dims, 4, "i32"));
+  return {s, causal};
+}
+
+void AttentionForwardProgram(P& p, const View& out, const View& lse, const View& qkv, int64_t B,
+                             int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+  const AttentionParts in = SplitQkv(p, p.Load(qkv, {B, T, (NH + 2 * NKV) * D}), B, T, NH, NKV, D);
+  const Scores sc = CausalScores(p, in, D);
+  const std::vector<int64_t> dims = sc.s.dims;
+  const Value s = p.Select(sc.causal, sc.s, Splat(p, -INFINITY, sc.s));
   const Value mx = p.Reduce(s, {4}, "maximum");
-  const Value e = p.Select(causal, p.Unary("exponential", p.Sub(s, p.Broadcast(mx, dims, {0, 1, 2, 3}))),
-                           Splat(p, 0.0, s));
+  const Value e = p.Select(
+      sc.causal, p.Unary("exponential", p.Sub(s, p.Broadcast(mx, dims, {0, 1, 2, 3}))),
+      Splat(p, 0.0, s));
   const Value sum = p.Reduce(p.Convert(e, "f64"), {4});
   const Value inv = p.Convert(p.Div(p.Constant(1.0, "f64", sum.dims), sum), "f32");
   const Value a = p.Mul(e, p.Broadcast(inv, dims, {0, 1, 2, 3}));
-  p.Store(att, a);
+  p.Store(lse, p.Add(mx, p.Unary("log", p.Convert(sum, "f32"))));
   // out [B,NKV,G,T,D] -> [B,T,NKV,G,D]
   const Value o = p.Dot(a, in.v, {0, 1}, {0, 1}, {4}, {2});
   p.Store(out, p.Reshape(p.Transpose(o, {0, 3, 1, 2, 4}), {B, T, NH * D}));
-  (void)G;
 }
 
 void AttentionBackwardProgram(P& p, const View& dqkv, const View& dout, const View& qkv,
-                              const View& att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                              int64_t D) {
+                              const View& out, const View& lse, int64_t B, int64_t T,
+                              int64_t NH, int64_t NKV, int64_t D) {
   const int64_t G = NH / NKV, H = NH + 2 * NKV;
   const AttentionParts in = SplitQkv(p, p.Load(qkv, {B, T, H * D}), B, T, NH, NKV, D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const Value a = p.Load(att, {B, NKV, G, T, T});
-  const Value dy =
-      p.Transpose(p.Reshape(p.Load(dout, {B, T, NH * D}), {B, T, NKV, G, D}), {0, 2, 3, 1, 4});
+  // The probabilities, recomputed: exp(s - lse) on the causal part, else 0.
+  const Scores sc = CausalScores(p, in, D);
+  const std::vector<int64_t> dims = sc.s.dims;
+  const Value l = p.Broadcast(p.Load(lse, {B, NKV, G, T}), dims, {0, 1, 2, 3});
+  const Value a = p.Select(sc.causal, p.Unary("exponential", p.Sub(sc.s, l)), Splat(p, 0.0, sc.s));
+  const Value dy = HeadsMajor(p, dout, B, T, NH, NKV, D);
   // dv [B,NKV,T,D] = sum over (G, T) of att * dy
   const Value dv = p.Dot(a, dy, {0, 1}, {0, 1}, {2, 3}, {2, 3});
-  // datt [B,NKV,G,T,T] = dy v^T; ds = scale * att * (datt - sum(att * datt))
+  // datt [B,NKV,G,T,T] = dy v^T; ds = scale * att * (datt - dot), dot = sum_d dy * out
   const Value datt = p.Dot(dy, in.v, {0, 1}, {0, 1}, {4}, {3});
-  const Value dot = p.Reduce(p.Mul(a, datt), {4});
-  const Value ds =
-      MulC(p, p.Mul(a, p.Sub(datt, p.Broadcast(dot, a.dims, {0, 1, 2, 3}))), scale);
+  const Value dot = p.Reduce(p.Mul(dy, HeadsMajor(p, out, B, T, NH, NKV, D)), {4});
+  const Value ds = MulC(p, p.Mul(a, p.Sub(datt, p.Broadcast(dot, dims, {0, 1, 2, 3}))), scale);
   const Value dq = p.Dot(ds, in.k, {0, 1}, {0, 1}, {4}, {2});             // [B,NKV,G,T,D]
   const Value dk = p.Dot(ds, in.q, {0, 1}, {0, 1}, {2, 3}, {2, 3});       // [B,NKV,T,D]
   const Value q_part = p.Reshape(p.Transpose(dq, {0, 3, 1, 2, 4}), {B, T, NH, D});
@@ -259,28 +277,28 @@ class PjrtOps final : public Ops {
     launch_(s, std::move(p));
   }
 
-  void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t C,
+  void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
     auto p = New("attention_forward");
-    AttentionForwardProgram(*p, out, att, qkv, B, T, NH, NH, C / NH);
+    AttentionForwardProgram(*p, out, lse, qkv, B, T, NH, NH, C / NH);
     launch_(s, std::move(p));
   }
-  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B, int64_t T,
-                         int64_t C, int64_t NH) override {
+  void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
+                         int64_t T, int64_t C, int64_t NH) override {
     auto p = New("attention_backward");
-    AttentionBackwardProgram(*p, dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+    AttentionBackwardProgram(*p, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH);
     launch_(s, std::move(p));
   }
-  void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T, int64_t NH,
+  void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t NH,
                            int64_t NKV, int64_t D) override {
     auto p = New("gqa_attention_forward");
-    AttentionForwardProgram(*p, out, att, qkv, B, T, NH, NKV, D);
+    AttentionForwardProgram(*p, out, lse, qkv, B, T, NH, NKV, D);
     launch_(s, std::move(p));
   }
-  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
-                            int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
+  void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
+                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
     auto p = New("gqa_attention_backward");
-    AttentionBackwardProgram(*p, dqkv, dout, qkv, att, B, T, NH, NKV, D);
+    AttentionBackwardProgram(*p, dqkv, dout, qkv, out, lse, B, T, NH, NKV, D);
     launch_(s, std::move(p));
   }
 

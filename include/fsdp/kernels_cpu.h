@@ -60,22 +60,25 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 // ---- Causal multi-head self-attention ------------------------------------------------------
 // qkv[B,T,3C]: q, k, v are columns [0,C), [C,2C), [2C,3C); head h uses [hD,(h+1)D), D = C/NH.
 // out[B,T,C] = concat_h softmax(q k^T / sqrt(D) + causal mask) v.
-// att[B,NH,T,T] receives the softmax probabilities (entries above the diagonal are 0) and is
-// what backward needs besides qkv.
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+// lse[B,NH,T] receives the log-sum-exp of each row of the scaled causal scores,
+// log(sum_{s<=t} exp(q_t . k_s / sqrt(D))): with out, what backward needs besides qkv. No
+// T x T matrix is kept: backward recomputes the probabilities block by block from qkv and lse
+// (FlashAttention-2's backward), with dot[t] = dout[t] . out[t] for the softmax's backward.
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                        int64_t C, int64_t NH);
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        int64_t B, int64_t T, int64_t C, int64_t NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
 
 // ---- Grouped-query causal attention (Llama) ------------------------------------------------
 // qkv[B,T,(NH+2*NKV)*D]: query head h is columns [h*D, (h+1)*D); key head g is columns
 // [(NH+g)*D, ...) and value head g [(NH+NKV+g)*D, ...). Query head h uses kv head
-// h / (NH / NKV) (NH divisible by NKV). out[B,T,NH*D]; att[B,NH,T,T] as attention_forward.
+// h / (NH / NKV) (NH divisible by NKV). out[B,T,NH*D]; lse[B,NH,T] as attention_forward.
 // With NKV == NH and D = C / NH this is exactly attention_forward / attention_backward.
-void gqa_attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+void gqa_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t D);
-void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t D);
 
 // ---- RMSNorm over the last dimension (Llama) -----------------------------------------------
 // out = inp / sqrt(mean(inp^2) + eps) * weight, the mean over C in f32; rstd[N] is saved for

@@ -122,18 +122,21 @@ class Ops : public RuntimeOps {
   virtual void GeluForward(Stream s, View out, View inp) = 0;
   virtual void GeluBackward(Stream s, View dinp, View inp, View dout) = 0;
 
-  // ---- causal multi-head attention (qkv[B,T,3C], att[B,NH,T,T], out[B,T,C]) ----------------
-  virtual void AttentionForward(Stream s, View out, View att, View qkv, int64_t B, int64_t T,
+  // ---- causal multi-head attention (qkv[B,T,3C], out[B,T,C], lse[B,NH,T] f32) --------------
+  // Forward keeps no T x T matrix: lse is the log-sum-exp of each row of the scaled causal
+  // scores, and backward recomputes the probabilities from qkv and lse, with out (forward's
+  // output) for the softmax's backward (FlashAttention-2's contract).
+  virtual void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
-  virtual void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View att, int64_t B,
-                                 int64_t T, int64_t C, int64_t NH) = 0;
+  virtual void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
+                                 int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
 
   // ---- Llama layers (fsdp/kernels_cpu.h: gqa_attention_*, rmsnorm_*, rope_*, swiglu_*) ------
-  // Grouped-query causal attention: qkv[B,T,(NH+2*NKV)*D], att[B,NH,T,T], out[B,T,NH*D].
-  virtual void GqaAttentionForward(Stream s, View out, View att, View qkv, int64_t B,
+  // Grouped-query causal attention: qkv[B,T,(NH+2*NKV)*D], out[B,T,NH*D], lse[B,NH,T].
+  virtual void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B,
                                    int64_t T, int64_t NH, int64_t NKV, int64_t D) = 0;
-  virtual void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View att,
-                                    int64_t B, int64_t T, int64_t NH, int64_t NKV,
+  virtual void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out,
+                                    View lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                     int64_t D) = 0;
   // RMSNorm over the last dimension; rstd[N] saved.
   virtual void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N,

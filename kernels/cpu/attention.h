@@ -7,18 +7,19 @@
 
 namespace fsdp::kernels::cpu::internal {
 
-// Rows per block of the public kernels. Smaller blocks skip more of the masked half
-// (nb(nb+1)/2 of nb^2 blocks are computed, nb = T / block) but make more, smaller GEMM calls;
-// 64 is the fastest measured at the GPT's T = 256..1024 with D = 64 (kernels_bench).
+// Query rows per block of the public kernels. Smaller blocks skip more of the masked half
+// (nb(nb+1)/2 of nb^2 blocks are computed, nb = T / block) and keep less scratch (block x T
+// floats a thread in forward, twice that in backward) but make more, smaller GEMM calls;
+// 64 is the fastest measured at T = 256..4096 with D = 64 (kernels_bench).
 constexpr int64_t kAttentionBlock = 64;
 
 // NH query heads and NKV key/value heads of D columns, rows of qkv (NH + 2 NKV) D wide, as
 // gqa_attention_forward / gqa_attention_backward (fsdp/kernels_cpu.h). The GPT's attention is
 // NKV = NH, D = C / NH.
-void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                       int64_t NH, int64_t NKV, int64_t D, int64_t block);
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D,
-                       int64_t block);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                       const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                       int64_t D, int64_t block);
 
 }  // namespace fsdp::kernels::cpu::internal

@@ -1,7 +1,10 @@
 // Causal self-attention, forward and backward, with NH query heads sharing NKV key/value heads
 // (grouped-query attention; multi-head attention is NKV = NH), with the semantics of the CPU
-// kernels (kernels/cpu/attention.cc): raw scores s = q.k, att = exp((s - max) * scale) / sum
-// over the causal part of the row, scale = 1 / sqrt(D) computed as there.
+// kernels (kernels/cpu/attention.cc): raw scores s = q.k, probabilities
+// p = exp((s - max) * scale) / sum over the causal part of the row, scale = 1 / sqrt(D)
+// computed as there, and no T x T matrix in memory: forward keeps the output and one
+// log-sum-exp per row, lse = max * scale + log(sum), and backward recomputes
+// p = exp(s * scale - lse) tile by tile (FlashAttention-2's contract).
 //
 // The sequence is cut into tiles of kTile = 32 rows. A block of 256 threads works on one tile
 // of rows; thread (r, c) = (tid / 8, tid % 8) owns row r of it and, with the other 7 threads
@@ -14,21 +17,22 @@
 //
 // Forward: a block per (batch, query head, query tile). Pass 1 runs over the key tiles up to
 // the diagonal with an online softmax (row max of the raw scores and sum of exp, the sum
-// rescaled when the max grows); pass 2 recomputes the scores, writes att and adds att v into
-// registers, then writes out. The part of att right of the diagonal tile is stored as zeros.
-// Backward: (1) a block per (batch, query head, query tile): pass 1 puts the row sums
-// dot[t] = sum_j att[t,j] datt[t,j] (datt = dout v^T) into `workspace`, pass 2 forms
-// ds = scale * att * (datt - dot) and adds ds k into dq. (2) a block per (batch, kv head, key
-// tile) loops over the query heads of the group and the query tiles from the diagonal on and
-// adds att^T dout into dv and ds^T q into dk, recomputing ds; each element of dk and dv is
-// summed by one thread, so there are no atomics.
+// rescaled when the max grows) and writes lse; pass 2 recomputes the scores and adds p v into
+// registers, then writes out.
+// Backward: (1) a block per (batch, query head, query tile) puts dot[t] = dout[t] . out[t]
+// (= sum_j p[t,j] dp[t,j], dp = dout v^T) into `workspace`, then over the key tiles recomputes
+// p from q, k and lse, forms ds = scale * p * (dp - dot) and adds ds k into dq. (2) a block per
+// (batch, kv head, key tile) loops over the query heads of the group and the query tiles from
+// the diagonal on, recomputes p and ds for the tile pair and adds p^T dout into dv and ds^T q
+// into dk; each element of dk and dv is summed by one thread, so there are no atomics.
 //
 // Head sizes D <= kMaxD = 256: the kernels are instantiated for D <= 32, 64, 128 and 256 (the
 // bound sizes the per-thread accumulators). Shared memory is 4 * (64 (D + 1) + 1056) bytes
-// (forward, dq) and 4 * (64 (D + 1) + 2112) (dk, dv): at most 48 KiB up to D = 158; above that
-// the launcher opts the kernel in to what it needs (at most 74 KiB, D = 256). Unsupported shapes
-// (D > kMaxD, NH not a multiple of NKV, a grid over 2^31 - 1 blocks) launch nothing and leave
-// cudaErrorInvalidConfiguration for the caller's cudaGetLastError().
+// (forward), 4 * (96 (D + 1) + 1056) (dq) and 4 * (96 (D + 1) + 2112) (dk, dv): above 48 KiB
+// (D > 105 for dk, dv) the launcher opts the kernel in to what it needs (at most 105 KiB,
+// D = 256). Unsupported shapes (D > kMaxD, NH not a multiple of NKV, a grid over 2^31 - 1
+// blocks) launch nothing and leave cudaErrorInvalidConfiguration for the caller's
+// cudaGetLastError().
 #include <cmath>
 #include <cstdint>
 
@@ -50,9 +54,9 @@ constexpr int64_t kDefaultSmem = 48 * 1024;  // dynamic shared memory without op
 // accumulators of D <= 128 fit without spilling; D <= 256 needs more.
 constexpr int MinBlocks(int dmax) { return dmax <= 128 ? 2 : 1; }
 
-// Shared memory: two kTile x (D + 1) tiles and `small` kTile x kPad tiles.
-int64_t SmemBytes(int64_t D, int small) {
-  return (2 * kTile * (D + 1) + small * kTile * kPad) * static_cast<int64_t>(sizeof(float));
+// Shared memory: `big` kTile x (D + 1) tiles and `small` kTile x kPad tiles.
+int64_t SmemBytes(int64_t D, int big, int small) {
+  return (big * kTile * (D + 1) + small * kTile * kPad) * static_cast<int64_t>(sizeof(float));
 }
 
 // ---- device helpers ------------------------------------------------------------------------
@@ -126,15 +130,15 @@ __device__ __forceinline__ void AccumulateRows(float (&acc)[DMax / kLanes], cons
 // Grids are one-dimensional, block = i * BH + bh (bh = b * NH + h, or b * NKV + g), the tiles
 // in order of decreasing work: query tile tiles - 1 - i, key tile i.
 
-// Block (b, h, query tile qt): rows t = qt * kTile + r of out and att.
+// Block (b, h, query tile qt): rows t = qt * kTile + r of out and lse.
 template <int DMax>
 __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
-    AttentionForwardKernel(float* out, float* att, const float* qkv, int64_t T, int64_t NH,
+    AttentionForwardKernel(float* out, float* lse, const float* qkv, int64_t T, int64_t NH,
                            int64_t NKV, int D, float scale, int64_t BH, int64_t tiles) {
   FSDP_DYNAMIC_SHARED(float, smem);
   float* sq = smem;                    // [kTile][D + 1]: q rows of the tile
   float* skv = sq + kTile * (D + 1);   // [kTile][D + 1]: k, then v, rows of a key tile
-  float* sp = skv + kTile * (D + 1);   // [kTile][kPad]: att of the tile pair
+  float* sp = skv + kTile * (D + 1);   // [kTile][kPad]: p of the tile pair
 
   const int64_t bh = blockIdx.x % BH, qt = tiles - 1 - blockIdx.x / BH;
   const int64_t b = bh / NH, h = bh % NH, g = h / (NH / NKV);
@@ -142,11 +146,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
   const float* q = qkv + b * T * ld + h * D;
   const float* k = qkv + b * T * ld + (NH + g) * D;
   const float* v = qkv + b * T * ld + (NH + NKV + g) * D;
-  float* a = att + bh * T * T;
   const int r = threadIdx.x / kLanes, c = threadIdx.x % kLanes;
   const int64_t q0 = qt * kTile, t = q0 + r;
   const bool row_ok = t < T;  // else a padding row: computed, not stored
-  float* arow = a + (row_ok ? t : 0) * T;
 
   LoadTile(sq, q, ld, q0, T, D);
   float s[kPer];
@@ -175,8 +177,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
     l = l * expf((m - m_new) * scale) + RowSum(sum);
     m = m_new;
   }
+  if (row_ok && c == 0) lse[bh * T + t] = m * scale + logf(l);
 
-  // Pass 2: att[t, j] = exp((s - m) * scale) / l for j <= t, else 0; o += att v.
+  // Pass 2: p[t, j] = exp((s - m) * scale) / l for j <= t, else 0; o += p v.
   const float inv = 1.0f / l;
   float o[DMax / kLanes];
 #pragma unroll
@@ -188,13 +191,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
     __syncthreads();
     DotRows(s, sq + r * (D + 1), skv, c, D);
     const bool diag = kt == qt;
-    const int64_t keys = T - k0;  // keys of the tile that exist: jj < keys
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int jj = c + kLanes * i;
-      const float p = !diag || jj <= r ? expf((s[i] - m) * scale) * inv : 0.0f;
-      sp[r * kPad + jj] = p;
-      if (row_ok && jj < keys) arow[k0 + jj] = p;
+      sp[r * kPad + jj] = !diag || jj <= r ? expf((s[i] - m) * scale) * inv : 0.0f;
     }
     __syncthreads();  // sp is complete; the readers of k are done
     LoadTile(skv, v, ld, k0, T, D);
@@ -209,75 +209,68 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
       if (d < D) y[d] = o[i];
     }
   }
-
-  // Zeros in columns [(qt + 1) * kTile, T) of the tile's rows: a warp per row.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int rr = warp; rr < kTile && q0 + rr < T; rr += kThreads / 32) {
-    float* row = a + (q0 + rr) * T;
-    for (int64_t j = (qt + 1) * kTile + lane; j < T; j += 32) row[j] = 0.0f;
-  }
 }
 
 // Block (b, h, query tile qt): dot[t] into workspace, then dq[t] += sum_j ds[t, j] k[j].
 template <int DMax>
 __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
     AttentionBackwardQueryKernel(float* dqkv, float* workspace, const float* dout,
-                                 const float* qkv, const float* att, int64_t T, int64_t NH,
-                                 int64_t NKV, int D, float scale, int64_t BH, int64_t tiles) {
+                                 const float* qkv, const float* out, const float* lse,
+                                 int64_t T, int64_t NH, int64_t NKV, int D, float scale,
+                                 int64_t BH, int64_t tiles) {
   FSDP_DYNAMIC_SHARED(float, smem);
-  float* sy = smem;                    // [kTile][D + 1]: dout rows of the tile
-  float* skv = sy + kTile * (D + 1);   // [kTile][D + 1]: v, then k, rows of a key tile
+  float* sq = smem;                    // [kTile][D + 1]: q rows of the tile
+  float* sy = sq + kTile * (D + 1);    // [kTile][D + 1]: dout rows of the tile
+  float* skv = sy + kTile * (D + 1);   // [kTile][D + 1]: k, then v, then k, rows of a key tile
   float* sds = skv + kTile * (D + 1);  // [kTile][kPad]: ds of the tile pair
 
   const int64_t bh = blockIdx.x % BH, qt = tiles - 1 - blockIdx.x / BH;
   const int64_t b = bh / NH, h = bh % NH, g = h / (NH / NKV);
   const int64_t ld = (NH + 2 * NKV) * D, ldo = NH * D;
+  const float* q = qkv + b * T * ld + h * D;
   const float* k = qkv + b * T * ld + (NH + g) * D;
   const float* v = qkv + b * T * ld + (NH + NKV + g) * D;
   const float* dy = dout + b * T * ldo + h * D;
-  const float* a = att + bh * T * T;
   const int r = threadIdx.x / kLanes, c = threadIdx.x % kLanes;
   const int64_t q0 = qt * kTile, t = q0 + r;
   const bool row_ok = t < T;  // else a padding row: computed, not stored
-  const float* arow = a + (row_ok ? t : 0) * T;
 
+  LoadTile(sq, q, ld, q0, T, D);
   LoadTile(sy, dy, ldo, q0, T, D);
-  float datt[kPer];
 
-  // Pass 1: dot = sum_{j <= t} att[t, j] * datt[t, j], datt[t, j] = dout[t] . v[j].
+  // dot = dout[t] . out[t], each of the row's threads over columns c + kLanes*i.
   float acc = 0.0f;
-  for (int64_t kt = 0; kt <= qt; ++kt) {
-    const int64_t k0 = kt * kTile;
-    __syncthreads();
-    LoadTile(skv, v, ld, k0, T, D);
-    __syncthreads();
-    DotRows(datt, sy + r * (D + 1), skv, c, D);
-    const bool diag = kt == qt;  // key k0 + jj <= t: jj <= r on the diagonal, all below it
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int jj = c + kLanes * i;
-      if (row_ok && (!diag || jj <= r)) acc += arow[k0 + jj] * datt[i];
-    }
+  if (row_ok) {
+    const float* y = out + (b * T + t) * ldo + h * D;
+    const float* gy = dy + t * ldo;
+    for (int d = c; d < D; d += kLanes) acc = fmaf(gy[d], y[d], acc);
   }
   const float dot = RowSum(acc);
+  const float m = row_ok ? lse[bh * T + t] : 0.0f;
   if (c == 0 && row_ok) workspace[bh * T + t] = dot;
 
-  // Pass 2: ds = scale * att * (datt - dot) for j <= t, else 0; dq += ds k.
+  // ds = scale * p * (dp - dot) for j <= t, else 0; dq += ds k.
   float dq[DMax / kLanes];
 #pragma unroll
   for (int i = 0; i < DMax / kLanes; ++i) dq[i] = 0.0f;
+  float p[kPer], dp[kPer];
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile;
+    const bool diag = kt == qt;  // key k0 + jj <= t: jj <= r on the diagonal, all below it
     __syncthreads();  // the previous tile's readers of skv and sds are done
+    LoadTile(skv, k, ld, k0, T, D);
+    __syncthreads();
+    DotRows(p, sq + r * (D + 1), skv, c, D);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) p[i] = expf(p[i] * scale - m);
+    __syncthreads();  // the readers of k are done
     LoadTile(skv, v, ld, k0, T, D);
     __syncthreads();
-    DotRows(datt, sy + r * (D + 1), skv, c, D);
-    const bool diag = kt == qt;
+    DotRows(dp, sy + r * (D + 1), skv, c, D);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int jj = c + kLanes * i;
-      sds[r * kPad + jj] =
-          row_ok && (!diag || jj <= r) ? scale * arow[k0 + jj] * (datt[i] - dot) : 0.0f;
+      sds[r * kPad + jj] = row_ok && (!diag || jj <= r) ? scale * p[i] * (dp[i] - dot) : 0.0f;
     }
     __syncthreads();  // sds is complete; the readers of v are done
     LoadTile(skv, k, ld, k0, T, D);
@@ -299,12 +292,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
 template <int DMax>
 __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
     AttentionBackwardKeyKernel(float* dqkv, const float* workspace, const float* dout,
-                               const float* qkv, const float* att, int64_t T, int64_t NH,
+                               const float* qkv, const float* lse, int64_t T, int64_t NH,
                                int64_t NKV, int D, float scale, int64_t BG, int64_t tiles) {
   FSDP_DYNAMIC_SHARED(float, smem);
-  float* sv = smem;                   // [kTile][D + 1]: v rows of the key tile
-  float* sx = sv + kTile * (D + 1);   // [kTile][D + 1]: dout, then q, rows of a query tile
-  float* sp = sx + kTile * (D + 1);   // [kTile][kPad]: att[q0 + tt, k0 + jj] at [tt][jj]
+  float* sk = smem;                   // [kTile][D + 1]: k rows of the key tile
+  float* sv = sk + kTile * (D + 1);   // [kTile][D + 1]: v rows of the key tile
+  float* sx = sv + kTile * (D + 1);   // [kTile][D + 1]: q, then dout, then q, of a query tile
+  float* sp = sx + kTile * (D + 1);   // [kTile][kPad]: p[q0 + tt, k0 + jj] at [tt][jj]
   float* sds = sp + kTile * kPad;     // [kTile][kPad]: ds, laid out as sp
 
   const int64_t bg = blockIdx.x % BG, kt = blockIdx.x / BG;
@@ -314,38 +308,45 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(DMax))
   const int r = threadIdx.x / kLanes, c = threadIdx.x % kLanes;
   const int64_t k0 = kt * kTile, j = k0 + r;  // j >= T: a padding row, computed, not stored
 
+  LoadTile(sk, x0 + (NH + g) * D, ld, k0, T, D);
   LoadTile(sv, x0 + (NH + NKV + g) * D, ld, k0, T, D);
   float dk[DMax / kLanes], dv[DMax / kLanes];
 #pragma unroll
   for (int i = 0; i < DMax / kLanes; ++i) dk[i] = dv[i] = 0.0f;
-  float datt[kPer];
+  float s[kPer], dp[kPer];
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     const float* q = x0 + h * D;
     const float* dy = dout + b * T * ldo + h * D;
-    const float* a = att + (b * NH + h) * T * T;
+    const float* l = lse + (b * NH + h) * T;
     const float* dot = workspace + (b * NH + h) * T;
     for (int64_t qt = kt; qt < tiles; ++qt) {
       const int64_t q0 = qt * kTile;
       const int64_t rows = T - q0;  // query rows of the tile that exist: tt < rows
       const bool diag = qt == kt;   // query q0 + tt >= key k0 + jj: jj <= tt on the diagonal
-      const float* ablk = a + q0 * T + k0;
       __syncthreads();  // the previous tile's readers of sx, sp and sds are done
-      LoadTile(sx, dy, ldo, q0, T, D);
-      for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-        const int tt = e / kTile, jj = e % kTile;
-        sp[tt * kPad + jj] = tt < rows && (!diag || jj <= tt) ? ablk[tt * T + jj] : 0.0f;
-      }
+      LoadTile(sx, q, ld, q0, T, D);
       __syncthreads();
-      // datt[i] = dout[t] . v[j] for the query rows t = q0 + c + kLanes*i.
-      DotRows(datt, sv + r * (D + 1), sx, c, D);
+      // s[i] = k[j] . q[t] for the query rows t = q0 + c + kLanes*i; p from lse.
+      DotRows(s, sk + r * (D + 1), sx, c, D);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int tt = c + kLanes * i;
+        sp[tt * kPad + r] =
+            tt < rows && (!diag || r <= tt) ? expf(s[i] * scale - l[q0 + tt]) : 0.0f;
+      }
+      __syncthreads();  // sp is complete; the readers of q are done
+      LoadTile(sx, dy, ldo, q0, T, D);
+      __syncthreads();
+      // dp[i] = dout[t] . v[j] for the same query rows.
+      DotRows(dp, sv + r * (D + 1), sx, c, D);
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int tt = c + kLanes * i;
         sds[tt * kPad + r] = tt < rows && (!diag || r <= tt)
-                                 ? scale * sp[tt * kPad + r] * (datt[i] - dot[q0 + tt])
+                                 ? scale * sp[tt * kPad + r] * (dp[i] - dot[q0 + tt])
                                  : 0.0f;
       }
-      AccumulateRows<DMax>(dv, sp + r, kPad, sx, c, D);  // dv[j] += sum_t att[t, j] dout[t]
+      AccumulateRows<DMax>(dv, sp + r, kPad, sx, c, D);  // dv[j] += sum_t p[t, j] dout[t]
       __syncthreads();  // sds is complete; the readers of dout are done
       LoadTile(sx, q, ld, q0, T, D);
       __syncthreads();
@@ -400,53 +401,54 @@ void Launch(Kernel* kernel, int64_t blocks, int64_t bytes, cudaStream_t s, Args.
 }
 
 template <int DMax>
-void Forward(cudaStream_t s, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+void Forward(cudaStream_t s, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
              int64_t NH, int64_t NKV, int64_t D, float scale) {
   const int64_t tiles = (T + kTile - 1) / kTile;
-  Launch(AttentionForwardKernel<DMax>, tiles * B * NH, SmemBytes(D, 1), s, out, att, qkv, T,
+  Launch(AttentionForwardKernel<DMax>, tiles * B * NH, SmemBytes(D, 2, 1), s, out, lse, qkv, T,
          NH, NKV, static_cast<int>(D), scale, B * NH, tiles);
 }
 
 template <int DMax>
 void Backward(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
-              const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D,
-              float scale, float* workspace) {
+              const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
+              int64_t NKV, int64_t D, float scale, float* workspace) {
   const int64_t tiles = (T + kTile - 1) / kTile;
-  Launch(AttentionBackwardQueryKernel<DMax>, tiles * B * NH, SmemBytes(D, 1), s, dqkv,
-         workspace, dout, qkv, att, T, NH, NKV, static_cast<int>(D), scale, B * NH, tiles);
-  Launch(AttentionBackwardKeyKernel<DMax>, tiles * B * NKV, SmemBytes(D, 2), s, dqkv,
-         static_cast<const float*>(workspace), dout, qkv, att, T, NH, NKV,
-         static_cast<int>(D), scale, B * NKV, tiles);
+  Launch(AttentionBackwardQueryKernel<DMax>, tiles * B * NH, SmemBytes(D, 3, 1), s, dqkv,
+         workspace, dout, qkv, out, lse, T, NH, NKV, static_cast<int>(D), scale, B * NH, tiles);
+  Launch(AttentionBackwardKeyKernel<DMax>, tiles * B * NKV, SmemBytes(D, 3, 2), s, dqkv,
+         static_cast<const float*>(workspace), dout, qkv, lse, T, NH, NKV, static_cast<int>(D),
+         scale, B * NKV, tiles);
 }
 
 }  // namespace
 
-void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, int64_t B,
+void attention_forward(cudaStream_t s, float* out, float* lse, const float* qkv, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t D) {
   if (B * NH * T == 0) return;
   if (!Supported(B, T, NH, NKV, D, NH)) return FailLaunch(s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));  // as the CPU kernels
   switch (DMaxFor(D)) {
-    case 32: return Forward<32>(s, out, att, qkv, B, T, NH, NKV, D, scale);
-    case 64: return Forward<64>(s, out, att, qkv, B, T, NH, NKV, D, scale);
-    case 128: return Forward<128>(s, out, att, qkv, B, T, NH, NKV, D, scale);
-    default: return Forward<256>(s, out, att, qkv, B, T, NH, NKV, D, scale);
+    case 32: return Forward<32>(s, out, lse, qkv, B, T, NH, NKV, D, scale);
+    case 64: return Forward<64>(s, out, lse, qkv, B, T, NH, NKV, D, scale);
+    case 128: return Forward<128>(s, out, lse, qkv, B, T, NH, NKV, D, scale);
+    default: return Forward<256>(s, out, lse, qkv, B, T, NH, NKV, D, scale);
   }
 }
 
 void attention_backward(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
-                        const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                        int64_t D, float* workspace) {
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
+                        int64_t NKV, int64_t D, float* workspace) {
   if (B * NH * T == 0 || dqkv == nullptr) return;
   if (!Supported(B, T, NH, NKV, D, NH)) return FailLaunch(s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   switch (DMaxFor(D)) {
-    case 32: return Backward<32>(s, dqkv, dout, qkv, att, B, T, NH, NKV, D, scale, workspace);
-    case 64: return Backward<64>(s, dqkv, dout, qkv, att, B, T, NH, NKV, D, scale, workspace);
-    case 128:
-      return Backward<128>(s, dqkv, dout, qkv, att, B, T, NH, NKV, D, scale, workspace);
-    default:
-      return Backward<256>(s, dqkv, dout, qkv, att, B, T, NH, NKV, D, scale, workspace);
+#define FSDP_ATTENTION_BACKWARD(DMAX) \
+  Backward<DMAX>(s, dqkv, dout, qkv, out, lse, B, T, NH, NKV, D, scale, workspace)
+    case 32: return FSDP_ATTENTION_BACKWARD(32);
+    case 64: return FSDP_ATTENTION_BACKWARD(64);
+    case 128: return FSDP_ATTENTION_BACKWARD(128);
+    default: return FSDP_ATTENTION_BACKWARD(256);
+#undef FSDP_ATTENTION_BACKWARD
   }
 }
 

@@ -45,18 +45,19 @@ void rope_forward(cudaStream_t s, float* x, int64_t B, int64_t T, int64_t W, int
 void rope_backward(cudaStream_t s, float* dx, int64_t B, int64_t T, int64_t W, int64_t NH,
                    int64_t D, float theta);
 
-// ---- causal attention: qkv[B,T,(NH+2*NKV)*D], att[B,NH,T,T] (probabilities, 0 above the
-// diagonal), out[B,T,NH*D]; query head h uses kv head h / (NH / NKV). Multi-head attention
-// is NKV == NH. Head sizes up to D = 256; a shape the kernels do not take (D > 256, NH not a
-// multiple of NKV) launches nothing and leaves cudaErrorInvalidConfiguration for the caller's
-// cudaGetLastError(). ---------------------------------------------------------------------------
-void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, int64_t B,
+// ---- causal attention: qkv[B,T,(NH+2*NKV)*D], out[B,T,NH*D], lse[B,NH,T] (the log-sum-exp
+// of each row of the scaled causal scores; no T x T matrix is kept: backward recomputes the
+// probabilities from qkv and lse, with out for the softmax's backward); query head h uses kv
+// head h / (NH / NKV). Multi-head attention is NKV == NH. Head sizes up to D = 256; a shape the
+// kernels do not take (D > 256, NH not a multiple of NKV) launches nothing and leaves
+// cudaErrorInvalidConfiguration for the caller's cudaGetLastError(). ---------------------------
+void attention_forward(cudaStream_t s, float* out, float* lse, const float* qkv, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t D);
-// `workspace`: B*NH*T floats of device scratch the caller owns (e.g. the row sums
-// sum_j att[t,j] * datt[t,j]); its contents on entry do not matter.
+// `workspace`: B*NH*T floats of device scratch the caller owns (the row sums
+// dot[t] = dout[t] . out[t]); its contents on entry do not matter.
 void attention_backward(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
-                        const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                        int64_t D, float* workspace);
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t NH,
+                        int64_t NKV, int64_t D, float* workspace);
 // Bytes of `workspace` attention_backward needs.
 inline int64_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t NH) {
   return B * NH * T * static_cast<int64_t>(sizeof(float));

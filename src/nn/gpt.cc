@@ -20,7 +20,7 @@ namespace t = internal;
 
 // What a block's backward reads besides its input resid[i].
 struct Gpt::BlockActs {
-  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, resid2, ln2, ln2_mean, ln2_rstd, fch,
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid2, ln2, ln2_mean, ln2_rstd, fch,
       fch_gelu;
 };
 
@@ -70,7 +70,7 @@ absl::Status AllocateActivations(const GptConfig& config, int B, int T,
       FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
     }
     FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT, 3 * C));
-    FSDP_RETURN_IF_ERROR(alloc(b.att, B, NH, T, T));
+    FSDP_RETURN_IF_ERROR(alloc(b.lse, B, NH, T));  // attention's log-sum-exp per row
     FSDP_RETURN_IF_ERROR(alloc(b.fch, BT, 4 * C));
     return alloc(b.fch_gelu, BT, 4 * C);
   };
@@ -167,7 +167,7 @@ void Gpt::RunForwardBlock(int layer, View block) {
   ops.LayernormForward(cs, b.ln1.view(), b.ln1_mean.view(), b.ln1_rstd.view(), x, ln1w, ln1b,
                        BT, C, 1e-5f);
   ops.MatmulForward(cs, b.qkv.view(), b.ln1.view(), p[t::kAttnW], p[t::kAttnB], BT, C, 3 * C);
-  ops.AttentionForward(cs, b.atty.view(), b.att.view(), b.qkv.view(), B, T, C, NH);
+  ops.AttentionForward(cs, b.atty.view(), b.lse.view(), b.qkv.view(), B, T, C, NH);
   ops.MatmulForward(cs, proj, b.atty.view(), p[t::kAttnProjW], p[t::kAttnProjB], BT, C, C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + mlp(ln_2(.))
@@ -254,7 +254,8 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, b.atty.view(),
                      p[t::kAttnProjW], BT, C, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.AttentionBackward(cs, dqkv, datty, b.qkv.view(), b.att.view(), B, T, C, NH);
+  ops.AttentionBackward(cs, dqkv, datty, b.qkv.view(), b.atty.view(), b.lse.view(), B, T, C,
+                        NH);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, g[t::kAttnW], g[t::kAttnB], dqkv, b.ln1.view(), p[t::kAttnW], BT,
                      C, 3 * C);

@@ -21,7 +21,7 @@ namespace t = internal;
 // What a layer's backward reads besides its input resid[i]. qkv holds q and k after the
 // rotary embedding (what attention read), v as projected.
 struct Llama::BlockActs {
-  Buffer ln1, ln1_rstd, qkv, atty, att, resid2, ln2, ln2_rstd, gu, h;
+  Buffer ln1, ln1_rstd, qkv, atty, lse, resid2, ln2, ln2_rstd, gu, h;
 };
 
 // Activations of one B x T step, kept as the GPT keeps them (gpt.cc): everything a layer's
@@ -77,7 +77,7 @@ absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
     }
     for (Buffer* buf : {&b.ln1_rstd, &b.ln2_rstd}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
     FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT, QKV));
-    FSDP_RETURN_IF_ERROR(alloc(b.att, B, H, T, T));
+    FSDP_RETURN_IF_ERROR(alloc(b.lse, B, H, T));  // attention's log-sum-exp per row
     FSDP_RETURN_IF_ERROR(alloc(b.gu, BT, 2 * F));
     return alloc(b.h, BT, F);
   };
@@ -173,7 +173,7 @@ void Llama::RunForwardBlock(int layer, View block) {
   ops.MatmulForward(cs, b.qkv.view(), b.ln1.view(), block.Slice(fused.qkv, QKV * C), View{}, BT,
                     C, QKV);
   ops.RopeForward(cs, b.qkv.view(), B, T, QKV, H + KV, D, theta);
-  ops.GqaAttentionForward(cs, b.atty.view(), b.att.view(), b.qkv.view(), B, T, H, KV, D);
+  ops.GqaAttentionForward(cs, b.atty.view(), b.lse.view(), b.qkv.view(), B, T, H, KV, D);
   ops.MatmulForward(cs, proj, b.atty.view(), p[t::kO], View{}, BT, H * D, C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + down(silu(gate(.)) * up(.)) of rmsnorm(.): one GEMM for gate and up.
@@ -260,7 +260,8 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   FSDP_RETURN_IF_ERROR(Zero(datty));
   ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, b.atty.view(), p[t::kO], BT, H * D, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.GqaAttentionBackward(cs, dqkv, datty, b.qkv.view(), b.att.view(), B, T, H, KV, D);
+  ops.GqaAttentionBackward(cs, dqkv, datty, b.qkv.view(), b.atty.view(), b.lse.view(), B, T,
+                           H, KV, D);
   ops.RopeBackward(cs, dqkv, B, T, QKV, H + KV, D, config_.rope_theta);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.qkv, QKV * C), View{}, dqkv,

@@ -268,31 +268,32 @@ TEST_F(CudaKernelsEmulated, Attention) {
                  " D=" + std::to_string(s.D));
     const int64_t W = (s.NH + 2 * s.NKV) * s.D;
     const Vec qkv = Rand(s.B * s.T * W, -3, 3), dy = Rand(s.B * s.T * s.NH * s.D);
-    Vec o1 = Rand(s.B * s.T * s.NH * s.D), a1 = Rand(s.B * s.NH * s.T * s.T);  // overwritten
-    Vec o2(o1.size()), a2(a1.size());
-    gpu::attention_forward(nullptr, o1.data(), a1.data(), qkv.data(), s.B, s.T, s.NH, s.NKV,
+    Vec o1 = Rand(s.B * s.T * s.NH * s.D), l1 = Rand(s.B * s.NH * s.T);  // overwritten
+    Vec o2(o1.size()), l2(l1.size());
+    gpu::attention_forward(nullptr, o1.data(), l1.data(), qkv.data(), s.B, s.T, s.NH, s.NKV,
                            s.D);
-    cpu::gqa_attention_forward(o2.data(), a2.data(), qkv.data(), s.B, s.T, s.NH, s.NKV, s.D);
+    cpu::gqa_attention_forward(o2.data(), l2.data(), qkv.data(), s.B, s.T, s.NH, s.NKV, s.D);
     EXPECT_TRUE(Near(o1, o2, 1e-4, 1e-4));
-    EXPECT_TRUE(Near(a1, a2, 1e-4, 1e-6));
+    EXPECT_TRUE(Near(l1, l2, 1e-5, 1e-5));
+    // Backward from the CPU kernel's out and lse, so that only backward's differences count.
     Vec d1 = Rand(s.B * s.T * W), d2 = d1;  // += into a pre-filled dqkv
     Vec ws = Rand(gpu::attention_backward_workspace_bytes(s.B, s.T, s.NH) / 4);
-    gpu::attention_backward(nullptr, d1.data(), dy.data(), qkv.data(), a2.data(), s.B, s.T,
-                            s.NH, s.NKV, s.D, ws.data());
-    cpu::gqa_attention_backward(d2.data(), dy.data(), qkv.data(), a2.data(), s.B, s.T, s.NH,
-                                s.NKV, s.D);
+    gpu::attention_backward(nullptr, d1.data(), dy.data(), qkv.data(), o2.data(), l2.data(), s.B,
+                            s.T, s.NH, s.NKV, s.D, ws.data());
+    cpu::gqa_attention_backward(d2.data(), dy.data(), qkv.data(), o2.data(), l2.data(), s.B, s.T,
+                                s.NH, s.NKV, s.D);
     EXPECT_TRUE(Near(d1, d2, 1e-4, 1e-4));
   }
 }
 
 TEST_F(CudaKernelsEmulated, AttentionUnsupportedShapes) {
-  Vec out(64, 5.0f), att(64, 5.0f), qkv(1024, 1.0f);
-  gpu::attention_forward(nullptr, out.data(), att.data(), qkv.data(), 1, 1, 1, 1, 257);
+  Vec out(64, 5.0f), lse(64, 5.0f), qkv(1024, 1.0f);
+  gpu::attention_forward(nullptr, out.data(), lse.data(), qkv.data(), 1, 1, 1, 1, 257);
   EXPECT_EQ(LastError(), cudaErrorInvalidConfiguration) << "D > 256";
-  gpu::attention_forward(nullptr, out.data(), att.data(), qkv.data(), 1, 1, 3, 2, 8);
+  gpu::attention_forward(nullptr, out.data(), lse.data(), qkv.data(), 1, 1, 3, 2, 8);
   EXPECT_EQ(LastError(), cudaErrorInvalidConfiguration) << "NH not a multiple of NKV";
   EXPECT_EQ(out, Vec(64, 5.0f));
-  gpu::attention_forward(nullptr, out.data(), att.data(), qkv.data(), 0, 4, 1, 1, 8);
+  gpu::attention_forward(nullptr, out.data(), lse.data(), qkv.data(), 0, 4, 1, 1, 8);
   EXPECT_EQ(LastError(), cudaSuccess) << "B = 0 launches nothing";
 }
 

@@ -205,17 +205,18 @@ TEST_P(OpConformanceTest, GeluAttentionAndSoftmaxCrossEntropy) {
 
   const int64_t B = 2, T = 5, C = 12, NH = 3;
   const auto qkv = Random(B * T * 3 * C, 4), dout = Random(B * T * C, 5);
-  std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv = Random(B * T * 3 * C, 6);
+  std::vector<float> out(B * T * C), lse(B * NH * T), dqkv = Random(B * T * 3 * C, 6);
   const View vdqkv = dev_->In(dqkv);
-  kernels::cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  kernels::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  kernels::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  kernels::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                   T, C, NH);
   const View vout = dev_->In(std::vector<float>(out.size())),
-             vatt = dev_->In(std::vector<float>(att.size()));
+             vlse = dev_->In(std::vector<float>(lse.size()));
   const View vqkv = dev_->In(qkv), vdout = dev_->In(dout);
-  ops().AttentionForward(cs, vout, vatt, vqkv, B, T, C, NH);
-  ops().AttentionBackward(cs, vdqkv, vdout, vqkv, vatt, B, T, C, NH);
+  ops().AttentionForward(cs, vout, vlse, vqkv, B, T, C, NH);
+  ops().AttentionBackward(cs, vdqkv, vdout, vqkv, vout, vlse, B, T, C, NH);
   Expect(dev_->Read(vout), out, DType::kF32, "attention");
-  Expect(dev_->Read(vatt), att, DType::kF32, "att");
+  Expect(dev_->Read(vlse), lse, DType::kF32, "lse");
   Expect(dev_->Read(vdqkv), dqkv, DType::kF32, "dqkv");
 
   const int64_t N = 6, V = 13;
@@ -287,18 +288,18 @@ TEST_P(OpConformanceTest, LlamaLayers) {
   {
     const int64_t B = 2, T = 5, NH = 4, NKV = 2, D = 3, W = (NH + 2 * NKV) * D;
     const auto qkv = Random(B * T * W, 9), dout = Random(B * T * NH * D, 10);
-    std::vector<float> out(B * T * NH * D), att(B * NH * T * T), dqkv = Random(B * T * W, 11);
+    std::vector<float> out(B * T * NH * D), lse(B * NH * T), dqkv = Random(B * T * W, 11);
     const View vdqkv = dev_->In(dqkv);
-    kernels::cpu::gqa_attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, D);
-    kernels::cpu::gqa_attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T,
-                                         NH, NKV, D);
+    kernels::cpu::gqa_attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, D);
+    kernels::cpu::gqa_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                         lse.data(), B, T, NH, NKV, D);
     const View vout = dev_->In(std::vector<float>(out.size())),
-               vatt = dev_->In(std::vector<float>(att.size()));
+               vlse = dev_->In(std::vector<float>(lse.size()));
     const View vqkv = dev_->In(qkv), vdout = dev_->In(dout);
-    ops().GqaAttentionForward(cs, vout, vatt, vqkv, B, T, NH, NKV, D);
-    ops().GqaAttentionBackward(cs, vdqkv, vdout, vqkv, vatt, B, T, NH, NKV, D);
+    ops().GqaAttentionForward(cs, vout, vlse, vqkv, B, T, NH, NKV, D);
+    ops().GqaAttentionBackward(cs, vdqkv, vdout, vqkv, vout, vlse, B, T, NH, NKV, D);
     Expect(dev_->Read(vout), out, DType::kF32, "gqa attention");
-    Expect(dev_->Read(vatt), att, DType::kF32, "gqa att");
+    Expect(dev_->Read(vlse), lse, DType::kF32, "gqa lse");
     Expect(dev_->Read(vdqkv), dqkv, DType::kF32, "gqa dqkv");
   }
   // SwiGLU.

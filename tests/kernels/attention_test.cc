@@ -28,12 +28,12 @@ TEST_P(AttentionTest, ForwardMatchesReference) {
   std::mt19937 rng(static_cast<unsigned>(B * 1000 + T * 10 + C + NH));
   // Spread-out scores so the softmax is far from uniform.
   const Vec qkv = Random(B * T * 3 * C, rng, -2.0f, 2.0f);
-  DVec want_att;
-  const DVec want = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_att);
-  Vec out(B * T * C, 5.0f), att(B * NH * T * T, 5.0f);  // forward overwrites both fully
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  DVec want_lse;
+  const DVec want = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_lse);
+  Vec out(B * T * C, 5.0f), lse(B * NH * T, 5.0f);  // forward overwrites both fully
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   ExpectClose(out, want, 2e-6, 2e-5, "out");
-  ExpectClose(att, want_att, 1e-6, 1e-5, "att");  // includes the zeros above the diagonal
+  ExpectClose(lse, want_lse, 2e-6, 2e-5, "lse");
 }
 
 TEST_P(AttentionGradTest, BackwardMatchesFiniteDifferences) {
@@ -43,11 +43,11 @@ TEST_P(AttentionGradTest, BackwardMatchesFiniteDifferences) {
   const DVec want = NumericGrad(
       [&](const DVec& x) { return Dot(AttentionRef(x, B, T, C, NH), dout); }, ToDouble(qkv));
 
-  Vec out(B * T * C), att(B * NH * T * T);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  Vec out(B * T * C), lse(B * NH * T);
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   const Vec dqkv0 = Random(qkv.size(), rng);
   Vec dqkv = dqkv0;
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
   ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
 }
 
@@ -75,19 +75,19 @@ TEST_P(BlockedAttentionTest, ForwardAndBackwardMatchReferenceAndFiniteDifference
   const auto [B, T, C, NH, block] = GetParam();
   std::mt19937 rng(static_cast<unsigned>(B * 31 + T * 7 + C * 5 + NH * 3 + block));
   const Vec qkv = Random(B * T * 3 * C, rng, -1.5f, 1.5f), dout = Random(B * T * C, rng);
-  DVec want_att;
-  const DVec want_out = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_att);
-  Vec out(B * T * C, 5.0f), att(B * NH * T * T, 5.0f);  // forward overwrites both fully
-  internal::AttentionForward(out.data(), att.data(), qkv.data(), B, T, NH, NH, C / NH, block);
+  DVec want_lse;
+  const DVec want_out = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_lse);
+  Vec out(B * T * C, 5.0f), lse(B * NH * T, 5.0f);  // forward overwrites both fully
+  internal::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, C / NH, block);
   ExpectClose(out, want_out, 2e-6, 2e-5, "out");
-  ExpectClose(att, want_att, 1e-6, 1e-5, "att");  // includes the zeros above the diagonal
+  ExpectClose(lse, want_lse, 2e-6, 2e-5, "lse");
 
   const DVec want = NumericGrad(
       [&](const DVec& x) { return Dot(AttentionRef(x, B, T, C, NH), dout); }, ToDouble(qkv));
   const Vec dqkv0 = Random(qkv.size(), rng);
   Vec dqkv = dqkv0;
-  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, NH,
-                              C / NH, block);
+  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                              NH, NH, C / NH, block);
   ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
 }
 
@@ -109,38 +109,10 @@ TEST_P(AttentionLargeBackwardTest, BackwardMatchesReference) {
   const int64_t B = 2, T = GetParam(), C = 32, NH = 2, D = C / NH;
   std::mt19937 rng(11);
   const Vec qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng);
-  DVec att;
-  AttentionRef(ToDouble(qkv), B, T, C, NH, &att);
-  DVec want(qkv.size(), 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        const auto q = [&](int64_t s) { return (b * T + s) * 3 * C + h * D; };
-        const double* p = &att[((b * NH + h) * T + t) * T];
-        DVec dp(t + 1, 0.0);
-        for (int64_t s = 0; s <= t; ++s) {
-          for (int64_t d = 0; d < D; ++d) {
-            const double g = dout[(b * T + t) * C + h * D + d];
-            dp[s] += g * qkv[q(s) + 2 * C + d];
-            want[q(s) + 2 * C + d] += p[s] * g;  // dv
-          }
-        }
-        double dot = 0;
-        for (int64_t s = 0; s <= t; ++s) dot += p[s] * dp[s];
-        for (int64_t s = 0; s <= t; ++s) {
-          const double ds = p[s] * (dp[s] - dot) * scale;
-          for (int64_t d = 0; d < D; ++d) {
-            want[q(t) + d] += ds * qkv[q(s) + C + d];  // dq
-            want[q(s) + C + d] += ds * qkv[q(t) + d];  // dk
-          }
-        }
-      }
-    }
-  }
-  Vec out(B * T * C), katt(B * NH * T * T), dqkv(qkv.size(), 0.0f);
-  attention_forward(out.data(), katt.data(), qkv.data(), B, T, C, NH);
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), katt.data(), B, T, C, NH);
+  const DVec want = GqaAttentionBackwardRef(ToDouble(qkv), dout, B, T, NH, NH, D);
+  Vec out(B * T * C), lse(B * NH * T), dqkv(qkv.size(), 0.0f);
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
   ExpectClose(dqkv, want, 1e-5, 1e-4, "dqkv");
 }
 INSTANTIATE_TEST_SUITE_P(Sizes, AttentionLargeBackwardTest,
@@ -154,12 +126,12 @@ TEST(Attention, LargeScoresDoNotOverflow) {
   const int64_t B = 1, T = 6, C = 4, NH = 1;
   std::mt19937 rng(12);
   const Vec qkv = Random(B * T * 3 * C, rng, -20.0f, 20.0f);
-  DVec want_att;
-  const DVec want = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_att);
-  Vec out(B * T * C), att(B * NH * T * T);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  DVec want_lse;
+  const DVec want = AttentionRef(ToDouble(qkv), B, T, C, NH, &want_lse);
+  Vec out(B * T * C), lse(B * NH * T);
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   ExpectClose(out, want, 1e-4, 1e-4, "out");
-  ExpectClose(att, want_att, 1e-5, 1e-4, "att");
+  ExpectClose(lse, want_lse, 1e-5, 1e-4, "lse");
 }
 
 TEST(Attention, LeavesTheCallersThreadCountAlone) {
@@ -170,9 +142,9 @@ TEST(Attention, LeavesTheCallersThreadCountAlone) {
   const int64_t B = 2, T = 4, C = 8, NH = 2;
   std::mt19937 rng(13);
   const Vec qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng);
-  Vec out(B * T * C), att(B * NH * T * T), dqkv(qkv.size(), 0.0f);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  Vec out(B * T * C), lse(B * NH * T), dqkv(qkv.size(), 0.0f);
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
   EXPECT_EQ(omp_get_max_threads(), 3);
   omp_set_num_threads(saved);
 }

@@ -21,7 +21,7 @@ struct Work {
   Vec qkv, datt_out;
 
   struct Result {
-    Vec out, dinp, dweight, dbias, att_out, att, dqkv;
+    Vec out, dinp, dweight, dbias, att_out, lse, dqkv;
   };
 
   Work(int64_t m, int64_t k, int64_t n, int64_t b, int64_t t, int64_t c, int64_t nh,
@@ -38,12 +38,13 @@ struct Work {
 
   Result Run() const {
     Result r{Vec(M * N), Vec(M * K, 0.0f), Vec(N * K, 0.0f), Vec(N, 0.0f), Vec(B * T * C),
-             Vec(B * NH * T * T), Vec(B * T * 3 * C, 0.0f)};
+             Vec(B * NH * T), Vec(B * T * 3 * C, 0.0f)};
     matmul_forward(r.out.data(), inp.data(), weight.data(), bias.data(), M, K, N);
     matmul_backward(r.dinp.data(), r.dweight.data(), r.dbias.data(), dmm.data(), inp.data(),
                     weight.data(), M, K, N);
-    attention_forward(r.att_out.data(), r.att.data(), qkv.data(), B, T, C, NH);
-    attention_backward(r.dqkv.data(), datt_out.data(), qkv.data(), r.att.data(), B, T, C, NH);
+    attention_forward(r.att_out.data(), r.lse.data(), qkv.data(), B, T, C, NH);
+    attention_backward(r.dqkv.data(), datt_out.data(), qkv.data(), r.att_out.data(), r.lse.data(),
+                       B, T, C, NH);
     return r;
   }
 };
@@ -57,7 +58,7 @@ void ExpectSame(const Work::Result& got, const Work::Result& want, int rank) {
   ExpectClose(got.dweight, want.dweight, 1e-5, 1e-5, absl::StrCat("dweight", r));
   ExpectClose(got.dbias, want.dbias, 0.0, 0.0, absl::StrCat("dbias", r));
   ExpectClose(got.att_out, want.att_out, 0.0, 0.0, absl::StrCat("attention out", r));
-  ExpectClose(got.att, want.att, 0.0, 0.0, absl::StrCat("att", r));
+  ExpectClose(got.lse, want.lse, 0.0, 0.0, absl::StrCat("lse", r));
   ExpectClose(got.dqkv, want.dqkv, 0.0, 0.0, absl::StrCat("dqkv", r));
 }
 

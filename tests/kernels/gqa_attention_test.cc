@@ -20,46 +20,6 @@ void ExpectBitwiseEqual(const Vec& got, const Vec& want, const std::string& what
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
 }
 
-// d <out, dout> / d qkv of grouped-query attention in closed form, in double (for shapes too
-// large for finite differences).
-DVec GqaAttentionBackwardRef(const DVec& qkv, const Vec& dout, int64_t B, int64_t T,
-                             int64_t NH, int64_t NKV, int64_t D) {
-  const int64_t W = (NH + 2 * NKV) * D, C = NH * D;
-  DVec att;
-  GqaAttentionRef(qkv, B, T, NH, NKV, D, &att);
-  DVec dqkv(qkv.size(), 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      const int64_t g = h / (NH / NKV);
-      const auto q = [&](int64_t s) { return (b * T + s) * W + h * D; };
-      const auto k = [&](int64_t s) { return (b * T + s) * W + (NH + g) * D; };
-      const auto v = [&](int64_t s) { return (b * T + s) * W + (NH + NKV + g) * D; };
-      for (int64_t t = 0; t < T; ++t) {
-        const double* p = &att[((b * NH + h) * T + t) * T];
-        DVec dp(t + 1, 0.0);
-        for (int64_t s = 0; s <= t; ++s) {
-          for (int64_t d = 0; d < D; ++d) {
-            const double dy = dout[(b * T + t) * C + h * D + d];
-            dp[s] += dy * qkv[v(s) + d];
-            dqkv[v(s) + d] += p[s] * dy;
-          }
-        }
-        double dot = 0;
-        for (int64_t s = 0; s <= t; ++s) dot += p[s] * dp[s];
-        for (int64_t s = 0; s <= t; ++s) {
-          const double ds = p[s] * (dp[s] - dot) * scale;
-          for (int64_t d = 0; d < D; ++d) {
-            dqkv[q(t) + d] += ds * qkv[k(s) + d];
-            dqkv[k(s) + d] += ds * qkv[q(t) + d];
-          }
-        }
-      }
-    }
-  }
-  return dqkv;
-}
-
 struct Shape {
   int64_t B, T, NH, NKV, D, block;
 };
@@ -76,20 +36,20 @@ TEST_P(GqaAttentionTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
   const int64_t W = (NH + 2 * NKV) * D;
   std::mt19937 rng(static_cast<unsigned>(B * 31 + T * 7 + NH * 5 + NKV * 3 + D + block));
   const Vec qkv = Random(B * T * W, rng, -1.5f, 1.5f), dout = Random(B * T * NH * D, rng);
-  DVec want_att;
-  const DVec want_out = GqaAttentionRef(ToDouble(qkv), B, T, NH, NKV, D, &want_att);
-  Vec out(B * T * NH * D, 5.0f), att(B * NH * T * T, 5.0f);  // forward overwrites both fully
-  internal::AttentionForward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, D, block);
+  DVec want_lse;
+  const DVec want_out = GqaAttentionRef(ToDouble(qkv), B, T, NH, NKV, D, &want_lse);
+  Vec out(B * T * NH * D, 5.0f), lse(B * NH * T, 5.0f);  // forward overwrites both fully
+  internal::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, D, block);
   ExpectClose(out, want_out, 2e-6, 2e-5, "out");
-  ExpectClose(att, want_att, 1e-6, 1e-5, "att");  // includes the zeros above the diagonal
+  ExpectClose(lse, want_lse, 2e-6, 2e-5, "lse");
 
   const DVec want = NumericGrad(
       [&](const DVec& x) { return Dot(GqaAttentionRef(x, B, T, NH, NKV, D), dout); },
       ToDouble(qkv));
   const Vec dqkv0 = Random(qkv.size(), rng);
   Vec dqkv = dqkv0;
-  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, NKV,
-                              D, block);
+  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                              NH, NKV, D, block);
   ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
 }
 
@@ -111,14 +71,15 @@ TEST(GqaAttention, LargeShapesMatchReferenceAtTheKernelsBlockSize) {
     const int64_t W = (NH + 2 * NKV) * D;
     std::mt19937 rng(static_cast<unsigned>(NKV));
     const Vec qkv = Random(B * T * W, rng), dout = Random(B * T * NH * D, rng);
-    DVec want_att;
-    const DVec want_out = GqaAttentionRef(ToDouble(qkv), B, T, NH, NKV, D, &want_att);
-    Vec out(B * T * NH * D), att(B * NH * T * T), dqkv(qkv.size(), 0.0f);
-    gqa_attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, D);
-    gqa_attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, NKV, D);
+    DVec want_lse;
+    const DVec want_out = GqaAttentionRef(ToDouble(qkv), B, T, NH, NKV, D, &want_lse);
+    Vec out(B * T * NH * D), lse(B * NH * T), dqkv(qkv.size(), 0.0f);
+    gqa_attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, D);
+    gqa_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH,
+                           NKV, D);
     const std::string what = absl::StrCat(" NKV ", NKV);
     ExpectClose(out, want_out, 2e-6, 2e-5, "out" + what);
-    ExpectClose(att, want_att, 1e-6, 1e-5, "att" + what);
+    ExpectClose(lse, want_lse, 2e-6, 2e-5, "lse" + what);
     ExpectClose(dqkv, GqaAttentionBackwardRef(ToDouble(qkv), dout, B, T, NH, NKV, D), 1e-5,
                 1e-4, "dqkv" + what);
   }
@@ -132,15 +93,15 @@ TEST(GqaAttention, WithAsManyKvHeadsAsQueryHeadsIsBitwiseTheGptAttention) {
     std::mt19937 rng(static_cast<unsigned>(T + C));
     const Vec qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng),
               dqkv0 = Random(qkv.size(), rng);
-    Vec out(B * T * C), att(B * NH * T * T), dqkv = dqkv0;
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
-    Vec gout(B * T * C), gatt(B * NH * T * T), gdqkv = dqkv0;
-    gqa_attention_forward(gout.data(), gatt.data(), qkv.data(), B, T, NH, NH, C / NH);
-    gqa_attention_backward(gdqkv.data(), dout.data(), qkv.data(), gatt.data(), B, T, NH, NH,
-                           C / NH);
+    Vec out(B * T * C), lse(B * NH * T), dqkv = dqkv0;
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    Vec gout(B * T * C), glse(B * NH * T), gdqkv = dqkv0;
+    gqa_attention_forward(gout.data(), glse.data(), qkv.data(), B, T, NH, NH, C / NH);
+    gqa_attention_backward(gdqkv.data(), dout.data(), qkv.data(), gout.data(), glse.data(), B, T,
+                           NH, NH, C / NH);
     ExpectBitwiseEqual(gout, out, "out" + what);
-    ExpectBitwiseEqual(gatt, att, "att" + what);
+    ExpectBitwiseEqual(glse, lse, "lse" + what);
     ExpectBitwiseEqual(gdqkv, dqkv, "dqkv" + what);
     // And both are the attention of the reference.
     ExpectClose(out, AttentionRef(ToDouble(qkv), B, T, C, NH), 2e-6, 2e-5, "out ref" + what);
@@ -153,15 +114,15 @@ TEST(GqaAttention, BackwardDoesNotDependOnTheThreadCount) {
   const int64_t B = 3, T = 40, NH = 6, NKV = 2, D = 8, W = (NH + 2 * NKV) * D;
   std::mt19937 rng(3);
   const Vec qkv = Random(B * T * W, rng), dout = Random(B * T * NH * D, rng);
-  Vec out(B * T * NH * D), att(B * NH * T * T);
-  gqa_attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, D);
+  Vec out(B * T * NH * D), lse(B * NH * T);
+  gqa_attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, D);
   const int saved = omp_get_max_threads();
   std::vector<Vec> results;
   for (int threads : {1, 2, 4}) {
     omp_set_num_threads(threads);
     results.emplace_back(qkv.size(), 0.0f);
-    gqa_attention_backward(results.back().data(), dout.data(), qkv.data(), att.data(), B, T,
-                           NH, NKV, D);
+    gqa_attention_backward(results.back().data(), dout.data(), qkv.data(), out.data(),
+                           lse.data(), B, T, NH, NKV, D);
     EXPECT_EQ(omp_get_max_threads(), threads);  // the caller's setting is left alone
   }
   omp_set_num_threads(saved);

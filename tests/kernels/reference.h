@@ -120,45 +120,14 @@ inline double GeluRef(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
 }
 
-// Causal attention; qkv[B,T,3C] -> out[B,T,C]; att (optional) gets [B,NH,T,T] probabilities.
-inline DVec AttentionRef(const DVec& qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
-                         DVec* att = nullptr) {
-  const int64_t D = C / NH;
-  DVec out(B * T * C, 0.0);
-  if (att) att->assign(B * NH * T * T, 0.0);
-  std::vector<double> p(T);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        const double* q = &qkv[(b * T + t) * 3 * C + h * D];
-        double mx = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {
-          const double* k = &qkv[(b * T + s) * 3 * C + C + h * D];
-          double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-          p[s] = dot / std::sqrt(static_cast<double>(D));
-          mx = std::max(mx, p[s]);
-        }
-        double sum = 0;
-        for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
-        for (int64_t s = 0; s <= t; ++s) {
-          p[s] /= sum;
-          if (att) (*att)[((b * NH + h) * T + t) * T + s] = p[s];
-          const double* v = &qkv[(b * T + s) * 3 * C + 2 * C + h * D];
-          for (int64_t d = 0; d < D; ++d) out[(b * T + t) * C + h * D + d] += p[s] * v[d];
-        }
-      }
-    }
-  }
-  return out;
-}
-
 // Grouped-query causal attention: qkv[B,T,(NH+2NKV)D] -> out[B,T,NH*D]; query head h uses kv
-// head h / (NH / NKV); att (optional) gets [B,NH,T,T] probabilities.
+// head h / (NH / NKV). lse (optional) gets [B,NH,T], the log-sum-exp of each row of the scaled
+// causal scores; att (optional) [B,NH,T,T], the probabilities (0 above the diagonal).
 inline DVec GqaAttentionRef(const DVec& qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                            int64_t D, DVec* att = nullptr) {
+                            int64_t D, DVec* lse = nullptr, DVec* att = nullptr) {
   const int64_t W = (NH + 2 * NKV) * D, C = NH * D;
   DVec out(B * T * C, 0.0);
+  if (lse) lse->assign(B * NH * T, 0.0);
   if (att) att->assign(B * NH * T * T, 0.0);
   std::vector<double> p(T);
   for (int64_t b = 0; b < B; ++b) {
@@ -176,6 +145,7 @@ inline DVec GqaAttentionRef(const DVec& qkv, int64_t B, int64_t T, int64_t NH, i
         }
         double sum = 0;
         for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        if (lse) (*lse)[(b * NH + h) * T + t] = mx + std::log(sum);
         for (int64_t s = 0; s <= t; ++s) {
           p[s] /= sum;
           if (att) (*att)[((b * NH + h) * T + t) * T + s] = p[s];
@@ -186,6 +156,52 @@ inline DVec GqaAttentionRef(const DVec& qkv, int64_t B, int64_t T, int64_t NH, i
     }
   }
   return out;
+}
+
+// d <out, dout> / d qkv of grouped-query attention in closed form, in double (for shapes too
+// large for finite differences).
+inline DVec GqaAttentionBackwardRef(const DVec& qkv, const std::vector<float>& dout, int64_t B,
+                                    int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+  const int64_t W = (NH + 2 * NKV) * D, C = NH * D;
+  DVec att;
+  GqaAttentionRef(qkv, B, T, NH, NKV, D, nullptr, &att);
+  DVec dqkv(qkv.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t g = h / (NH / NKV);
+      const auto q = [&](int64_t s) { return (b * T + s) * W + h * D; };
+      const auto k = [&](int64_t s) { return (b * T + s) * W + (NH + g) * D; };
+      const auto v = [&](int64_t s) { return (b * T + s) * W + (NH + NKV + g) * D; };
+      for (int64_t t = 0; t < T; ++t) {
+        const double* p = &att[((b * NH + h) * T + t) * T];
+        DVec dp(t + 1, 0.0);
+        for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t d = 0; d < D; ++d) {
+            const double dy = dout[(b * T + t) * C + h * D + d];
+            dp[s] += dy * qkv[v(s) + d];
+            dqkv[v(s) + d] += p[s] * dy;
+          }
+        }
+        double dot = 0;
+        for (int64_t s = 0; s <= t; ++s) dot += p[s] * dp[s];
+        for (int64_t s = 0; s <= t; ++s) {
+          const double ds = p[s] * (dp[s] - dot) * scale;
+          for (int64_t d = 0; d < D; ++d) {
+            dqkv[q(t) + d] += ds * qkv[k(s) + d];
+            dqkv[k(s) + d] += ds * qkv[q(t) + d];
+          }
+        }
+      }
+    }
+  }
+  return dqkv;
+}
+
+// Causal multi-head attention: qkv[B,T,3C] -> out[B,T,C], lse and att as GqaAttentionRef.
+inline DVec AttentionRef(const DVec& qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                         DVec* lse = nullptr, DVec* att = nullptr) {
+  return GqaAttentionRef(qkv, B, T, NH, NH, C / NH, lse, att);
 }
 
 // RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight; rstd (optional) gets [N].

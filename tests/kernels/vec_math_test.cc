@@ -112,7 +112,7 @@ TEST(Determinism, ResultsDoNotDependOnBufferAlignment) {
   const Vec qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng),
             x = Random(N * 19, rng, -6.0f, 6.0f);
   struct Result {
-    Vec att_out, att, dqkv, gelu, dgelu, probs;
+    Vec att_out, lse, dqkv, gelu, dgelu, probs;
   };
   const auto run = [&](size_t offset) {
     // Copy every input to `offset` floats past a fresh allocation.
@@ -122,10 +122,10 @@ TEST(Determinism, ResultsDoNotDependOnBufferAlignment) {
       return buf;
     };
     const Vec q = at(qkv), d = at(dout), xx = at(x);
-    Vec out(B * T * C + offset), att(B * NH * T * T + offset), dq(qkv.size() + offset, 0.0f);
-    attention_forward(out.data() + offset, att.data() + offset, q.data() + offset, B, T, C, NH);
+    Vec out(B * T * C + offset), lse(B * NH * T + offset), dq(qkv.size() + offset, 0.0f);
+    attention_forward(out.data() + offset, lse.data() + offset, q.data() + offset, B, T, C, NH);
     attention_backward(dq.data() + offset, d.data() + offset, q.data() + offset,
-                       att.data() + offset, B, T, C, NH);
+                       out.data() + offset, lse.data() + offset, B, T, C, NH);
     Vec g(x.size() + offset), dg(x.size() + offset, 0.0f), probs(x.size() + offset),
         losses(N + offset);
     gelu_forward(g.data() + offset, xx.data() + offset, static_cast<int64_t>(x.size()));
@@ -135,13 +135,13 @@ TEST(Determinism, ResultsDoNotDependOnBufferAlignment) {
     softmax_crossentropy_forward(losses.data() + offset, probs.data() + offset,
                                  xx.data() + offset, targets.data(), N, 19);
     const auto strip = [offset](const Vec& v) { return Vec(v.begin() + offset, v.end()); };
-    return Result{strip(out), strip(att), strip(dq), strip(g), strip(dg), strip(probs)};
+    return Result{strip(out), strip(lse), strip(dq), strip(g), strip(dg), strip(probs)};
   };
   const Result base = run(0);
   for (size_t offset = 1; offset < 8; ++offset) {
     const Result r = run(offset);
     EXPECT_EQ(r.att_out, base.att_out) << offset;
-    EXPECT_EQ(r.att, base.att) << offset;
+    EXPECT_EQ(r.lse, base.lse) << offset;
     EXPECT_EQ(r.dqkv, base.dqkv) << offset;
     EXPECT_EQ(r.gelu, base.gelu) << offset;
     EXPECT_EQ(r.dgelu, base.dgelu) << offset;
