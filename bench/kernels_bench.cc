@@ -230,7 +230,8 @@ void BM_LlamaAttention(benchmark::State& state) {
   SetFlops(state, 12.0 * B * T * T * C);
   const double threads = omp_get_max_threads(), mib = 1024.0 * 1024.0;
   state.counters["kept_MiB"] = static_cast<double>(kept.size()) * sizeof(float) / mib;
-  const double scratch = flash ? 2.0 * std::min(kBlock, T) * T : static_cast<double>(T) * T;
+  const double scratch = flash ? (2.0 * std::min(kBlock, T) + NH / NKV) * T
+                               : static_cast<double>(T) * T;
   state.counters["scratch_MiB"] = threads * scratch * sizeof(float) / mib;
 }
 BENCHMARK(BM_LlamaAttention)->ArgNames({"T", "flash"})->ArgsProduct({{256, 1024, 2048, 4096}, {0, 1}})

@@ -9,8 +9,9 @@ namespace fsdp::kernels::cpu::internal {
 
 // Query rows per block of the public kernels. Smaller blocks skip more of the masked half
 // (nb(nb+1)/2 of nb^2 blocks are computed, nb = T / block) and keep less scratch (block x T
-// floats a thread in forward, twice that in backward) but make more, smaller GEMM calls;
-// 64 is the fastest measured at T = 256..4096 with D = 64 (kernels_bench).
+// floats a thread in forward, 2 block x T + (NH / NKV) x T in backward) but make more,
+// smaller GEMM calls; 64 is the fastest measured at T = 256..2048 with D = 64 (128 is no faster
+// at T = 1024-2048).
 constexpr int64_t kAttentionBlock = 64;
 
 // NH query heads and NKV key/value heads of D columns, rows of qkv (NH + 2 NKV) D wide, as
