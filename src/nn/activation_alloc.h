@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/backend.h"
+#include "fsdp/dtype.h"
 #include "fsdp/status.h"
 #include "src/core/checked.h"
 
@@ -23,9 +24,14 @@ class ActivationAllocator {
   // counting as in allocating, never a wrapped size.
   template <typename... N>
   absl::Status operator()(Buffer& b, N... factors) {
+    return Typed(b, DType::kF32, factors...);
+  }
+  // The same for n_1 x n_2 x ... elements of `dtype`.
+  template <typename... N>
+  absl::Status Typed(Buffer& b, DType dtype, N... factors) {
     int64_t want = 0, total = 0;
     if (!fsdp::internal::CheckedProduct(
-            {static_cast<int64_t>(sizeof(float)), static_cast<int64_t>(factors)...}, &want) ||
+            {static_cast<int64_t>(DTypeSize(dtype)), static_cast<int64_t>(factors)...}, &want) ||
         !fsdp::internal::CheckedAdd(*bytes_, want, &total)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the ", model_, "'s activations come to more than 2^63 - 1 bytes (8 EiB) (",

@@ -18,7 +18,10 @@ using internal::Carve;
 using internal::RootDefs;
 namespace t = internal;
 
-// What a block's backward reads besides its input resid[i].
+// What a block's backward reads besides its input resid[i]. In bf16 / f16 compute, qkv, atty,
+// fch and fch_gelu are kept in that dtype (the values the Linear layers and the attention
+// read, as autocast keeps them) and ln1 / ln2 are not kept: the backward recomputes them from
+// the block's input and the kept statistics (one norm, as cheap as upcasting a kept copy).
 struct Gpt::BlockActs {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid2, ln2, ln2_mean, ln2_rstd, fch,
       fch_gelu;
@@ -37,8 +40,10 @@ struct Gpt::Activations {
   // Gradient scratch, reused by every block. dx is the gradient of the residual stream: the
   // residual adds pass it through unchanged, so one buffer accumulates it across blocks.
   // dbranch [B,T,8C] holds the branch gradients: the mlp's dfch_gelu and dfch (4C each), then,
-  // once those are dead, the attention's datty (C) and dqkv (3C).
-  Buffer dx, dln, dbranch;
+  // once those are dead, the attention's datty (C) and dqkv (3C). In bf16 / f16 compute the
+  // forward computes in f32 in it (narrow [B,T,4C], then wide [B,T,4C]) before keeping the
+  // rounded copies, and the backward upcasts a block's kept tensors into up32 [B,T,4C].
+  Buffer dx, dln, dbranch, up32;
   Buffer params32;  // bf16/f16 compute: f32 upcasts of the parameters the f32 kernels read
   int64_t bytes = 0;
 };
@@ -62,17 +67,21 @@ absl::Status AllocateActivations(const GptConfig& config, int B, int T,
   FSDP_RETURN_IF_ERROR(alloc(a.pos, BT));
   a.resid.resize(L + 1);
   for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT, C));
+  const DType cd = options.compute_dtype;
+  const bool lowp = cd != DType::kF32;
   auto alloc_block = [&](auto& b) -> absl::Status {
-    for (Buffer* buf : {&b.ln1, &b.atty, &b.resid2, &b.ln2}) {
-      FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
+    FSDP_RETURN_IF_ERROR(alloc(b.resid2, BT, C));
+    if (!lowp) {
+      for (Buffer* buf : {&b.ln1, &b.ln2}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
     }
     for (Buffer* buf : {&b.ln1_mean, &b.ln1_rstd, &b.ln2_mean, &b.ln2_rstd}) {
       FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
     }
-    FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT, 3 * C));
     FSDP_RETURN_IF_ERROR(alloc(b.lse, B, NH, T));  // attention's log-sum-exp per row
-    FSDP_RETURN_IF_ERROR(alloc(b.fch, BT, 4 * C));
-    return alloc(b.fch_gelu, BT, 4 * C);
+    FSDP_RETURN_IF_ERROR(alloc.Typed(b.atty, cd, BT, C));
+    FSDP_RETURN_IF_ERROR(alloc.Typed(b.qkv, cd, BT, 3 * C));
+    FSDP_RETURN_IF_ERROR(alloc.Typed(b.fch, cd, BT, 4 * C));
+    return alloc.Typed(b.fch_gelu, cd, BT, 4 * C);
   };
   a.blocks.resize(L);
   bool any_checkpointed = false;
@@ -90,7 +99,8 @@ absl::Status AllocateActivations(const GptConfig& config, int B, int T,
   FSDP_RETURN_IF_ERROR(alloc(a.logits, BT, V));
   FSDP_RETURN_IF_ERROR(alloc(a.probs, BT, V));
   FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT, 8 * C));
-  if (options.compute_dtype != DType::kF32) {
+  if (lowp) {
+    FSDP_RETURN_IF_ERROR(alloc(a.up32, BT, 4 * C));
     // The largest set one stage reads in f32: wte and the first T rows of wpe (ForwardEmbed).
     FSDP_RETURN_IF_ERROR(alloc(a.params32, std::max<int64_t>((V + T) * C, 4 * C)));
   }
@@ -157,25 +167,48 @@ void Gpt::RunForwardBlock(int layer, View block) {
   const Stream cs = Stream::kCompute;
   const auto p = Carve(block, BlockDefs(config_.channels));
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, NH = config_.num_heads;
+  const DType cd = compute_dtype();
+  const bool lowp = cd != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View x = a.resid[layer].view();
   const View proj = a.proj.view();
   const View ln1w = ParamF32(p[t::kLn1W], 0), ln1b = ParamF32(p[t::kLn1B], C);
   const View ln2w = ParamF32(p[t::kLn2W], 2 * C), ln2b = ParamF32(p[t::kLn2B], 3 * C);
-  // x + attn(ln_1(x))
-  ops.LayernormForward(cs, b.ln1.view(), b.ln1_mean.view(), b.ln1_rstd.view(), x, ln1w, ln1b,
-                       BT, C, 1e-5f);
-  ops.MatmulForward(cs, b.qkv.view(), b.ln1.view(), p[t::kAttnW], p[t::kAttnB], BT, C, 3 * C);
-  ops.AttentionForward(cs, b.atty.view(), b.lse.view(), b.qkv.view(), B, T, C, NH);
-  ops.MatmulForward(cs, proj, b.atty.view(), p[t::kAttnProjW], p[t::kAttnProjB], BT, C, C);
+  // f32 results: the kept buffers in f32 compute; else scratch in dbranch, kept rounded.
+  const View narrow = a.dbranch.view().Slice(0, BT * 4 * C);
+  const View wide = a.dbranch.view().Slice(BT * 4 * C, BT * 4 * C);
+  const View ln1 = lowp ? narrow.Slice(0, BT * C) : b.ln1.view();
+  const View qkv = lowp ? wide.Slice(0, BT * 3 * C) : b.qkv.view();
+  const View atty = lowp ? narrow.Slice(0, BT * C) : b.atty.view();
+  const View ln2 = lowp ? narrow.Slice(0, BT * C) : b.ln2.view();
+  const View fch = lowp ? wide : b.fch.view();
+  const View fch_gelu = lowp ? narrow : b.fch_gelu.view();
+  // Keeps v32's rounding (bf16 / f16 compute); with `reread`, v32 then holds the rounded
+  // values, so the forward reads what the backward will.
+  auto keep = [&](const Buffer& kept, View v32, bool reread) {
+    if (!lowp) return;
+    ops.Cast(cs, kept.view(cd), v32);
+    if (reread) ops.Cast(cs, v32, kept.view(cd));
+  };
+  // x + attn(ln_1(x)). The Linear layers round their f32 inputs to the compute dtype
+  // themselves, so they read the values the kept copies hold.
+  ops.LayernormForward(cs, ln1, b.ln1_mean.view(), b.ln1_rstd.view(), x, ln1w, ln1b, BT, C,
+                       1e-5f);
+  ops.MatmulForward(cs, qkv, ln1, p[t::kAttnW], p[t::kAttnB], BT, C, 3 * C);
+  keep(b.qkv, qkv, /*reread=*/true);
+  ops.AttentionForward(cs, atty, b.lse.view(), qkv, B, T, C, NH);
+  keep(b.atty, atty, false);
+  ops.MatmulForward(cs, proj, atty, p[t::kAttnProjW], p[t::kAttnProjB], BT, C, C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + mlp(ln_2(.))
-  ops.LayernormForward(cs, b.ln2.view(), b.ln2_mean.view(), b.ln2_rstd.view(), b.resid2.view(),
-                       ln2w, ln2b, BT, C, 1e-5f);
-  ops.MatmulForward(cs, b.fch.view(), b.ln2.view(), p[t::kFcW], p[t::kFcB], BT, C, 4 * C);
-  ops.GeluForward(cs, b.fch_gelu.view(), b.fch.view());
-  ops.MatmulForward(cs, proj, b.fch_gelu.view(), p[t::kFcProjW], p[t::kFcProjB], BT, 4 * C, C);
+  ops.LayernormForward(cs, ln2, b.ln2_mean.view(), b.ln2_rstd.view(), b.resid2.view(), ln2w,
+                       ln2b, BT, C, 1e-5f);
+  ops.MatmulForward(cs, fch, ln2, p[t::kFcW], p[t::kFcB], BT, C, 4 * C);
+  keep(b.fch, fch, /*reread=*/true);
+  ops.GeluForward(cs, fch_gelu, fch);
+  keep(b.fch_gelu, fch_gelu, false);
+  ops.MatmulForward(cs, proj, fch_gelu, p[t::kFcProjW], p[t::kFcProjB], BT, 4 * C, C);
   ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
 }
 
@@ -229,6 +262,8 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   const auto p = Carve(block, defs);
   const auto g = Carve(dblock, defs);
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, NH = config_.num_heads;
+  const DType cd = compute_dtype();
+  const bool lowp = cd != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View dx = a.dx.view();  // in: d resid[layer + 1]; out: d resid[layer]
@@ -238,29 +273,51 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   const View dfch = dbranch.Slice(BT * 4 * C, BT * 4 * C);
   const View datty = dbranch.Slice(0, BT * C);  // attention part, after the mlp's are dead
   const View dqkv = dbranch.Slice(BT * C, BT * 3 * C);
+  const View ln1w = ParamF32(p[t::kLn1W], 0), ln1b = ParamF32(p[t::kLn1B], C);
+  const View ln2w = ParamF32(p[t::kLn2W], 2 * C), ln2b = ParamF32(p[t::kLn2B], 3 * C);
+  // The f32 values of a kept tensor: itself in f32 compute, else its upcast into up32 at
+  // element `at`.
+  auto f32 = [&](const Buffer& kept, int64_t at, int64_t n) {
+    if (!lowp) return kept.view();
+    const View out = a.up32.view().Slice(at, n);
+    ops.Cast(cs, out, kept.view(cd).Slice(0, n));
+    return out;
+  };
+  // A LayerNorm's output: kept in f32 compute, else recomputed (the same kernel on the same
+  // input: the forward's values) into up32.
+  auto norm = [&](const Buffer& kept, View inp, View w, View bias, const Buffer& mean,
+                  const Buffer& rstd) {
+    if (!lowp) return kept.view();
+    const View out = a.up32.view().Slice(0, BT * C);
+    ops.LayernormForward(cs, out, mean.view(), rstd.view(), inp, w, bias, BT, C, 1e-5f);
+    return out;
+  };
   // mlp: dx is also the gradient of its output (residual add)
   FSDP_RETURN_IF_ERROR(Zero(dfch_gelu));
-  ops.MatmulBackward(cs, dfch_gelu, g[t::kFcProjW], g[t::kFcProjB], dx, b.fch_gelu.view(),
-                     p[t::kFcProjW], BT, 4 * C, C);
+  ops.MatmulBackward(cs, dfch_gelu, g[t::kFcProjW], g[t::kFcProjB], dx,
+                     f32(b.fch_gelu, 0, BT * 4 * C), p[t::kFcProjW], BT, 4 * C, C);
   FSDP_RETURN_IF_ERROR(Zero(dfch));
-  ops.GeluBackward(cs, dfch, b.fch.view(), dfch_gelu);
+  ops.GeluBackward(cs, dfch, f32(b.fch, 0, BT * 4 * C), dfch_gelu);
   FSDP_RETURN_IF_ERROR(Zero(dln));
-  ops.MatmulBackward(cs, dln, g[t::kFcW], g[t::kFcB], dfch, b.ln2.view(), p[t::kFcW], BT, C,
-                     4 * C);
-  ops.LayernormBackward(cs, dx, g[t::kLn2W], g[t::kLn2B], dln, b.resid2.view(),
-                        ParamF32(p[t::kLn2W], 0), b.ln2_mean.view(), b.ln2_rstd.view(), BT, C);
+  ops.MatmulBackward(cs, dln, g[t::kFcW], g[t::kFcB], dfch,
+                     norm(b.ln2, b.resid2.view(), ln2w, ln2b, b.ln2_mean, b.ln2_rstd),
+                     p[t::kFcW], BT, C, 4 * C);
+  ops.LayernormBackward(cs, dx, g[t::kLn2W], g[t::kLn2B], dln, b.resid2.view(), ln2w,
+                        b.ln2_mean.view(), b.ln2_rstd.view(), BT, C);
   // attention: dx is now d resid2, the gradient of the attention branch's output
+  const View atty = f32(b.atty, 0, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
-  ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, b.atty.view(),
+  ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, atty,
                      p[t::kAttnProjW], BT, C, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.AttentionBackward(cs, dqkv, datty, b.qkv.view(), b.atty.view(), b.lse.view(), B, T, C,
-                        NH);
+  ops.AttentionBackward(cs, dqkv, datty, f32(b.qkv, BT * C, BT * 3 * C), atty, b.lse.view(), B,
+                        T, C, NH);
   FSDP_RETURN_IF_ERROR(Zero(dln));
-  ops.MatmulBackward(cs, dln, g[t::kAttnW], g[t::kAttnB], dqkv, b.ln1.view(), p[t::kAttnW], BT,
-                     C, 3 * C);
-  ops.LayernormBackward(cs, dx, g[t::kLn1W], g[t::kLn1B], dln, a.resid[layer].view(),
-                        ParamF32(p[t::kLn1W], 0), b.ln1_mean.view(), b.ln1_rstd.view(), BT, C);
+  ops.MatmulBackward(cs, dln, g[t::kAttnW], g[t::kAttnB], dqkv,
+                     norm(b.ln1, a.resid[layer].view(), ln1w, ln1b, b.ln1_mean, b.ln1_rstd),
+                     p[t::kAttnW], BT, C, 3 * C);
+  ops.LayernormBackward(cs, dx, g[t::kLn1W], g[t::kLn1B], dln, a.resid[layer].view(), ln1w,
+                        b.ln1_mean.view(), b.ln1_rstd.view(), BT, C);
   return absl::OkStatus();
 }
 

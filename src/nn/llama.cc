@@ -19,7 +19,10 @@ using internal::LlamaRootDefs;
 namespace t = internal;
 
 // What a layer's backward reads besides its input resid[i]. qkv holds q and k after the
-// rotary embedding (what attention read), v as projected.
+// rotary embedding (what attention read), v as projected. In bf16 / f16 compute, qkv, atty, gu
+// and h are kept in that dtype (the values the Linear layers, the attention and SwiGLU read,
+// as autocast keeps them) and ln1 / ln2 are not kept: the backward recomputes them from the
+// layer's input and the kept rstd (one norm, as cheap as upcasting a kept copy).
 struct Llama::BlockActs {
   Buffer ln1, ln1_rstd, qkv, atty, lse, resid2, ln2, ln2_rstd, gu, h;
 };
@@ -33,8 +36,11 @@ struct Llama::Activations {
   Buffer proj;  // [B,T,C] output of o_proj / down_proj, consumed at once by the residual add
   Buffer lnf, lnf_rstd, logits, probs, losses, loss;
   // Gradient scratch reused by every layer: dx is the residual stream's gradient; dbranch
-  // holds the mlp's dh (F) and dgu (2F), then the attention's datty (C) and dqkv (QKV).
-  Buffer dx, dln, dbranch;
+  // holds the mlp's dh (F) and dgu (2F), then the attention's datty (C) and dqkv (QKV). In
+  // bf16 / f16 compute the forward computes in f32 in dbranch (narrow [B,T,max(C,F)], then
+  // wide [B,T,max(QKV,2F)]) before keeping the rounded copies, and the backward upcasts a
+  // layer's kept tensors into up32 [B,T,max(2F,C+QKV)].
+  Buffer dx, dln, dbranch, up32;
   Buffer params32;  // bf16/f16 compute: f32 upcasts of the parameters the f32 kernels read
   int64_t bytes = 0;
 };
@@ -62,6 +68,14 @@ View SliceOrEmpty(const View& flat, int64_t offset, int64_t count) {
   return flat.empty() ? View{} : flat.Slice(offset, count);
 }
 
+// Elements per token of dbranch: the backward's gradients and, in bf16 / f16 compute, the
+// forward's two f32 scratch regions.
+int64_t DbranchWidth(const LlamaConfig& c, bool lowp) {
+  const int64_t C = c.channels, F = c.mlp_hidden, QKV = c.qkv_width();
+  const int64_t grads = std::max(3 * F, C + QKV);
+  return lowp ? std::max(grads, std::max(C, F) + std::max(QKV, 2 * F)) : grads;
+}
+
 // Allocates (or, counting only, sizes) every buffer of one B x T step.
 absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
                                  const ModelOptions& options, auto& a,
@@ -71,15 +85,19 @@ absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
   const int64_t F = config.mlp_hidden, QKV = config.qkv_width();
   a.resid.resize(L + 1);
   for (Buffer& r : a.resid) FSDP_RETURN_IF_ERROR(alloc(r, BT, C));
+  const DType cd = options.compute_dtype;
+  const bool lowp = cd != DType::kF32;
   auto alloc_block = [&](auto& b) -> absl::Status {
-    for (Buffer* buf : {&b.ln1, &b.atty, &b.resid2, &b.ln2}) {
-      FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
+    FSDP_RETURN_IF_ERROR(alloc(b.resid2, BT, C));
+    if (!lowp) {
+      for (Buffer* buf : {&b.ln1, &b.ln2}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT, C));
     }
     for (Buffer* buf : {&b.ln1_rstd, &b.ln2_rstd}) FSDP_RETURN_IF_ERROR(alloc(*buf, BT));
-    FSDP_RETURN_IF_ERROR(alloc(b.qkv, BT, QKV));
     FSDP_RETURN_IF_ERROR(alloc(b.lse, B, H, T));  // attention's log-sum-exp per row
-    FSDP_RETURN_IF_ERROR(alloc(b.gu, BT, 2 * F));
-    return alloc(b.h, BT, F);
+    FSDP_RETURN_IF_ERROR(alloc.Typed(b.atty, cd, BT, C));
+    FSDP_RETURN_IF_ERROR(alloc.Typed(b.qkv, cd, BT, QKV));
+    FSDP_RETURN_IF_ERROR(alloc.Typed(b.gu, cd, BT, 2 * F));
+    return alloc.Typed(b.h, cd, BT, F);
   };
   a.blocks.resize(L);
   bool any_checkpointed = false;
@@ -96,8 +114,9 @@ absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
   FSDP_RETURN_IF_ERROR(alloc(a.loss, 1));
   FSDP_RETURN_IF_ERROR(alloc(a.logits, BT, V));
   FSDP_RETURN_IF_ERROR(alloc(a.probs, BT, V));
-  FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT, std::max(3 * F, C + QKV)));
-  if (options.compute_dtype != DType::kF32) {
+  FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT, DbranchWidth(config, lowp)));
+  if (lowp) {
+    FSDP_RETURN_IF_ERROR(alloc(a.up32, BT, std::max(2 * F, C + QKV)));
     // The largest set one stage reads in f32: the embedding table (ForwardEmbed).
     FSDP_RETURN_IF_ERROR(alloc(a.params32, std::max(V * C, 2 * C)));
   }
@@ -163,26 +182,48 @@ void Llama::RunForwardBlock(int layer, View block) {
   const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = config_.head_size();
   const int64_t QKV = config_.qkv_width();
   const float eps = config_.norm_eps, theta = config_.rope_theta;
+  const DType cd = compute_dtype();
+  const bool lowp = cd != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View x = a.resid[layer].view();
   const View proj = a.proj.view();
+  // f32 results: the kept buffers in f32 compute; else scratch in dbranch, kept rounded.
+  const int64_t narrow_n = BT * std::max(C, F);
+  const View narrow = a.dbranch.view().Slice(0, narrow_n);
+  const View wide = a.dbranch.view().Slice(narrow_n, BT * std::max(QKV, 2 * F));
+  const View ln1 = lowp ? narrow.Slice(0, BT * C) : b.ln1.view();
+  const View qkv = lowp ? wide.Slice(0, BT * QKV) : b.qkv.view();
+  const View atty = lowp ? narrow.Slice(0, BT * C) : b.atty.view();
+  const View ln2 = lowp ? narrow.Slice(0, BT * C) : b.ln2.view();
+  const View gu = lowp ? wide.Slice(0, BT * 2 * F) : b.gu.view();
+  const View h = lowp ? narrow.Slice(0, BT * F) : b.h.view();
+  // Keeps v32's rounding (bf16 / f16 compute); with `reread`, v32 then holds the rounded
+  // values, so the forward reads what the backward will.
+  auto keep = [&](const Buffer& kept, View v32, bool reread) {
+    if (!lowp) return;
+    ops.Cast(cs, kept.view(cd).Slice(0, v32.count), v32);
+    if (reread) ops.Cast(cs, v32, kept.view(cd).Slice(0, v32.count));
+  };
   // x + attn(rmsnorm(x)): one GEMM for q, k and v; RoPE on q and k (H + KV heads) in place.
-  ops.RmsnormForward(cs, b.ln1.view(), b.ln1_rstd.view(), x, ParamF32(p[t::kInNorm], 0), BT, C,
-                     eps);
-  ops.MatmulForward(cs, b.qkv.view(), b.ln1.view(), block.Slice(fused.qkv, QKV * C), View{}, BT,
-                    C, QKV);
-  ops.RopeForward(cs, b.qkv.view(), B, T, QKV, H + KV, D, theta);
-  ops.GqaAttentionForward(cs, b.atty.view(), b.lse.view(), b.qkv.view(), B, T, H, KV, D);
-  ops.MatmulForward(cs, proj, b.atty.view(), p[t::kO], View{}, BT, H * D, C);
+  // The Linear layers round their f32 inputs to the compute dtype themselves, so they read the
+  // values the kept copies hold.
+  ops.RmsnormForward(cs, ln1, b.ln1_rstd.view(), x, ParamF32(p[t::kInNorm], 0), BT, C, eps);
+  ops.MatmulForward(cs, qkv, ln1, block.Slice(fused.qkv, QKV * C), View{}, BT, C, QKV);
+  ops.RopeForward(cs, qkv, B, T, QKV, H + KV, D, theta);
+  keep(b.qkv, qkv, /*reread=*/true);
+  ops.GqaAttentionForward(cs, atty, b.lse.view(), qkv, B, T, H, KV, D);
+  keep(b.atty, atty, false);
+  ops.MatmulForward(cs, proj, atty, p[t::kO], View{}, BT, H * D, C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + down(silu(gate(.)) * up(.)) of rmsnorm(.): one GEMM for gate and up.
-  ops.RmsnormForward(cs, b.ln2.view(), b.ln2_rstd.view(), b.resid2.view(),
-                     ParamF32(p[t::kPostNorm], C), BT, C, eps);
-  ops.MatmulForward(cs, b.gu.view(), b.ln2.view(), block.Slice(fused.gate_up, 2 * F * C), View{},
-                    BT, C, 2 * F);
-  ops.SwigluForward(cs, b.h.view(), b.gu.view(), BT, F);
-  ops.MatmulForward(cs, proj, b.h.view(), p[t::kDown], View{}, BT, F, C);
+  ops.RmsnormForward(cs, ln2, b.ln2_rstd.view(), b.resid2.view(), ParamF32(p[t::kPostNorm], C),
+                     BT, C, eps);
+  ops.MatmulForward(cs, gu, ln2, block.Slice(fused.gate_up, 2 * F * C), View{}, BT, C, 2 * F);
+  keep(b.gu, gu, /*reread=*/true);
+  ops.SwigluForward(cs, h, gu, BT, F);
+  keep(b.h, h, false);
+  ops.MatmulForward(cs, proj, h, p[t::kDown], View{}, BT, F, C);
   ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
 }
 
@@ -237,6 +278,8 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, F = config_.mlp_hidden;
   const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = config_.head_size();
   const int64_t QKV = config_.qkv_width();
+  const DType cd = compute_dtype();
+  const bool lowp = cd != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View dx = a.dx.view();  // in: d resid[layer + 1]; out: d resid[layer]
@@ -246,28 +289,49 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   const View dgu = dbranch.Slice(BT * F, BT * 2 * F);
   const View datty = dbranch.Slice(0, BT * C);  // attention part, once the mlp's are dead
   const View dqkv = dbranch.Slice(BT * C, BT * QKV);
+  const View in_norm = ParamF32(p[t::kInNorm], 0), post_norm = ParamF32(p[t::kPostNorm], C);
+  // The f32 values of a kept tensor: itself in f32 compute, else its upcast into up32 at
+  // element `at`.
+  auto f32 = [&](const Buffer& kept, int64_t at, int64_t n) {
+    if (!lowp) return kept.view();
+    const View out = a.up32.view().Slice(at, n);
+    ops.Cast(cs, out, kept.view(cd).Slice(0, n));
+    return out;
+  };
+  // An RMSNorm's output: kept in f32 compute, else recomputed (the same kernel on the same
+  // input: the forward's values) into up32.
+  auto norm = [&](const Buffer& kept, View inp, View w, const Buffer& rstd) {
+    if (!lowp) return kept.view();
+    const View out = a.up32.view().Slice(0, BT * C);
+    ops.RmsnormForward(cs, out, rstd.view(), inp, w, BT, C, config_.norm_eps);
+    return out;
+  };
   // mlp: dx is also the gradient of its output (residual add)
   FSDP_RETURN_IF_ERROR(Zero(dh));
-  ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, b.h.view(), p[t::kDown], BT, F, C);
+  ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, f32(b.h, 0, BT * F), p[t::kDown], BT, F,
+                     C);
   FSDP_RETURN_IF_ERROR(Zero(dgu));
-  ops.SwigluBackward(cs, dgu, dh, b.gu.view(), BT, F);
+  ops.SwigluBackward(cs, dgu, dh, f32(b.gu, 0, BT * 2 * F), BT, F);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.gate_up, 2 * F * C), View{}, dgu,
-                     b.ln2.view(), block.Slice(fused.gate_up, 2 * F * C), BT, C, 2 * F);
-  ops.RmsnormBackward(cs, dx, g[t::kPostNorm], dln, b.resid2.view(),
-                      ParamF32(p[t::kPostNorm], 0), b.ln2_rstd.view(), BT, C);
+                     norm(b.ln2, b.resid2.view(), post_norm, b.ln2_rstd),
+                     block.Slice(fused.gate_up, 2 * F * C), BT, C, 2 * F);
+  ops.RmsnormBackward(cs, dx, g[t::kPostNorm], dln, b.resid2.view(), post_norm,
+                      b.ln2_rstd.view(), BT, C);
   // attention: dx is now d resid2, the gradient of the attention branch's output
+  const View atty = f32(b.atty, 0, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
-  ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, b.atty.view(), p[t::kO], BT, H * D, C);
+  ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, atty, p[t::kO], BT, H * D, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.GqaAttentionBackward(cs, dqkv, datty, b.qkv.view(), b.atty.view(), b.lse.view(), B, T,
-                           H, KV, D);
+  ops.GqaAttentionBackward(cs, dqkv, datty, f32(b.qkv, BT * C, BT * QKV), atty, b.lse.view(), B,
+                           T, H, KV, D);
   ops.RopeBackward(cs, dqkv, B, T, QKV, H + KV, D, config_.rope_theta);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.qkv, QKV * C), View{}, dqkv,
-                     b.ln1.view(), block.Slice(fused.qkv, QKV * C), BT, C, QKV);
-  ops.RmsnormBackward(cs, dx, g[t::kInNorm], dln, a.resid[layer].view(),
-                      ParamF32(p[t::kInNorm], 0), b.ln1_rstd.view(), BT, C);
+                     norm(b.ln1, a.resid[layer].view(), in_norm, b.ln1_rstd),
+                     block.Slice(fused.qkv, QKV * C), BT, C, QKV);
+  ops.RmsnormBackward(cs, dx, g[t::kInNorm], dln, a.resid[layer].view(), in_norm,
+                      b.ln1_rstd.view(), BT, C);
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/dtype.h"
 #include "fsdp/nn/gpt.h"
 
 namespace fsdp::nn::testing {
@@ -19,7 +20,12 @@ class ReferenceGpt {
  public:
   using Units = std::vector<std::vector<double>>;  // flat unit buffers, the library's layout
 
-  explicit ReferenceGpt(GptConfig c) : c_(std::move(c)) {
+  // stored: kF32 computes everything in double. kBF16 / kF16 emulate autocast-style mixed
+  // precision (give parameters already rounded to that dtype): the inputs of every Linear
+  // layer and the tensors the layers after a Linear read (q/k/v, the mlp's pre-activation) are
+  // rounded to `stored`; the norms, softmax, residual stream and loss stay in double.
+  explicit ReferenceGpt(GptConfig c, DType stored = DType::kF32)
+      : c_(std::move(c)), stored_(stored) {
     for (const ParamSpec& s : GptParamSpecs(c_)) where_[s.name] = {s.unit, s.offset};
   }
 
@@ -36,8 +42,8 @@ class ReferenceGpt {
     for (int l = 0; l < c_.num_layers; ++l) {
       const std::string pre = "transformer.h." + std::to_string(l) + ".";
       auto h = LayerNorm(x, P(u, pre + "ln_1.weight"), P(u, pre + "ln_1.bias"), B * T);
-      auto qkv = Linear(h, P(u, pre + "attn.c_attn.weight"), P(u, pre + "attn.c_attn.bias"),
-                        B * T, C, 3 * C);
+      auto qkv = Round(Linear(Round(h), P(u, pre + "attn.c_attn.weight"),
+                              P(u, pre + "attn.c_attn.bias"), B * T, C, 3 * C));
       std::vector<double> y(x.size(), 0.0);
       for (int b = 0; b < B; ++b) {
         for (int hd = 0; hd < NH; ++hd) {
@@ -61,21 +67,21 @@ class ReferenceGpt {
           }
         }
       }
-      auto a = Linear(y, P(u, pre + "attn.c_proj.weight"), P(u, pre + "attn.c_proj.bias"),
+      auto a = Linear(Round(y), P(u, pre + "attn.c_proj.weight"), P(u, pre + "attn.c_proj.bias"),
                       B * T, C, C);
       for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
       auto h2 = LayerNorm(x, P(u, pre + "ln_2.weight"), P(u, pre + "ln_2.bias"), B * T);
-      auto f = Linear(h2, P(u, pre + "mlp.c_fc.weight"), P(u, pre + "mlp.c_fc.bias"), B * T, C,
-                      4 * C);
+      auto f = Round(Linear(Round(h2), P(u, pre + "mlp.c_fc.weight"),
+                            P(u, pre + "mlp.c_fc.bias"), B * T, C, 4 * C));
       for (double& v : f) {
         v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
       }
-      auto m = Linear(f, P(u, pre + "mlp.c_proj.weight"), P(u, pre + "mlp.c_proj.bias"), B * T,
+      auto m = Linear(Round(f), P(u, pre + "mlp.c_proj.weight"), P(u, pre + "mlp.c_proj.bias"), B * T,
                       4 * C, C);
       for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
     }
     auto xf = LayerNorm(x, P(u, "transformer.ln_f.weight"), P(u, "transformer.ln_f.bias"), B * T);
-    auto lg = Linear(xf, wte, nullptr, B * T, C, V);  // tied lm_head
+    auto lg = Linear(Round(xf), wte, nullptr, B * T, C, V);  // tied lm_head
     double loss = 0;
     for (int n = 0; n < B * T; ++n) {
       double mx = -1e300;
@@ -89,6 +95,16 @@ class ReferenceGpt {
   }
 
  private:
+  // v rounded to stored_ (through f32, as the model's f32 values are), or v itself.
+  std::vector<double> Round(std::vector<double> v) const {
+    if (stored_ == DType::kBF16) {
+      for (double& x : v) x = Bf16ToFloat(FloatToBf16(static_cast<float>(x)));
+    } else if (stored_ == DType::kF16) {
+      for (double& x : v) x = F16ToFloat(FloatToF16(static_cast<float>(x)));
+    }
+    return v;
+  }
+
   const double* P(const Units& u, const std::string& name) const {
     const auto& [unit, offset] = where_.at(name);
     return u[unit].data() + offset;
@@ -125,6 +141,7 @@ class ReferenceGpt {
   }
 
   GptConfig c_;
+  DType stored_;
   std::map<std::string, std::pair<int, int64_t>> where_;
 };
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/dtype.h"
 #include "fsdp/nn/llama.h"
 
 namespace fsdp::nn::testing {
@@ -20,7 +21,12 @@ class ReferenceLlama {
  public:
   using Units = std::vector<std::vector<double>>;  // flat unit buffers, the library's layout
 
-  explicit ReferenceLlama(LlamaConfig c) : c_(std::move(c)) {
+  // stored: kF32 computes everything in double. kBF16 / kF16 emulate autocast-style mixed
+  // precision (give parameters already rounded to that dtype): the inputs of every Linear
+  // layer and what attention and SwiGLU read (q and k after RoPE, v, gate and up) are rounded
+  // to `stored`; the norms, softmax, residual stream and loss stay in double.
+  explicit ReferenceLlama(LlamaConfig c, DType stored = DType::kF32)
+      : c_(std::move(c)), stored_(stored) {
     for (const ParamSpec& s : LlamaParamSpecs(c_)) where_[s.name] = {s.unit, s.offset};
   }
 
@@ -37,11 +43,14 @@ class ReferenceLlama {
     for (int l = 0; l < c_.num_layers; ++l) {
       const std::string pre = "model.layers." + std::to_string(l) + ".";
       auto h = RmsNorm(x, P(u, pre + "input_layernorm.weight"), B * T);
+      h = Round(h);
       auto q = Linear(h, P(u, pre + "self_attn.q_proj.weight"), B * T, C, H * D);
       auto k = Linear(h, P(u, pre + "self_attn.k_proj.weight"), B * T, C, KV * D);
-      auto v = Linear(h, P(u, pre + "self_attn.v_proj.weight"), B * T, C, KV * D);
+      auto v = Round(Linear(h, P(u, pre + "self_attn.v_proj.weight"), B * T, C, KV * D));
       Rope(q, B, T, H, D);
       Rope(k, B, T, KV, D);
+      q = Round(q);
+      k = Round(k);
       std::vector<double> y(static_cast<size_t>(B) * T * H * D, 0.0);
       for (int b = 0; b < B; ++b) {
         for (int hd = 0; hd < H; ++hd) {
@@ -66,19 +75,19 @@ class ReferenceLlama {
           }
         }
       }
-      auto o = Linear(y, P(u, pre + "self_attn.o_proj.weight"), B * T, H * D, C);
+      auto o = Linear(Round(y), P(u, pre + "self_attn.o_proj.weight"), B * T, H * D, C);
       for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-      auto h2 = RmsNorm(x, P(u, pre + "post_attention_layernorm.weight"), B * T);
-      auto gate = Linear(h2, P(u, pre + "mlp.gate_proj.weight"), B * T, C, F);
-      auto up = Linear(h2, P(u, pre + "mlp.up_proj.weight"), B * T, C, F);
+      auto h2 = Round(RmsNorm(x, P(u, pre + "post_attention_layernorm.weight"), B * T));
+      auto gate = Round(Linear(h2, P(u, pre + "mlp.gate_proj.weight"), B * T, C, F));
+      auto up = Round(Linear(h2, P(u, pre + "mlp.up_proj.weight"), B * T, C, F));
       for (size_t i = 0; i < gate.size(); ++i) {
         gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
       }
-      auto down = Linear(gate, P(u, pre + "mlp.down_proj.weight"), B * T, F, C);
+      auto down = Linear(Round(gate), P(u, pre + "mlp.down_proj.weight"), B * T, F, C);
       for (size_t i = 0; i < x.size(); ++i) x[i] += down[i];
     }
     auto hf = RmsNorm(x, P(u, "model.norm.weight"), B * T);
-    auto lg = Linear(hf, P(u, "lm_head.weight"), B * T, C, V);
+    auto lg = Linear(Round(hf), P(u, "lm_head.weight"), B * T, C, V);
     double loss = 0;
     for (int n = 0; n < B * T; ++n) {
       const double* row = &lg[n * V];
@@ -92,6 +101,16 @@ class ReferenceLlama {
   }
 
  private:
+  // v rounded to stored_ (through f32, as the model's f32 values are), or v itself.
+  std::vector<double> Round(std::vector<double> v) const {
+    if (stored_ == DType::kBF16) {
+      for (double& x : v) x = Bf16ToFloat(FloatToBf16(static_cast<float>(x)));
+    } else if (stored_ == DType::kF16) {
+      for (double& x : v) x = F16ToFloat(FloatToF16(static_cast<float>(x)));
+    }
+    return v;
+  }
+
   const double* P(const Units& u, const std::string& name) const {
     const auto& [unit, offset] = where_.at(name);
     return u[unit].data() + offset;
@@ -146,6 +165,7 @@ class ReferenceLlama {
   }
 
   LlamaConfig c_;
+  DType stored_;
   std::map<std::string, std::pair<int, int64_t>> where_;
 };
 
