@@ -131,6 +131,10 @@ void cast_f32_to_bf16(uint16_t* out, const float* in, int64_t n);
 void cast_bf16_to_f32(float* out, const uint16_t* in, int64_t n);
 void cast_f32_to_f16(uint16_t* out, const float* in, int64_t n);
 void cast_f16_to_f32(float* out, const uint16_t* in, int64_t n);
+// out = in rounded to bf16 (f16) and widened back to f32, in one pass: bitwise
+// cast_bf16_to_f32(cast_f32_to_bf16(in)) (the same for f16). out may be in.
+void round_f32_through_bf16(float* out, const float* in, int64_t n);
+void round_f32_through_f16(float* out, const float* in, int64_t n);
 
 // ---- Block quantization (fsdp/wire_format.h) ----------------------------------------------
 // codes[n] and scales[QuantizedLayout{n, block}.blocks()] of in[n] in `format` (int8 or fp8).

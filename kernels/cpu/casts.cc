@@ -34,6 +34,16 @@ constexpr int64_t kParallelMin = 1 << 16;  // below this, waking threads costs m
   }
 }
 
+[[gnu::always_inline]] inline void RoundThroughBf16Body(float* out, const float* in, int64_t lo,
+                                                        int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    out[i] = std::bit_cast<float>(static_cast<uint32_t>(internal::Bf16Bits(in[i])) << 16);
+  }
+}
+
+FSDP_ISA_VARIANTS(RoundThroughBf16Range, RoundThroughBf16Body,
+                  (float* out, const float* in, int64_t lo, int64_t hi), (out, in, lo, hi))
 FSDP_ISA_VARIANTS(F32ToBf16Range, F32ToBf16Body,
                   (uint16_t* out, const float* in, int64_t lo, int64_t hi), (out, in, lo, hi))
 FSDP_ISA_VARIANTS(Bf16ToF32Range, Bf16ToF32Body,
@@ -51,6 +61,28 @@ void cast_bf16_to_f32(float* out, const uint16_t* in, int64_t n) {
   internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
     FSDP_ISA_CALL(Bf16ToF32Range, (out, in, lo, hi));
   });
+}
+
+void round_f32_through_bf16(float* out, const float* in, int64_t n) {
+  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+    FSDP_ISA_CALL(RoundThroughBf16Range, (out, in, lo, hi));
+  });
+}
+
+void round_f32_through_f16(float* out, const float* in, int64_t n) {
+#if defined(__F16C__)
+  const int64_t vec = n / 8;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t j = 0; j < vec; ++j) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + 8 * j),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_ps(out + 8 * j, _mm256_cvtph_ps(h));
+  }
+  for (int64_t i = vec * 8; i < n; ++i) out[i] = F16ToFloat(FloatToF16(in[i]));
+#else
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = F16ToFloat(FloatToF16(in[i]));
+#endif
 }
 
 void cast_f32_to_f16(uint16_t* out, const float* in, int64_t n) {

@@ -74,6 +74,31 @@ const uint16_t* Rounded(Scratch<uint16_t>& s, const float* x, int64_t n, DType d
   return out;
 }
 
+// An f32 operand rounded to `dtype` and kept in f32 (one pass), for the f32 GEMM.
+const float* RoundedF32(Scratch<float>& s, const float* x, int64_t n, DType dtype) {
+  float* out = s.Get(n);
+  if (dtype == DType::kBF16) {
+    round_f32_through_bf16(out, x, n);
+  } else {
+    round_f32_through_f16(out, x, n);
+  }
+  return out;
+}
+
+// Whether oneDNN has a matmul for `dtype` on this CPU: a small probe, once per dtype (its
+// support depends on the type and the CPU, not the shape).
+bool OneDnnHasMatmul(DType dtype) {
+  auto probe = [](DType t) {
+    const uint16_t a[4] = {}, b[4] = {};
+    float c[4] = {};
+    return TryGemm(c, 2, Operand{a, 2, false, t}, Operand{b, 2, true, t}, nullptr, 2, 2, 2,
+                   false);
+  };
+  static const bool bf16 = probe(DType::kBF16);
+  static const bool f16 = probe(DType::kF16);
+  return dtype == DType::kBF16 ? bf16 : f16;
+}
+
 // The fallback's f32 view of a rounded operand.
 const float* Widened(Scratch<float>& s, const void* x, int64_t n, DType dtype) {
   float* out = s.Get(n);
@@ -85,12 +110,7 @@ const float* Widened(Scratch<float>& s, const void* x, int64_t n, DType dtype) {
 
 bool matmul_lowp_native(DType dtype) {
   if (dtype == DType::kF32) return true;
-  if (ForcedFallback()) return false;
-  // A small probe; oneDNN's support depends on the type and the CPU, not the shape.
-  const uint16_t a[4] = {}, b[4] = {};
-  float c[4] = {};
-  return TryGemm(c, 2, Operand{a, 2, false, dtype}, Operand{b, 2, true, dtype}, nullptr, 2, 2,
-                 2, false);
+  return !ForcedFallback() && OneDnnHasMatmul(dtype);
 }
 
 void matmul_forward_lowp(float* out, const float* inp, const void* weight, const void* bias,
@@ -102,13 +122,13 @@ void matmul_forward_lowp(float* out, const float* inp, const void* weight, const
   }
   LowpScratch& s = ThreadScratch();
   const float* bias32 = bias != nullptr ? Widened(s.bias, bias, N, dtype) : nullptr;
-  const uint16_t* inp_lp = Rounded(s.inp, inp, M * K, dtype);
   // out[M,N] = inp[M,K] . (weight[N,K])^T + bias
-  if (!ForcedFallback() && TryGemm(out, N, Operand{inp_lp, K, false, dtype},
-                                   Operand{weight, K, true, dtype}, bias32, M, K, N, false)) {
+  if (matmul_lowp_native(dtype) &&
+      TryGemm(out, N, Operand{Rounded(s.inp, inp, M * K, dtype), K, false, dtype},
+              Operand{weight, K, true, dtype}, bias32, M, K, N, false)) {
     return;
   }
-  const float* inp32 = Widened(s.inp_f32, inp_lp, M * K, dtype);
+  const float* inp32 = RoundedF32(s.inp_f32, inp, M * K, dtype);
   const float* w32 = Widened(s.weight, weight, N * K, dtype);
   matmul_forward(out, inp32, w32, bias32, M, K, N);
 }
@@ -122,6 +142,25 @@ void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float
   }
   LowpScratch& s = ThreadScratch();
   const bool gemms = dinp != nullptr || dweight != nullptr;
+  if (!matmul_lowp_native(dtype)) {
+    // The f32 GEMMs on the rounded operands, each rounded in one pass.
+    if (dbias != nullptr) {
+      internal::AccumulateColumnSums(dbias, M, N,
+                                     [=](int64_t r, int64_t c) { return dout[r * N + c]; });
+    }
+    if (!gemms) return;
+    const float* dout32 = RoundedF32(s.dout_f32, dout, M * N, dtype);
+    if (dinp != nullptr) {
+      const float* w32 = Widened(s.weight, weight, N * K, dtype);
+      Gemm(dinp, K, Operand{dout32, N, false}, Operand{w32, K, false}, nullptr, M, N, K, true);
+    }
+    if (dweight != nullptr) {
+      const float* inp32 = RoundedF32(s.inp_f32, inp, M * K, dtype);
+      Gemm(dweight, K, Operand{dout32, N, true}, Operand{inp32, K, false}, nullptr, N, M, K,
+           true);
+    }
+    return;
+  }
   const uint16_t* dout_lp = nullptr;
   if (dbias != nullptr && dtype == DType::kBF16 && gemms) {
     // One pass over dout for both the bias gradient (from the f32 dout, in the f32 kernel's
@@ -140,7 +179,7 @@ void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float
   if (!gemms) return;
   if (dout_lp == nullptr) dout_lp = Rounded(s.dout, dout, M * N, dtype);
   const uint16_t* inp_lp = dweight != nullptr ? Rounded(s.inp, inp, M * K, dtype) : nullptr;
-  bool native = !ForcedFallback();
+  bool native = true;
   // dinp[M,K] += dout[M,N] . weight[N,K]
   if (native && dinp != nullptr) {
     native = TryGemm(dinp, K, Operand{dout_lp, N, false, dtype}, Operand{weight, K, false, dtype},

@@ -76,10 +76,15 @@ void ExpectMatchesScalar(const std::vector<float>& in) {
     Bits16 bf(n), hf(n);
     cast_f32_to_bf16(bf.data(), in.data() + offset, n);
     cast_f32_to_f16(hf.data(), in.data() + offset, n);
+    std::vector<float> bf_round(n), hf_round(n);  // rounded and widened in one pass
+    round_f32_through_bf16(bf_round.data(), in.data() + offset, n);
+    round_f32_through_f16(hf_round.data(), in.data() + offset, n);
     for (int64_t i = 0; i < n; ++i) {
       const float x = in[offset + i];
       ASSERT_EQ(bf[i], FloatToBf16(x)) << std::hex << Bits(x);
       ASSERT_EQ(hf[i], FloatToF16(x)) << std::hex << Bits(x);
+      ASSERT_EQ(Bits(bf_round[i]), Bits(Bf16ToFloat(FloatToBf16(x)))) << std::hex << Bits(x);
+      ASSERT_EQ(Bits(hf_round[i]), Bits(F16ToFloat(FloatToF16(x)))) << std::hex << Bits(x);
     }
   }
 }
@@ -148,11 +153,17 @@ TEST(Casts, LargeParallelRun) {
   std::vector<float> bf_back(n), hf_back(n);
   cast_bf16_to_f32(bf_back.data(), bf.data(), n);
   cast_f16_to_f32(hf_back.data(), hf.data(), n);
+  // In place: out may be in.
+  std::vector<float> bf_round = in, hf_round = in;
+  round_f32_through_bf16(bf_round.data(), bf_round.data(), n);
+  round_f32_through_f16(hf_round.data(), hf_round.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(bf[i], FloatToBf16(in[i])) << i;
     ASSERT_EQ(hf[i], FloatToF16(in[i])) << i;
     ASSERT_EQ(Bits(bf_back[i]), Bits(Bf16ToFloat(bf[i]))) << i;
     ASSERT_EQ(Bits(hf_back[i]), Bits(F16ToFloat(hf[i]))) << i;
+    ASSERT_EQ(Bits(bf_round[i]), Bits(bf_back[i])) << i;
+    ASSERT_EQ(Bits(hf_round[i]), Bits(hf_back[i])) << i;
   }
 }
 

@@ -117,6 +117,12 @@ TEST_P(IsaVariantTest, CastsBf16) {
     cast_bf16_to_f32((baseline ? wide_base : wide_avx).data(), base.data(), n);
   });
   ExpectBitwise(wide_avx, wide_base, "cast_bf16_to_f32");
+  Vec round_base(n), round_avx(n);
+  BothVariants([&](bool baseline) {
+    round_f32_through_bf16((baseline ? round_base : round_avx).data(), x.data(), n);
+  });
+  ExpectBitwise(round_avx, round_base, "round_f32_through_bf16");
+  ExpectBitwise(round_base, wide_base, "round_f32_through_bf16 against the two casts");
 }
 
 // Lengths below and above the parallel thresholds, with tails of every size.
