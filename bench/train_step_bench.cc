@@ -5,7 +5,7 @@
 // interleaved so that their ratio comes from one run. MFU is against the GEMM peak of the
 // step's own compute dtype measured in the same run (MODEL_SPEC.md "Figures": peak = GEMM
 // 2048^3 GFLOP/s on one core x cores used; sgemm for f32, the bf16 GEMM for bf16, or sgemm
-// where oneDNN has no native bf16 matmul and the bf16 run widens its operands to f32).
+// where the bf16 run widens its operands to f32: kernels::cpu::lowp_gemm_choice, printed).
 //
 // Usage: train_step_bench [--model mini] [--batch 4] [--seq 256] [--steps 10] [--warmup 2]
 //                         [--threads 0] [--dtypes f32,bf16]
@@ -121,10 +121,12 @@ int main(int argc, char** argv) {
   for (DType dtype : args.dtypes) {
     Run r;
     r.dtype = dtype;
-    r.peak_core = fsdp::kernels::cpu::measure_gemm_gflops(2048, 1, 5, dtype);
-    if (r.peak_core == 0) {
-      // No native 16-bit matmul in oneDNN on this CPU: the Linear layers widen their rounded
-      // operands to f32 (kernels/cpu/matmul_lowp.cc), so the f32 GEMM is the peak.
+    if (fsdp::kernels::cpu::matmul_lowp_native(dtype)) {
+      r.peak_core = fsdp::kernels::cpu::measure_gemm_gflops(2048, 1, 5, dtype);
+    } else {
+      // The Linear layers widen their rounded operands to f32 (kernels/cpu/matmul_lowp.cc:
+      // no native 16-bit matmul, or the f32 GEMM measured faster), so the f32 GEMM is the
+      // peak.
       r.widened = true;
       r.peak_core = fsdp::kernels::cpu::measure_gemm_gflops(2048, 1, 5, DType::kF32);
     }
@@ -212,9 +214,16 @@ int main(int argc, char** argv) {
     const double step = Median(r.step_s);
     const double achieved = flops / step / 1e9;
     std::printf("  %s compute\n", name);
-    if (r.widened) {
-      std::printf("    %s GEMMs widened to f32: oneDNN has no native %s matmul on this CPU\n",
-                  name, name);
+    if (r.dtype != DType::kF32) {
+      const auto c = fsdp::kernels::cpu::lowp_gemm_choice(r.dtype);
+      std::printf("    %s Linear GEMMs: %s (%s", name, r.widened ? "widened to f32" : "native",
+                  c.reason);
+      if (c.native_gflops > 0) {
+        std::printf("; %lld^3 forward: native %.1f, widened %.1f GFLOP/s",
+                    static_cast<long long>(fsdp::kernels::cpu::kLowpGemmProbeSize),
+                    c.native_gflops, c.widened_gflops);
+      }
+      std::printf(")\n");
     }
     std::printf("    %-32s %10.1f GFLOP/s\n",
                 (std::string(r.widened ? "f32" : name) + " GEMM 2048^3, 1 thread (peak/core)").c_str(),

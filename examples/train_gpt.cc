@@ -43,6 +43,7 @@
 #include "absl/strings/str_replace.h"
 #include "fsdp/agreement.h"
 #include "fsdp/backend.h"
+#include "fsdp/kernels_cpu.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/communicator.h"
 #include "fsdp/cpu_backend.h"
@@ -391,6 +392,15 @@ void PrintBanner(const Settings& s, const Communicator& world, ShardedModel& mod
   if (s.model.checkpoint_every > 0) {
     absl::StrAppend(&extras, " | activation checkpointing every ", s.model.checkpoint_every,
                     s.model.checkpoint_every == 1 ? " block" : " blocks");
+  }
+  if (mp.param_dtype != fsdp::DType::kF32 &&
+      (backend.name() == "cpu" || backend.name() == "sim")) {
+    // The CPU kernels' choice for the Linear layers' GEMMs (measured once per process).
+    const fsdp::kernels::cpu::LowpGemmChoice c =
+        fsdp::kernels::cpu::lowp_gemm_choice(mp.param_dtype);
+    absl::StrAppend(&extras, " | ", std::string(fsdp::DTypeName(mp.param_dtype)),
+                    " Linear GEMMs ", c.native ? "native" : "widened to f32", " (", c.reason,
+                    ")");
   }
   const std::string heads =
       s.config.is_gpt()

@@ -38,8 +38,29 @@ void matmul_forward_lowp(float* out, const float* inp, const void* weight, const
 void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const void* weight, int64_t M, int64_t K, int64_t N,
                           DType dtype);
-// Whether the low-precision matmuls of `dtype` run natively in oneDNN on this CPU (true for
-// kF32), as opposed to the upcasting fallback. Reads FSDP_FORCE_LOWP_FALLBACK each call.
+// The kernel the low-precision Linear layers of `dtype` run on this CPU. A product of two bf16
+// (f16) values is exact in f32, so the same rounded operands can be multiplied either by
+// oneDNN's native 16-bit matmul or, widened, by the f32 GEMM (the same products, summed in
+// another order): on a CPU whose 16-bit matmul is slower than its f32 one (AVX512-BF16 without
+// AMX) the widened one is faster. FSDP_LOWP_GEMM in the environment (read each call) picks:
+// `native`, `widened`, or `auto` (unset): once per process and dtype, the first call times
+// both on a kLowpGemmProbeSize^3 Linear forward (best of 3 after a warm-up, rounding and
+// widening included) and takes the widened one only when its rate times the margin still
+// beats the native one (11% faster), so that ranks on one kind of machine agree (the rates
+// differ by 1.6x or more where it matters).
+// Without a native matmul (oneDNN has none for the type on this CPU) it is always widened.
+struct LowpGemmChoice {
+  DType dtype = DType::kBF16;
+  bool native_available = false;  // oneDNN has a native matmul of this type here
+  bool native = false;            // the choice
+  double native_gflops = 0, widened_gflops = 0;  // measured (auto only)
+  const char* reason = "";
+};
+inline constexpr int64_t kLowpGemmProbeSize = 1024;
+inline constexpr double kLowpGemmWidenedMargin = 0.9;
+LowpGemmChoice lowp_gemm_choice(DType dtype);
+// Whether the low-precision matmuls of `dtype` run natively in oneDNN (true for kF32): the
+// choice above, unless FSDP_FORCE_LOWP_FALLBACK=1 (read each call) forces the widened one.
 bool matmul_lowp_native(DType dtype);
 // Plain GEMM used by benchmarks and the MFU peak: c[M,N] = a[M,K] . b[K,N] (row-major, f32).
 void sgemm(float* c, const float* a, const float* b, int64_t M, int64_t K, int64_t N);

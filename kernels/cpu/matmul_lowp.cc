@@ -1,10 +1,16 @@
 // Low-precision Linear layer (bf16/f16 weights, f32 activations and gradients): the f32
 // operands are rounded into thread-local 16-bit scratch and multiplied by oneDNN with f32
-// accumulation; where oneDNN cannot, every operand is upcast and the f32 GEMM runs on the
-// same rounded values.
+// accumulation (native), or rounded in f32 and multiplied with the weight widened by the f32
+// GEMM (widened: the same products), whichever lowp_gemm_choice picks for this CPU.
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "fsdp/kernels_cpu.h"
 #include "kernels/cpu/column_sum.h"
@@ -85,18 +91,84 @@ const float* RoundedF32(Scratch<float>& s, const float* x, int64_t n, DType dtyp
   return out;
 }
 
-// Whether oneDNN has a matmul for `dtype` on this CPU: a small probe, once per dtype (its
-// support depends on the type and the CPU, not the shape).
+// Whether oneDNN has a matmul for `dtype` on this CPU: a small probe (its support depends on
+// the type and the CPU, not the shape).
 bool OneDnnHasMatmul(DType dtype) {
-  auto probe = [](DType t) {
-    const uint16_t a[4] = {}, b[4] = {};
-    float c[4] = {};
-    return TryGemm(c, 2, Operand{a, 2, false, t}, Operand{b, 2, true, t}, nullptr, 2, 2, 2,
-                   false);
+  const uint16_t a[4] = {}, b[4] = {};
+  float c[4] = {};
+  return TryGemm(c, 2, Operand{a, 2, false, dtype}, Operand{b, 2, true, dtype}, nullptr, 2, 2,
+                 2, false);
+}
+
+// FSDP_LOWP_GEMM (read each call, so that tests can switch it): "native", "widened", or
+// "auto" / unset. Another value is reported on stderr once and taken as auto.
+enum class Policy { kAuto, kNative, kWidened };
+Policy EnvPolicy() {
+  const char* v = std::getenv("FSDP_LOWP_GEMM");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return Policy::kAuto;
+  if (std::strcmp(v, "native") == 0) return Policy::kNative;
+  if (std::strcmp(v, "widened") == 0) return Policy::kWidened;
+  static std::once_flag warned;
+  std::call_once(warned, [v] {
+    std::fprintf(stderr,
+                 "fsdp: FSDP_LOWP_GEMM=%s is not auto, native or widened; using auto\n", v);
+  });
+  return Policy::kAuto;
+}
+
+// GFLOP/s of one low-precision Linear forward of n x n x n by each kernel, as a call runs it:
+// the native path rounds the f32 input to `dtype` and multiplies 16-bit operands; the widened
+// path rounds the input in f32 and widens the weight, then runs the f32 GEMM. Best of 3 after
+// a warm-up, on the calling thread's OpenMP threads.
+std::pair<double, double> MeasureKernels(DType dtype, int64_t n) {
+  std::vector<float> inp(n * n), out(n * n), inp32(n * n), w32(n * n);
+  std::vector<uint16_t> inp16(n * n), w16(n * n);
+  for (int64_t i = 0; i < n * n; ++i) {
+    inp[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+    w32[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
+  }
+  Downcast(w16.data(), w32.data(), n * n, dtype);
+  auto time = [&](auto&& call) {
+    double best = 0;
+    for (int r = 0; r < 4; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      call();
+      const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+      if (r > 0 && (best == 0 || dt.count() < best)) best = dt.count();
+    }
+    return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+           best * 1e-9;
   };
-  static const bool bf16 = probe(DType::kBF16);
-  static const bool f16 = probe(DType::kF16);
-  return dtype == DType::kBF16 ? bf16 : f16;
+  const double native = time([&] {
+    Downcast(inp16.data(), inp.data(), n * n, dtype);
+    Gemm(out.data(), n, Operand{inp16.data(), n, false, dtype},
+         Operand{w16.data(), n, true, dtype}, nullptr, n, n, n, false);
+  });
+  const double widened = time([&] {
+    if (dtype == DType::kBF16) {
+      round_f32_through_bf16(inp32.data(), inp.data(), n * n);
+    } else {
+      round_f32_through_f16(inp32.data(), inp.data(), n * n);
+    }
+    Upcast(w32.data(), w16.data(), n * n, dtype);
+    Gemm(out.data(), n, Operand{inp32.data(), n, false}, Operand{w32.data(), n, true}, nullptr,
+         n, n, n, false);
+  });
+  return {native, widened};
+}
+
+// What is known of `dtype` on this CPU, found once per process: whether oneDNN has the native
+// matmul, and (measured on first need, by auto) both kernels' rates.
+struct Known {
+  std::once_flag probed, measured;
+  bool available = false;
+  double native_gflops = 0, widened_gflops = 0;
+};
+Known& KnownOf(DType dtype) {
+  static Known bf16, f16;
+  Known& k = dtype == DType::kBF16 ? bf16 : f16;
+  std::call_once(k.probed, [&k, dtype] { k.available = OneDnnHasMatmul(dtype); });
+  return k;
 }
 
 // The fallback's f32 view of a rounded operand.
@@ -108,9 +180,44 @@ const float* Widened(Scratch<float>& s, const void* x, int64_t n, DType dtype) {
 
 }  // namespace
 
+LowpGemmChoice lowp_gemm_choice(DType dtype) {
+  LowpGemmChoice r;
+  r.dtype = dtype;
+  if (dtype == DType::kF32) {
+    r.native_available = r.native = true;
+    r.reason = "f32";
+    return r;
+  }
+  Known& k = KnownOf(dtype);
+  r.native_available = k.available;
+  if (!k.available) {
+    r.reason = "oneDNN has no native matmul of this type on this CPU";
+    return r;
+  }
+  switch (EnvPolicy()) {
+    case Policy::kNative:
+      r.native = true;
+      r.reason = "FSDP_LOWP_GEMM=native";
+      return r;
+    case Policy::kWidened:
+      r.reason = "FSDP_LOWP_GEMM=widened";
+      return r;
+    case Policy::kAuto:
+      break;
+  }
+  std::call_once(k.measured, [&k, dtype] {
+    std::tie(k.native_gflops, k.widened_gflops) = MeasureKernels(dtype, kLowpGemmProbeSize);
+  });
+  r.native_gflops = k.native_gflops;
+  r.widened_gflops = k.widened_gflops;
+  r.native = kLowpGemmWidenedMargin * r.widened_gflops <= r.native_gflops;
+  r.reason = r.native ? "measured: native is faster" : "measured: widened is faster";
+  return r;
+}
+
 bool matmul_lowp_native(DType dtype) {
   if (dtype == DType::kF32) return true;
-  return !ForcedFallback() && OneDnnHasMatmul(dtype);
+  return !ForcedFallback() && lowp_gemm_choice(dtype).native;
 }
 
 void matmul_forward_lowp(float* out, const float* inp, const void* weight, const void* bias,

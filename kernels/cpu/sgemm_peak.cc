@@ -18,7 +18,7 @@ double measure_sgemm_gflops(int64_t n, int threads, int repeats) {
 }
 
 double measure_gemm_gflops(int64_t n, int threads, int repeats, DType dtype) {
-  if (n <= 0 || !matmul_lowp_native(dtype)) return 0.0;
+  if (n <= 0 || !lowp_gemm_choice(dtype).native_available) return 0.0;
   repeats = std::max(repeats, 1);
   const int saved_threads = omp_get_max_threads();
   if (threads > 0) omp_set_num_threads(threads);

@@ -541,18 +541,18 @@ absl::StatusOr<Prepared> Prepare(const BenchConfig& c, int world, int ranks_here
 
 GemmPeak PeakGflopsPerCore(DType compute_dtype, int repeats) {
   GemmPeak p;
-  if (compute_dtype != DType::kF32) {
+  // The peak of the GEMM the Linear layers run (kernels::cpu::lowp_gemm_choice).
+  if (compute_dtype != DType::kF32 && kernels::cpu::matmul_lowp_native(compute_dtype)) {
     p.gflops_per_core = kernels::cpu::measure_gemm_gflops(2048, 1, repeats, compute_dtype);
-    if (p.gflops_per_core > 0) {
-      p.kind = absl::StrCat(std::string(DTypeName(compute_dtype)), " GEMM");
-      return p;
-    }
+    p.kind = absl::StrCat(std::string(DTypeName(compute_dtype)), " GEMM");
+    return p;
   }
   p.gflops_per_core = kernels::cpu::measure_sgemm_gflops(2048, 1, repeats);
   p.kind = compute_dtype == DType::kF32
                ? "f32 GEMM"
-               : absl::StrCat("f32 GEMM (no native ", std::string(DTypeName(compute_dtype)),
-                              " GEMM)");
+               : absl::StrCat("f32 GEMM (", std::string(DTypeName(compute_dtype)),
+                              " GEMMs widened: ",
+                              kernels::cpu::lowp_gemm_choice(compute_dtype).reason, ")");
   return p;
 }
 

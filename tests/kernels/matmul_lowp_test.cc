@@ -6,10 +6,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "fsdp/dtype.h"
 #include "fsdp/kernels_cpu.h"
+#include "gmock/gmock.h"
 #include "tests/kernels/reference.h"
 
 namespace fsdp::kernels::cpu {
@@ -17,6 +20,7 @@ namespace {
 
 using namespace fsdp::kernels::cpu::testing;
 using U16 = std::vector<uint16_t>;
+using ::testing::HasSubstr;
 
 U16 Down(const Vec& x, DType d) {
   U16 out(x.size());
@@ -185,6 +189,72 @@ TEST(MatmulLowp, ReportsThePathsTaken) {
   EXPECT_FALSE(matmul_lowp_native(DType::kF16));
 }
 
+// Sets FSDP_LOWP_GEMM for a scope (nullptr: unset), restoring what was there.
+class LowpGemmPolicy {
+ public:
+  explicit LowpGemmPolicy(const char* value) {
+    if (const char* old = std::getenv("FSDP_LOWP_GEMM")) saved_ = old;
+    if (value == nullptr) {
+      unsetenv("FSDP_LOWP_GEMM");
+    } else {
+      setenv("FSDP_LOWP_GEMM", value, 1);
+    }
+  }
+  ~LowpGemmPolicy() {
+    if (saved_.has_value()) {
+      setenv("FSDP_LOWP_GEMM", saved_->c_str(), 1);
+    } else {
+      unsetenv("FSDP_LOWP_GEMM");
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// Which kernel the Linear layers run: the policy's, the measured faster one under auto, the
+// widened one where oneDNN has no native matmul; matmul_lowp_native follows the choice.
+TEST(MatmulLowp, KernelChoiceFollowsThePolicy) {
+  const LowpGemmChoice f32 = lowp_gemm_choice(DType::kF32);
+  EXPECT_TRUE(f32.native);
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    const std::string name(DTypeName(d));
+    for (const char* policy : {static_cast<const char*>(nullptr), "auto", "native", "widened",
+                               "fastest"}) {
+      LowpGemmPolicy set(policy);
+      const LowpGemmChoice c = lowp_gemm_choice(d);
+      const std::string what = name + " FSDP_LOWP_GEMM=" + (policy ? policy : "(unset)");
+      EXPECT_EQ(c.dtype, d) << what;
+      EXPECT_EQ(matmul_lowp_native(d), c.native) << what;
+      {
+        ForceFallback force(true);  // FSDP_FORCE_LOWP_FALLBACK=1 always widens
+        EXPECT_FALSE(matmul_lowp_native(d)) << what;
+      }
+      if (!c.native_available) {
+        EXPECT_FALSE(c.native) << what;
+        EXPECT_THAT(c.reason, HasSubstr("no native matmul")) << what;
+        continue;
+      }
+      const std::string p = policy ? policy : "auto";
+      if (p == "native" || p == "widened") {
+        EXPECT_EQ(c.native, p == "native") << what;
+        EXPECT_THAT(c.reason, HasSubstr(p)) << what;
+      } else {  // auto, and a value it does not know (reported on stderr, taken as auto)
+        EXPECT_GT(c.native_gflops, 0) << what;
+        EXPECT_GT(c.widened_gflops, 0) << what;
+        EXPECT_EQ(c.native, kLowpGemmWidenedMargin * c.widened_gflops <= c.native_gflops)
+            << what;
+        EXPECT_THAT(c.reason, HasSubstr("measured")) << what;
+      }
+    }
+    LowpGemmPolicy unset(nullptr);
+    const LowpGemmChoice c = lowp_gemm_choice(d);
+    std::printf("%s Linear GEMMs on this CPU: %s (%s; native %.1f, widened %.1f GFLOP/s)\n",
+                name.c_str(), c.native ? "native" : "widened to f32", c.reason,
+                c.native_gflops, c.widened_gflops);
+  }
+}
+
 // oneDNN's native low-precision matmul against the forced upcasting fallback, per dtype. Where
 // oneDNN has no native path for the dtype, both runs would take the fallback and compare it
 // with itself: the case skips, saying so.
@@ -192,6 +262,7 @@ class MatmulLowpNativeVsFallback : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MatmulLowpNativeVsFallback, Agree) {
   const DType d = GetParam();
+  LowpGemmPolicy native_unless_forced("native");
   if (!matmul_lowp_native(d)) {
     GTEST_SKIP() << "oneDNN has no native " << DTypeName(d)
                  << " matmul on this CPU: the \"native\" run would be the upcasting fallback, "
