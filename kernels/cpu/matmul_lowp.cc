@@ -178,6 +178,20 @@ const float* Widened(Scratch<float>& s, const void* x, int64_t n, DType dtype) {
   return out;
 }
 
+// The widened backward GEMMs on f32 operands holding the rounded values: dinp[M,K] += dout32 .
+// weight (widened), dweight[N,K] += dout32^T . inp32 (inp32 unread without dweight).
+void WidenedBackward(LowpScratch& s, float* dinp, float* dweight, const float* dout32,
+                     const float* inp32, const void* weight, int64_t M, int64_t K, int64_t N,
+                     DType dtype) {
+  if (dinp != nullptr) {
+    const float* w32 = Widened(s.weight, weight, N * K, dtype);
+    Gemm(dinp, K, Operand{dout32, N, false}, Operand{w32, K, false}, nullptr, M, N, K, true);
+  }
+  if (dweight != nullptr) {
+    Gemm(dweight, K, Operand{dout32, N, true}, Operand{inp32, K, false}, nullptr, N, M, K, true);
+  }
+}
+
 }  // namespace
 
 LowpGemmChoice lowp_gemm_choice(DType dtype) {
@@ -256,16 +270,9 @@ void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float
                                      [=](int64_t r, int64_t c) { return dout[r * N + c]; });
     }
     if (!gemms) return;
-    const float* dout32 = RoundedF32(s.dout_f32, dout, M * N, dtype);
-    if (dinp != nullptr) {
-      const float* w32 = Widened(s.weight, weight, N * K, dtype);
-      Gemm(dinp, K, Operand{dout32, N, false}, Operand{w32, K, false}, nullptr, M, N, K, true);
-    }
-    if (dweight != nullptr) {
-      const float* inp32 = RoundedF32(s.inp_f32, inp, M * K, dtype);
-      Gemm(dweight, K, Operand{dout32, N, true}, Operand{inp32, K, false}, nullptr, N, M, K,
-           true);
-    }
+    WidenedBackward(s, dinp, dweight, RoundedF32(s.dout_f32, dout, M * N, dtype),
+                    dweight != nullptr ? RoundedF32(s.inp_f32, inp, M * K, dtype) : nullptr,
+                    weight, M, K, N, dtype);
     return;
   }
   const uint16_t* dout_lp = nullptr;
@@ -303,15 +310,9 @@ void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float
     }
   }
   if (native) return;
-  const float* dout32 = Widened(s.dout_f32, dout_lp, M * N, dtype);
-  if (dinp != nullptr) {
-    const float* w32 = Widened(s.weight, weight, N * K, dtype);
-    Gemm(dinp, K, Operand{dout32, N, false}, Operand{w32, K, false}, nullptr, M, N, K, true);
-  }
-  if (dweight != nullptr) {
-    const float* inp32 = Widened(s.inp_f32, inp_lp, M * K, dtype);
-    Gemm(dweight, K, Operand{dout32, N, true}, Operand{inp32, K, false}, nullptr, N, M, K, true);
-  }
+  WidenedBackward(s, dinp, dweight, Widened(s.dout_f32, dout_lp, M * N, dtype),
+                  dweight != nullptr ? Widened(s.inp_f32, inp_lp, M * K, dtype) : nullptr,
+                  weight, M, K, N, dtype);
 }
 
 }  // namespace fsdp::kernels::cpu

@@ -122,11 +122,8 @@ TEST_F(MixedPrecisionTest, LossMatchesAnAutocastStyleEmulation) {
     ReferenceGpt::Units rounded;
     for (int i = 0; i < GptNumUnits(config_); ++i) {
       const float* p = master_.params[i].as<float>();
-      std::vector<double>& u = rounded.emplace_back(p, p + GptUnitNumel(config_, i));
-      for (double& x : u) {
-        const float f = static_cast<float>(x);
-        x = dtype == DType::kBF16 ? Bf16ToFloat(FloatToBf16(f)) : F16ToFloat(FloatToF16(f));
-      }
+      rounded.push_back(
+          testing::RoundedTo(dtype, std::vector<double>(p, p + GptUnitNumel(config_, i))));
     }
     const double emulated = ReferenceGpt(config_, dtype).Loss(rounded, idx_, tgt_, kB, kT);
     const double unrounded = ReferenceGpt(config_).Loss(rounded, idx_, tgt_, kB, kT);

@@ -369,9 +369,7 @@ TEST(LlamaReferenceTest, Bf16ComputeStaysCloseToF32) {
   // up) and once not: the model sits on the first (measured on AMD EPYC: 5.4e-8 from the
   // emulation, 2.1e-5 from the unrounded run).
   ReferenceLlama::Units rounded = ToDouble(c.config, u);
-  for (auto& unit : rounded) {
-    for (double& x : unit) x = Bf16ToFloat(FloatToBf16(static_cast<float>(x)));
-  }
+  for (auto& unit : rounded) unit = testing::RoundedTo(DType::kBF16, std::move(unit));
   const double emulated =
       ReferenceLlama(c.config, DType::kBF16).Loss(rounded, c.idx, c.tgt, c.B, c.T);
   const double unrounded = ReferenceLlama(c.config).Loss(rounded, c.idx, c.tgt, c.B, c.T);

@@ -14,6 +14,7 @@
 
 #include "fsdp/dtype.h"
 #include "fsdp/nn/llama.h"
+#include "tests/nn/reference_rounding.h"
 
 namespace fsdp::nn::testing {
 
@@ -101,14 +102,8 @@ class ReferenceLlama {
   }
 
  private:
-  // v rounded to stored_ (through f32, as the model's f32 values are), or v itself.
   std::vector<double> Round(std::vector<double> v) const {
-    if (stored_ == DType::kBF16) {
-      for (double& x : v) x = Bf16ToFloat(FloatToBf16(static_cast<float>(x)));
-    } else if (stored_ == DType::kF16) {
-      for (double& x : v) x = F16ToFloat(FloatToF16(static_cast<float>(x)));
-    }
-    return v;
+    return RoundedTo(stored_, std::move(v));
   }
 
   const double* P(const Units& u, const std::string& name) const {
