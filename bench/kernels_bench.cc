@@ -15,6 +15,7 @@
 #include "benchmark/benchmark.h"
 #include "bench/attention_full_square.h"
 #include "fsdp/kernels_cpu.h"
+#include "kernels/cpu/attention.h"
 
 namespace k = fsdp::kernels::cpu;
 
@@ -208,7 +209,7 @@ BENCHMARK(BM_AttentionBackward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchm
 void BM_LlamaAttention(benchmark::State& state) {
   ThreadScope scope(0);
   constexpr int64_t B = 1, NH = 6, NKV = 2, D = 64, C = NH * D, W = (NH + 2 * NKV) * D;
-  constexpr int64_t kBlock = 64;  // as kernels/cpu/attention.h's kAttentionBlock
+  constexpr int64_t kBlock = k::internal::kAttentionBlock;  // the library kernels' block
   const int64_t T = state.range(0);
   const bool flash = state.range(1) != 0;
   const auto qkv = Random(B * T * W), dout = Random(B * T * C);

@@ -167,8 +167,7 @@ void Gpt::RunForwardBlock(int layer, View block) {
   const Stream cs = Stream::kCompute;
   const auto p = Carve(block, BlockDefs(config_.channels));
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, NH = config_.num_heads;
-  const DType cd = compute_dtype();
-  const bool lowp = cd != DType::kF32;
+  const bool lowp = compute_dtype() != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View x = a.resid[layer].view();
@@ -184,30 +183,23 @@ void Gpt::RunForwardBlock(int layer, View block) {
   const View ln2 = lowp ? narrow.Slice(0, BT * C) : b.ln2.view();
   const View fch = lowp ? wide : b.fch.view();
   const View fch_gelu = lowp ? narrow : b.fch_gelu.view();
-  // Keeps v32's rounding (bf16 / f16 compute); with `reread`, v32 then holds the rounded
-  // values, so the forward reads what the backward will.
-  auto keep = [&](const Buffer& kept, View v32, bool reread) {
-    if (!lowp) return;
-    ops.Cast(cs, kept.view(cd), v32);
-    if (reread) ops.Cast(cs, v32, kept.view(cd));
-  };
   // x + attn(ln_1(x)). The Linear layers round their f32 inputs to the compute dtype
   // themselves, so they read the values the kept copies hold.
   ops.LayernormForward(cs, ln1, b.ln1_mean.view(), b.ln1_rstd.view(), x, ln1w, ln1b, BT, C,
                        1e-5f);
   ops.MatmulForward(cs, qkv, ln1, p[t::kAttnW], p[t::kAttnB], BT, C, 3 * C);
-  keep(b.qkv, qkv, /*reread=*/true);
+  KeepRounded(b.qkv, qkv, /*reread=*/true);
   ops.AttentionForward(cs, atty, b.lse.view(), qkv, B, T, C, NH);
-  keep(b.atty, atty, false);
+  KeepRounded(b.atty, atty, false);
   ops.MatmulForward(cs, proj, atty, p[t::kAttnProjW], p[t::kAttnProjB], BT, C, C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + mlp(ln_2(.))
   ops.LayernormForward(cs, ln2, b.ln2_mean.view(), b.ln2_rstd.view(), b.resid2.view(), ln2w,
                        ln2b, BT, C, 1e-5f);
   ops.MatmulForward(cs, fch, ln2, p[t::kFcW], p[t::kFcB], BT, C, 4 * C);
-  keep(b.fch, fch, /*reread=*/true);
+  KeepRounded(b.fch, fch, /*reread=*/true);
   ops.GeluForward(cs, fch_gelu, fch);
-  keep(b.fch_gelu, fch_gelu, false);
+  KeepRounded(b.fch_gelu, fch_gelu, false);
   ops.MatmulForward(cs, proj, fch_gelu, p[t::kFcProjW], p[t::kFcProjB], BT, 4 * C, C);
   ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
 }
@@ -262,8 +254,7 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   const auto p = Carve(block, defs);
   const auto g = Carve(dblock, defs);
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, NH = config_.num_heads;
-  const DType cd = compute_dtype();
-  const bool lowp = cd != DType::kF32;
+  const bool lowp = compute_dtype() != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View dx = a.dx.view();  // in: d resid[layer + 1]; out: d resid[layer]
@@ -275,14 +266,6 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   const View dqkv = dbranch.Slice(BT * C, BT * 3 * C);
   const View ln1w = ParamF32(p[t::kLn1W], 0), ln1b = ParamF32(p[t::kLn1B], C);
   const View ln2w = ParamF32(p[t::kLn2W], 2 * C), ln2b = ParamF32(p[t::kLn2B], 3 * C);
-  // The f32 values of a kept tensor: itself in f32 compute, else its upcast into up32 at
-  // element `at`.
-  auto f32 = [&](const Buffer& kept, int64_t at, int64_t n) {
-    if (!lowp) return kept.view();
-    const View out = a.up32.view().Slice(at, n);
-    ops.Cast(cs, out, kept.view(cd).Slice(0, n));
-    return out;
-  };
   // A LayerNorm's output: kept in f32 compute, else recomputed (the same kernel on the same
   // input: the forward's values) into up32.
   auto norm = [&](const Buffer& kept, View inp, View w, View bias, const Buffer& mean,
@@ -295,9 +278,10 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   // mlp: dx is also the gradient of its output (residual add)
   FSDP_RETURN_IF_ERROR(Zero(dfch_gelu));
   ops.MatmulBackward(cs, dfch_gelu, g[t::kFcProjW], g[t::kFcProjB], dx,
-                     f32(b.fch_gelu, 0, BT * 4 * C), p[t::kFcProjW], BT, 4 * C, C);
+                     KeptF32(b.fch_gelu, a.up32, 0, BT * 4 * C), p[t::kFcProjW], BT, 4 * C,
+                     C);
   FSDP_RETURN_IF_ERROR(Zero(dfch));
-  ops.GeluBackward(cs, dfch, f32(b.fch, 0, BT * 4 * C), dfch_gelu);
+  ops.GeluBackward(cs, dfch, KeptF32(b.fch, a.up32, 0, BT * 4 * C), dfch_gelu);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, g[t::kFcW], g[t::kFcB], dfch,
                      norm(b.ln2, b.resid2.view(), ln2w, ln2b, b.ln2_mean, b.ln2_rstd),
@@ -305,13 +289,13 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   ops.LayernormBackward(cs, dx, g[t::kLn2W], g[t::kLn2B], dln, b.resid2.view(), ln2w,
                         b.ln2_mean.view(), b.ln2_rstd.view(), BT, C);
   // attention: dx is now d resid2, the gradient of the attention branch's output
-  const View atty = f32(b.atty, 0, BT * C);
+  const View atty = KeptF32(b.atty, a.up32, 0, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
   ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, atty,
                      p[t::kAttnProjW], BT, C, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.AttentionBackward(cs, dqkv, datty, f32(b.qkv, BT * C, BT * 3 * C), atty, b.lse.view(), B,
-                        T, C, NH);
+  ops.AttentionBackward(cs, dqkv, datty, KeptF32(b.qkv, a.up32, BT * C, BT * 3 * C), atty,
+                        b.lse.view(), B, T, C, NH);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, g[t::kAttnW], g[t::kAttnB], dqkv,
                      norm(b.ln1, a.resid[layer].view(), ln1w, ln1b, b.ln1_mean, b.ln1_rstd),

@@ -182,8 +182,7 @@ void Llama::RunForwardBlock(int layer, View block) {
   const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = config_.head_size();
   const int64_t QKV = config_.qkv_width();
   const float eps = config_.norm_eps, theta = config_.rope_theta;
-  const DType cd = compute_dtype();
-  const bool lowp = cd != DType::kF32;
+  const bool lowp = compute_dtype() != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View x = a.resid[layer].view();
@@ -198,31 +197,24 @@ void Llama::RunForwardBlock(int layer, View block) {
   const View ln2 = lowp ? narrow.Slice(0, BT * C) : b.ln2.view();
   const View gu = lowp ? wide.Slice(0, BT * 2 * F) : b.gu.view();
   const View h = lowp ? narrow.Slice(0, BT * F) : b.h.view();
-  // Keeps v32's rounding (bf16 / f16 compute); with `reread`, v32 then holds the rounded
-  // values, so the forward reads what the backward will.
-  auto keep = [&](const Buffer& kept, View v32, bool reread) {
-    if (!lowp) return;
-    ops.Cast(cs, kept.view(cd).Slice(0, v32.count), v32);
-    if (reread) ops.Cast(cs, v32, kept.view(cd).Slice(0, v32.count));
-  };
   // x + attn(rmsnorm(x)): one GEMM for q, k and v; RoPE on q and k (H + KV heads) in place.
   // The Linear layers round their f32 inputs to the compute dtype themselves, so they read the
   // values the kept copies hold.
   ops.RmsnormForward(cs, ln1, b.ln1_rstd.view(), x, ParamF32(p[t::kInNorm], 0), BT, C, eps);
   ops.MatmulForward(cs, qkv, ln1, block.Slice(fused.qkv, QKV * C), View{}, BT, C, QKV);
   ops.RopeForward(cs, qkv, B, T, QKV, H + KV, D, theta);
-  keep(b.qkv, qkv, /*reread=*/true);
+  KeepRounded(b.qkv, qkv, /*reread=*/true);
   ops.GqaAttentionForward(cs, atty, b.lse.view(), qkv, B, T, H, KV, D);
-  keep(b.atty, atty, false);
+  KeepRounded(b.atty, atty, false);
   ops.MatmulForward(cs, proj, atty, p[t::kO], View{}, BT, H * D, C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + down(silu(gate(.)) * up(.)) of rmsnorm(.): one GEMM for gate and up.
   ops.RmsnormForward(cs, ln2, b.ln2_rstd.view(), b.resid2.view(), ParamF32(p[t::kPostNorm], C),
                      BT, C, eps);
   ops.MatmulForward(cs, gu, ln2, block.Slice(fused.gate_up, 2 * F * C), View{}, BT, C, 2 * F);
-  keep(b.gu, gu, /*reread=*/true);
+  KeepRounded(b.gu, gu, /*reread=*/true);
   ops.SwigluForward(cs, h, gu, BT, F);
-  keep(b.h, h, false);
+  KeepRounded(b.h, h, false);
   ops.MatmulForward(cs, proj, h, p[t::kDown], View{}, BT, F, C);
   ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
 }
@@ -278,8 +270,7 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   const int64_t B = B_, T = T_, BT = B * T, C = config_.channels, F = config_.mlp_hidden;
   const int64_t H = config_.num_heads, KV = config_.num_kv_heads, D = config_.head_size();
   const int64_t QKV = config_.qkv_width();
-  const DType cd = compute_dtype();
-  const bool lowp = cd != DType::kF32;
+  const bool lowp = compute_dtype() != DType::kF32;
   Activations& a = *acts_;
   BlockActs& b = Acts(layer);
   const View dx = a.dx.view();  // in: d resid[layer + 1]; out: d resid[layer]
@@ -290,14 +281,6 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   const View datty = dbranch.Slice(0, BT * C);  // attention part, once the mlp's are dead
   const View dqkv = dbranch.Slice(BT * C, BT * QKV);
   const View in_norm = ParamF32(p[t::kInNorm], 0), post_norm = ParamF32(p[t::kPostNorm], C);
-  // The f32 values of a kept tensor: itself in f32 compute, else its upcast into up32 at
-  // element `at`.
-  auto f32 = [&](const Buffer& kept, int64_t at, int64_t n) {
-    if (!lowp) return kept.view();
-    const View out = a.up32.view().Slice(at, n);
-    ops.Cast(cs, out, kept.view(cd).Slice(0, n));
-    return out;
-  };
   // An RMSNorm's output: kept in f32 compute, else recomputed (the same kernel on the same
   // input: the forward's values) into up32.
   auto norm = [&](const Buffer& kept, View inp, View w, const Buffer& rstd) {
@@ -308,10 +291,10 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   };
   // mlp: dx is also the gradient of its output (residual add)
   FSDP_RETURN_IF_ERROR(Zero(dh));
-  ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, f32(b.h, 0, BT * F), p[t::kDown], BT, F,
-                     C);
+  ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, KeptF32(b.h, a.up32, 0, BT * F),
+                     p[t::kDown], BT, F, C);
   FSDP_RETURN_IF_ERROR(Zero(dgu));
-  ops.SwigluBackward(cs, dgu, dh, f32(b.gu, 0, BT * 2 * F), BT, F);
+  ops.SwigluBackward(cs, dgu, dh, KeptF32(b.gu, a.up32, 0, BT * 2 * F), BT, F);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.gate_up, 2 * F * C), View{}, dgu,
                      norm(b.ln2, b.resid2.view(), post_norm, b.ln2_rstd),
@@ -319,12 +302,12 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   ops.RmsnormBackward(cs, dx, g[t::kPostNorm], dln, b.resid2.view(), post_norm,
                       b.ln2_rstd.view(), BT, C);
   // attention: dx is now d resid2, the gradient of the attention branch's output
-  const View atty = f32(b.atty, 0, BT * C);
+  const View atty = KeptF32(b.atty, a.up32, 0, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
   ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, atty, p[t::kO], BT, H * D, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.GqaAttentionBackward(cs, dqkv, datty, f32(b.qkv, BT * C, BT * QKV), atty, b.lse.view(), B,
-                           T, H, KV, D);
+  ops.GqaAttentionBackward(cs, dqkv, datty, KeptF32(b.qkv, a.up32, BT * C, BT * QKV), atty,
+                           b.lse.view(), B, T, H, KV, D);
   ops.RopeBackward(cs, dqkv, B, T, QKV, H + KV, D, config_.rope_theta);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.qkv, QKV * C), View{}, dqkv,

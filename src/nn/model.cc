@@ -102,6 +102,23 @@ View StagedModel::ParamF32(View p, int64_t slot) const {
   return out;
 }
 
+void StagedModel::KeepRounded(const Buffer& kept, View v32, bool reread) const {
+  const DType cd = compute_dtype();
+  if (cd == DType::kF32) return;
+  const View low = kept.view(cd).Slice(0, v32.count);
+  backend_->ops().Cast(Stream::kCompute, low, v32);
+  if (reread) backend_->ops().Cast(Stream::kCompute, v32, low);
+}
+
+View StagedModel::KeptF32(const Buffer& kept, const Buffer& scratch, int64_t at,
+                          int64_t n) const {
+  const DType cd = compute_dtype();
+  if (cd == DType::kF32) return kept.view();
+  const View out = scratch.view().Slice(at, n);
+  backend_->ops().Cast(Stream::kCompute, out, kept.view(cd).Slice(0, n));
+  return out;
+}
+
 absl::Status StagedModel::NullArgument(const char* stage, const char* what) const {
   return absl::InvalidArgumentError(absl::StrCat(family_, "::", stage, ": ", what, " is null"));
 }

@@ -148,6 +148,13 @@ class StagedModel {
   // f32 values of parameters for the kernels that read f32: `p` itself in f32, else its
   // upcast into params32_ (the family's scratch, set at Create for bf16/f16) at `slot`.
   View ParamF32(View p, int64_t slot) const;
+  // Activations kept in the compute dtype (bf16 / f16; nothing to do in f32, where v32 is the
+  // kept buffer itself): `kept` takes v32 rounded; with `reread`, v32 then holds the rounded
+  // values too, so that the forward reads what the backward will.
+  void KeepRounded(const Buffer& kept, View v32, bool reread) const;
+  // The f32 values of the first n elements of a kept tensor: its own view in f32 compute,
+  // else its upcast into `scratch` at element `at`.
+  View KeptF32(const Buffer& kept, const Buffer& scratch, int64_t at, int64_t n) const;
 
   Backend* backend_;
   const int B_, T_;
