@@ -437,6 +437,44 @@ absl::Status CudaBackend::CopyFromHost(View dst, const void* src, Stream s) {
   return st;
 }
 
+absl::Status CudaBackend::CopyToHostAsync(void* dst, View src, Stream s) {
+  FSDP_RETURN_IF_ERROR(CheckView(this, src, "CopyToHostAsync"));
+  FSDP_RETURN_IF_ERROR(impl_->failure->Get());
+  if (src.count == 0) return absl::OkStatus();
+  FSDP_RETURN_IF_ERROR(impl_->Use());
+  absl::Status st = CudaStatus(cudaMemcpyAsync(dst, cuda_internal::Ptr(src),
+                                               static_cast<size_t>(src.bytes()),
+                                               cudaMemcpyDeviceToHost, impl_->stream(s)),
+                               "CopyToHostAsync: cudaMemcpyAsync");
+  impl_->failure->Set(st);
+  return st;
+}
+
+absl::Status CudaBackend::CopyFromHostAsync(View dst, const void* src, Stream s) {
+  FSDP_RETURN_IF_ERROR(CheckView(this, dst, "CopyFromHostAsync"));
+  FSDP_RETURN_IF_ERROR(impl_->failure->Get());
+  if (dst.count == 0) return absl::OkStatus();
+  FSDP_RETURN_IF_ERROR(impl_->Use());
+  absl::Status st = CudaStatus(cudaMemcpyAsync(cuda_internal::Ptr(dst), src,
+                                               static_cast<size_t>(dst.bytes()),
+                                               cudaMemcpyHostToDevice, impl_->stream(s)),
+                               "CopyFromHostAsync: cudaMemcpyAsync");
+  impl_->failure->Set(st);
+  return st;
+}
+
+absl::Status CudaBackend::PinHostMemory(void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return absl::OkStatus();
+  FSDP_RETURN_IF_ERROR(impl_->Use());
+  return CudaStatus(cudaHostRegister(p, bytes, cudaHostRegisterDefault),
+                    absl::StrCat("PinHostMemory: cudaHostRegister of ", bytes, " bytes"));
+}
+
+void CudaBackend::UnpinHostMemory(void* p) {
+  if (p == nullptr || !impl_->Use().ok()) return;
+  (void)cudaHostUnregister(p);
+}
+
 absl::Status CudaBackend::DoCopyToHost(void* dst, View src, Stream s) {
   FSDP_RETURN_IF_ERROR(CheckView(this, src, "CopyToHost"));
   FSDP_RETURN_IF_ERROR(impl_->failure->Get());

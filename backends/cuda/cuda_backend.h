@@ -61,6 +61,12 @@ class CudaBackend final : public Backend {
   MemoryStats memory_stats() const override;
   void ResetPeak() override;
   absl::Status CopyFromHost(View dst, const void* src, Stream s = Stream::kCompute) override;
+  // cudaMemcpyAsync straight to / from the host bytes (no staging): asynchronous when they are
+  // pinned (PinHostMemory: cudaHostRegister).
+  absl::Status CopyToHostAsync(void* dst, View src, Stream s = Stream::kCompute) override;
+  absl::Status CopyFromHostAsync(View dst, const void* src, Stream s = Stream::kCompute) override;
+  absl::Status PinHostMemory(void* p, size_t bytes) override;
+  void UnpinHostMemory(void* p) override;
   absl::Status Copy(View dst, View src, Stream s = Stream::kCompute) override;
   absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
   Event Record(Stream s) override;

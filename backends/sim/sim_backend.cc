@@ -123,6 +123,15 @@ struct SimBackend::Impl {
     }
     if (d > absl::ZeroDuration()) absl::SleepFor(d);
   }
+  // The injected time of a copy of `bytes` between host and device.
+  void HostDelay(size_t bytes) const {
+    const double rate = options.host_copy_bytes_per_second > 0
+                            ? options.host_copy_bytes_per_second
+                            : options.copy_bytes_per_second;
+    absl::Duration d = options.op_latency;
+    if (rate > 0 && bytes > 0) d += absl::Seconds(static_cast<double>(bytes) / rate);
+    if (d > absl::ZeroDuration()) absl::SleepFor(d);
+  }
 };
 
 // Runs the ops of HostOps on the stream's worker, after the injected latency.
@@ -213,9 +222,11 @@ absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions
         absl::StrCat("SimBackend: num_threads must be >= 1, got ", options.num_threads));
   }
   if (options.memory_limit_bytes < 0 || options.copy_bytes_per_second < 0 ||
+      options.host_copy_bytes_per_second < 0 ||
       options.op_latency < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "SimBackend: memory_limit_bytes, op_latency and copy_bytes_per_second must be >= 0");
+        "SimBackend: memory_limit_bytes, op_latency, copy_bytes_per_second and "
+        "host_copy_bytes_per_second must be >= 0");
   }
   const CommOptions& plane = options.data_plane;
   if (plane.ranks_per_host != 0 || plane.inter_host_bytes_per_second != 0 ||
@@ -301,7 +312,7 @@ void SimBackend::ResetPeak() { impl_->memory.ResetPeak(); }
 
 absl::Status SimBackend::DoCopyToHost(void* dst, View src, Stream s) {
   FSDP_RETURN_IF_ERROR(Record(s).Wait());
-  impl_->Delay(static_cast<size_t>(src.bytes()));
+  impl_->HostDelay(static_cast<size_t>(src.bytes()));
   if (src.count > 0) std::memcpy(dst, StorageOf(src), static_cast<size_t>(src.bytes()));
   return absl::OkStatus();
 }
@@ -314,8 +325,32 @@ absl::Status SimBackend::CopyFromHost(View dst, const void* src, Stream s) {
   Impl* m = impl_.get();
   char* to = StorageOf(dst);
   m->stream(s).Submit("copy_from_host", [m, to, staged] {
-    m->Delay(staged->size());
+    m->HostDelay(staged->size());
     std::memcpy(to, staged->data(), staged->size());
+  });
+  return absl::OkStatus();
+}
+
+absl::Status SimBackend::CopyToHostAsync(void* dst, View src, Stream s) {
+  if (src.count == 0) return absl::OkStatus();
+  Impl* m = impl_.get();
+  const char* from = StorageOf(src);
+  const size_t bytes = static_cast<size_t>(src.bytes());
+  m->stream(s).Submit("copy_to_host", [m, dst, from, bytes] {
+    m->HostDelay(bytes);
+    std::memcpy(dst, from, bytes);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status SimBackend::CopyFromHostAsync(View dst, const void* src, Stream s) {
+  if (dst.count == 0) return absl::OkStatus();
+  Impl* m = impl_.get();
+  char* to = StorageOf(dst);
+  const size_t bytes = static_cast<size_t>(dst.bytes());
+  m->stream(s).Submit("copy_from_host", [m, to, src, bytes] {
+    m->HostDelay(bytes);
+    std::memcpy(to, src, bytes);
   });
   return absl::OkStatus();
 }

@@ -172,6 +172,21 @@ class Backend {
   virtual absl::Status CopyFromHost(View dst, const void* src, Stream s = Stream::kCompute) = 0;
   // Device to host: waits for the work issued on `s`, then copies. A host synchronisation.
   absl::Status CopyToHost(void* dst, View src, Stream s = Stream::kCompute);
+  // Device to host without blocking the host (cudaMemcpyAsync into pinned memory): `dst` is
+  // written in the order of `s`, once the work issued on `s` before has run; the host may read
+  // it only after an event recorded on `s` after this call has completed (Event::Wait, Sync).
+  // `dst` must stay valid until then. Not a host synchronisation. Default: CopyToHost (the host
+  // waits here; correct, without the overlap).
+  virtual absl::Status CopyToHostAsync(void* dst, View src, Stream s = Stream::kCompute);
+  // Host to device in the order of `s`, reading `src` when the copy runs (no staging copy):
+  // `src` must not change until an event recorded on `s` after this call has completed.
+  // Default: CopyFromHost (which stages).
+  virtual absl::Status CopyFromHostAsync(View dst, const void* src, Stream s = Stream::kCompute);
+  // Host memory the asynchronous copies above use often (offloaded optimizer state): pinned
+  // (page-locked) where the device copies pinned memory faster and truly asynchronously
+  // (cudaHostRegister), until UnpinHostMemory. Default: nothing to do.
+  virtual absl::Status PinHostMemory(void* p, size_t bytes);
+  virtual void UnpinHostMemory(void* p);
   // Device to device (dst and src of this backend).
   virtual absl::Status Copy(View dst, View src, Stream s = Stream::kCompute) = 0;
   // Every byte of `dst` set to `byte`.

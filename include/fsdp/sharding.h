@@ -176,6 +176,45 @@ inline QuantizedLayout ReplicaChunkLayout(const CommunicationOptions& c, int64_t
 // than f32 (its codes are made from the f32 gradient and added in f32).
 absl::Status CheckReductionDtype(const CommunicationOptions& c, DType reduce_dtype);
 
+// Offload to host memory (FSDP2's CPUOffloadPolicy, DeepSpeed ZeRO-Offload): the AdamW state
+// (exp_avg, exp_avg_sq) of the chosen units lives in host memory, and their optimizer step runs
+// on the host (the CPU AdamW kernel, vectorised, on the host's threads). Per step and offloaded
+// unit, after the gradient is clipped and averaged on the device, its gradient and parameter
+// shards go to the host (stream-ordered, CopyToHostAsync into pinned memory, so the copy of one
+// unit overlaps the host's update of the one before), the host updates them on a worker thread
+// while the device steps the other units and the next forward starts, and the updated shard
+// goes back (CopyFromHostAsync) right before the unit's next gather needs it. The result is
+// bitwise the device's (the same AdamW kernel; the device backends compute with it too).
+// Host memory per offloaded unit: 16 bytes per shard element (the two state tensors and the
+// parameter and gradient staging); device memory saved: 8. Needs AdamW and a device whose
+// memory is not the host's (the cpu backend refuses: there is nothing to move).
+enum class OffloadKind : uint8_t {
+  kNone,
+  kOptimizer,  // the optimizer state of the chosen units, and their update
+};
+std::string_view OffloadName(OffloadKind k);  // "none", "optimizer"
+absl::StatusOr<OffloadKind> ParseOffload(std::string_view name);
+
+struct OffloadOptions {
+  OffloadKind what = OffloadKind::kNone;
+  // The units offloaded: those named here (unit names as registered), when not empty; else
+  // chosen by `budget_bytes`.
+  std::vector<std::string> units;
+  // Host bytes per rank the offload may take (16 per shard element of a unit). Units are taken
+  // largest first (ties: by name), as long as the running total fits: the first unit that does
+  // not fit ends the choice. So the choice does not depend on the order units were registered,
+  // grows with the budget (a larger budget offloads a superset), and never overshoots it.
+  // < 0: every unit.
+  int64_t budget_bytes = -1;
+};
+// Host bytes per rank that offloading a unit of `shard_numel` elements per rank takes.
+inline int64_t OffloadHostBytes(int64_t shard_numel) { return 16 * shard_numel; }
+// The units OffloadOptions chooses among units of `shard_numel` elements per rank named
+// `names`: their indices, ascending. InvalidArgument for a name in `o.units` that no unit has.
+absl::StatusOr<std::vector<int>> ChooseOffloadedUnits(const OffloadOptions& o,
+                                                      const std::vector<std::string>& names,
+                                                      const std::vector<int64_t>& shard_numel);
+
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // HYBRID strategies: ranks per shard group (the mesh is world/shard x shard). Must divide
@@ -207,6 +246,8 @@ struct ShardingOptions {
   // from its forward to its backward (MemoryReport::secondary_param_*). N must divide the
   // shard group size S, with 2 <= N < S.
   int secondary_shard_size = 0;
+  // Offload of the optimizer state to host memory (OffloadOptions above). Off by default.
+  OffloadOptions offload;
 };
 // InvalidArgument, naming the option, the value and what is allowed, when a secondary shard of
 // `o.secondary_shard_size` ranks does not fit `o.strategy` with a shard group of `shard_size`
@@ -267,6 +308,10 @@ struct MemoryReport {
   int64_t secondary_param_bytes = 0;
   int64_t secondary_param_peak_bytes = 0;
   int64_t peak_bytes = 0;  // all of the above together at their peak (not the sum of peaks)
+  // Host memory (not in peak_bytes): what the offload (ShardingOptions::offload) holds, and how
+  // many units it took.
+  int64_t host_offload_bytes = 0;
+  int offloaded_units = 0;
   int64_t persistent_bytes() const {
     return param_shard_bytes + grad_shard_bytes + optimizer_bytes;
   }
@@ -290,6 +335,22 @@ struct StepStats {
   // the device to bound the memory held (a host running ahead of an asynchronous device).
   int64_t host_syncs = 0;
   int64_t throttle_waits = 0;
+};
+
+// What the offload (ShardingOptions::offload) did since the runtime was made: the host's
+// optimizer updates (from each unit's shards arriving on the host to its update done, on the
+// worker thread) and how long the caller's thread waited for them (the part not hidden behind
+// the device's work). overlap() is the hidden fraction.
+struct OffloadStats {
+  int64_t updates = 0;  // unit updates run on the host
+  double host_update_seconds = 0;
+  double wait_seconds = 0;
+  int64_t bytes_to_host = 0, bytes_to_device = 0;
+  double overlap() const {
+    if (host_update_seconds <= 0) return 0;
+    const double o = 1.0 - wait_seconds / host_update_seconds;
+    return o < 0 ? 0 : o;
+  }
 };
 
 class ShardingRuntime {
@@ -395,6 +456,9 @@ class ShardingRuntime {
   const std::vector<std::pair<std::string, std::string>>& model_description() const;
 
   MemoryReport memory() const;
+  // ShardingOptions::offload: which units are offloaded (ascending), and what it did so far.
+  std::vector<int> offloaded_units() const;
+  OffloadStats offload_stats() const;
   void SetActivationBytes(int64_t bytes);  // the model reports its activation footprint
   // Gives back the buffers the device is done with (as every hook does first), then restarts
   // the report's peaks from what is allocated now.

@@ -32,6 +32,9 @@ struct SimBackendOptions {
   // S / copy_bytes_per_second more (0 = as fast as the host runs it).
   absl::Duration op_latency = absl::ZeroDuration();
   double copy_bytes_per_second = 0;
+  // The link between host and device (PCIe): copies to and from the host take
+  // S / host_copy_bytes_per_second instead (0 = copy_bytes_per_second).
+  double host_copy_bytes_per_second = 0;
   // The data plane's deadline and simulated link (CommOptions::link_*). One level only:
   // ranks_per_host and inter_host_* must stay 0 (Create rejects them).
   CommOptions data_plane = {};
@@ -51,6 +54,8 @@ class SimBackend final : public Backend {
   MemoryStats memory_stats() const override;
   void ResetPeak() override;
   absl::Status CopyFromHost(View dst, const void* src, Stream s = Stream::kCompute) override;
+  absl::Status CopyToHostAsync(void* dst, View src, Stream s = Stream::kCompute) override;
+  absl::Status CopyFromHostAsync(View dst, const void* src, Stream s = Stream::kCompute) override;
   absl::Status Copy(View dst, View src, Stream s = Stream::kCompute) override;
   absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
   Event Record(Stream s) override;

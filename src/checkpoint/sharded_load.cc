@@ -279,8 +279,9 @@ absl::Status Apply(ShardingRuntime& rt, const Staged& st, const LoadOptions& opt
     if (!options.load_optimizer_state) continue;
     std::vector<OptimizerState> states = rt.optimizer(u).state();
     for (size_t j = 0; j < states.size(); ++j) {
-      FSDP_RETURN_IF_ERROR(
-          backend->CopyFromHost(states[j].data.Slice(0, n), st.states[u][j].data()));
+      // The state's own backend: an offloaded unit's is in host memory.
+      FSDP_RETURN_IF_ERROR(states[j].data.backend->CopyFromHost(states[j].data.Slice(0, n),
+                                                                st.states[u][j].data()));
     }
     rt.optimizer(u).set_step(st.meta.optimizer_step);
   }

@@ -261,7 +261,8 @@ ShardSource DeviceShardSource(ShardingRuntime& rt) {
   return [&rt](int u, int j, int64_t n, std::vector<float>& buf) -> absl::StatusOr<const float*> {
     const View device = j == 0 ? rt.param_shard(u) : rt.optimizer(u).state()[j - 1].data;
     buf.resize(n);
-    FSDP_RETURN_IF_ERROR(rt.backend()->CopyToHost(buf.data(), device.Slice(0, n)));
+    // The view's own backend: an offloaded unit's optimizer state is in host memory.
+    FSDP_RETURN_IF_ERROR(device.backend->CopyToHost(buf.data(), device.Slice(0, n)));
     return buf.data();
   };
 }

@@ -146,6 +146,18 @@ absl::Status Backend::CopyToHost(void* dst, View src, Stream s) {
   return DoCopyToHost(dst, src, s);
 }
 
+absl::Status Backend::CopyToHostAsync(void* dst, View src, Stream s) {
+  return CopyToHost(dst, src, s);
+}
+
+absl::Status Backend::CopyFromHostAsync(View dst, const void* src, Stream s) {
+  return CopyFromHost(dst, src, s);
+}
+
+absl::Status Backend::PinHostMemory(void* /*p*/, size_t /*bytes*/) { return absl::OkStatus(); }
+
+void Backend::UnpinHostMemory(void* /*p*/) {}
+
 absl::Status Backend::Sync(const Event& e) {
   CountHostSync();
   return e.Wait();

@@ -11,6 +11,9 @@ using internal::Unit;
 absl::Status ShardingRuntime::Impl::IssueGather(int u) {
   Unit& unit = units[u];
   const DType pd = param_dtype();
+  // An offloaded unit's update comes back from the host first (in the compute stream's order,
+  // before the gather's staging reads the shard).
+  FSDP_RETURN_IF_ERROR(EnsureUploaded(u));
   // In f32 with a shard group of one, the shard is the unit: nothing to gather.
   if (unit.gathered.allocated() || (S() == 1 && pd == DType::kF32)) return absl::OkStatus();
   const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;

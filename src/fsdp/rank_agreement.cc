@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "collectives/control.h"
 
 namespace fsdp::internal {
@@ -52,6 +53,11 @@ std::vector<Setting> ShardingOptionSettings(const ShardingOptions& o) {
       {"communication.all_gather", std::string(WireFormatName(o.communication.all_gather))},
   };
   out.push_back({"communication.reduction", std::string(WireFormatName(o.communication.reduction))});
+  out.push_back({"offload", std::string(OffloadName(o.offload.what))});
+  if (o.offload.what != OffloadKind::kNone) {
+    out.push_back({"offload.units", absl::StrJoin(o.offload.units, ",")});
+    out.push_back({"offload.budget_bytes", absl::StrCat(o.offload.budget_bytes)});
+  }
   if (o.communication.quantizes()) {
     out.push_back({"communication.block_size", absl::StrCat(o.communication.block_size)});
   }

@@ -30,6 +30,7 @@
 #include "fsdp/ops.h"
 #include "fsdp/sharding.h"
 #include "src/fsdp/loss_scaler.h"
+#include "src/fsdp/offload.h"
 #include "src/fsdp/schedule.h"
 #include "src/fsdp/unit.h"
 
@@ -45,6 +46,10 @@ struct ShardingRuntime::Impl {
   // rank's secondary shard (shard indices N * (i / N) ...), and their data plane; else null.
   std::unique_ptr<Communicator> secondary_group;
   std::unique_ptr<DataPlane> secondary_plane;
+  // ShardingOptions::offload: the host state of the offloaded units (null without offload),
+  // made in Create, filled in Finalize. Before the units: their host optimizers' state lives
+  // on its host backend (Quiesce drains its worker before anything goes).
+  std::unique_ptr<internal::HostOffload> offload;
   internal::MemoryBook book;  // before the units: their buffers give their bytes back to it
   internal::PendingFrees pending;
   std::vector<internal::Unit> units;
@@ -59,6 +64,10 @@ struct ShardingRuntime::Impl {
   internal::LossScaler scaler;
   int64_t steps = 0;
   std::vector<std::pair<std::string, std::string>> model_description;
+  // Before the device reads unit u's parameter shard: its offloaded update is back (Fail on
+  // error). EnsureAllUploaded: every unit's (before an accessor hands out a shard).
+  absl::Status EnsureUploaded(int u);
+  absl::Status EnsureAllUploaded();
   // Host synchronisations of the backend and memory throttle waits at the last Step().
   int64_t host_syncs_at_step = 0, throttle_waits = 0, throttle_waits_at_step = 0;
 

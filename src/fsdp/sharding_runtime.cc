@@ -12,6 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/agreement.h"
+#include "fsdp/cpu_backend.h"
+#include "fsdp/plan.h"
 #include "fsdp/trace.h"
 #include "src/fsdp/rank_agreement.h"
 #include "src/fsdp/runtime_impl.h"
@@ -133,7 +135,21 @@ void ShardingRuntime::Impl::Quiesce() {
     u.gather_event.Wait().IgnoreError();
   }
   if (backend != nullptr) backend->Synchronize().IgnoreError();
+  if (offload != nullptr) offload->Drain();
   pending.Drain();
+}
+
+absl::Status ShardingRuntime::Impl::EnsureUploaded(int u) {
+  if (offload == nullptr || !offload->pending(u)) return absl::OkStatus();
+  return Fail(offload->EnsureUploaded(u, units[u].param_shard.view()));
+}
+
+absl::Status ShardingRuntime::Impl::EnsureAllUploaded() {
+  if (offload == nullptr) return absl::OkStatus();
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    FSDP_RETURN_IF_ERROR(EnsureUploaded(u));
+  }
+  return absl::OkStatus();
 }
 
 // ---- creation -----------------------------------------------------------------------------------
@@ -142,6 +158,33 @@ ShardingRuntime::ShardingRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(i
 ShardingRuntime::~ShardingRuntime() { impl_->Quiesce(); }
 
 namespace {
+
+// ShardingOptions::offload on its own: what it needs of the backend and the optimizer.
+absl::Status CheckOffloadOptions(Backend* backend, const ShardingOptions& options) {
+  const OffloadOptions& o = options.offload;
+  if (o.what == OffloadKind::kNone) return absl::OkStatus();
+  if (backend->is_host()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offload is ", std::string(OffloadName(o.what)), " on the ", std::string(backend->name()),
+        " backend, whose device memory is the host's: there is nowhere to offload to. Offload "
+        "on a device backend (cuda, sim), or set offload to none"));
+  }
+  if (options.optimizer != OptimizerKind::kAdamW) {
+    return absl::InvalidArgumentError(
+        "offload optimizer needs AdamW (the host runs the AdamW update); SGD keeps its state on "
+        "the device: set offload to none or use AdamW");
+  }
+  if (o.units.empty() && o.budget_bytes >= 0) {
+    const int64_t host = HostPhysicalMemoryBytes();
+    if (host > 0 && o.budget_bytes > host) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offload.budget_bytes is ", o.budget_bytes, " bytes (", o.budget_bytes >> 20,
+          " MiB), more than this host's physical memory (", host, " bytes, ", host >> 20,
+          " MiB); give at most what the ranks of this host can share"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // The checks of Create that need no other rank. The hybrid shard size 0 (a shard group per
 // host) is checked once the hosts are known.
@@ -180,6 +223,7 @@ absl::Status CheckOptions(Backend* backend, const ShardingOptions& options, int 
     }
   }
   FSDP_RETURN_IF_ERROR(CheckReductionDtype(c, mp.reduce_dtype));
+  FSDP_RETURN_IF_ERROR(CheckOffloadOptions(backend, options));
   if (c.reduction != WireFormat::kDType && mp.dynamic_loss_scale) {
     return absl::InvalidArgumentError(absl::StrCat(
         "communication.reduction is ", std::string(WireFormatName(c.reduction)),
@@ -269,6 +313,14 @@ absl::StatusOr<std::unique_ptr<ShardingRuntime>> ShardingRuntime::Create(
     FSDP_ASSIGN_OR_RETURN(impl->secondary_plane,
                           backend->CreateDataPlane(*impl->secondary_group));
   }
+  if (options.offload.what != OffloadKind::kNone) {
+    // The host's kernel threads, shared by the ranks of this host.
+    FSDP_ASSIGN_OR_RETURN(HostLayout layout, DiscoverHostLayout(world));
+    const int here = static_cast<int>(std::count(layout.host_of.begin(), layout.host_of.end(),
+                                                 layout.host_of[world.rank()]));
+    FSDP_ASSIGN_OR_RETURN(impl->offload,
+                          internal::HostOffload::Create(backend, ThreadsPerRank(0, here)));
+  }
   impl->host_syncs_at_step = backend->host_syncs();
   impl->schedule.emplace(impl.get(),
                          internal::ScheduleOptions::From(options, impl->mesh->shard_size(),
@@ -346,10 +398,22 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
   FSDP_RETURN_IF_ERROR(internal::CheckUnitsAgree(*m.world, fingerprints, names));
   // (The options were compared in Create.)
 
+  // The offloaded units: the same sizes and options, so the same choice, on every rank.
+  std::vector<bool> offloaded(m.units.size(), false);
+  if (m.offload != nullptr) {
+    std::vector<int64_t> shard_numel;
+    for (const Unit& u : m.units) shard_numel.push_back(u.layout.shard_numel);
+    absl::StatusOr<std::vector<int>> chosen =
+        ChooseOffloadedUnits(m.options.offload, names, shard_numel);
+    if (!chosen.ok()) return m.Fail(chosen.status());
+    for (int u : *chosen) offloaded[u] = true;
+  }
+
   // Allocate and initialise; a failure on one rank (out of memory) fails every rank.
   auto allocate = [&]() -> absl::Status {
     const int shard_rank = m.mesh->shard_index();
     for (Unit& u : m.units) {
+      const int index = static_cast<int>(&u - m.units.data());
       const int64_t sn = u.layout.shard_numel;
       FSDP_ASSIGN_OR_RETURN(u.param_shard, m.Alloc(m.book.params, "the parameter shard", &u, sn));
       FSDP_ASSIGN_OR_RETURN(u.grad_shard, m.Alloc(m.book.grads, "the gradient shard", &u, sn));
@@ -372,6 +436,15 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
         FSDP_RETURN_IF_ERROR(m.backend->Memset(u.quantized_shard.view(DType::kU8), 0));
       }
       std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
+      if (offloaded[index]) {
+        absl::Status s =
+            m.offload->AddUnit(index, sn, std::move(ranges), m.options.adamw, &u.optimizer);
+        if (!s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("offloading the optimizer state of unit '",
+                                                     u.name, "' to host memory: ", s.message()));
+        }
+        continue;
+      }
       absl::StatusOr<std::unique_ptr<Optimizer>> opt;
       if (m.options.optimizer == OptimizerKind::kAdamW) {
         opt = AdamW::Create(m.backend, sn, ranges, m.options.adamw);
@@ -404,6 +477,7 @@ absl::StatusOr<UnitView> ShardingRuntime::PreForward(int u) {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PreForward").status());
   absl::Status s = m.ExpectState(u, "PreForward", {UnitState::kIdle});
+  if (s.ok()) s = m.EnsureUploaded(u);
   if (s.ok()) s = m.schedule->PreForward(u);
   if (!s.ok()) return m.Fail(s);
   return m.MakeView(u, false);
@@ -463,6 +537,7 @@ absl::Status ShardingRuntime::FinishForwardOnly() {
 absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.CheckStepAllowed(lr));
+  FSDP_RETURN_IF_ERROR(m.EnsureAllUploaded());
   TraceSpan span("optimizer step", kComputeStream);
   StepStats stats;
   stats.lr = lr;
@@ -597,8 +672,15 @@ absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, d
   for (Unit& unit : units) {
     const View g = unit.grad_shard.view();
     if (scale) ops().ScaleBy(cs, g, norm.factor);
-    unit.optimizer->set_lr(lr);
-    absl::Status s = unit.optimizer->Step(unit.param_shard.view(), g);
+    const int u = static_cast<int>(&unit - units.data());
+    absl::Status s;
+    if (offload != nullptr && offload->offloaded(u)) {
+      // To the host and updated there; back before the unit's next gather (EnsureUploaded).
+      s = offload->IssueUpdate(u, unit.param_shard.view(), g, lr);
+    } else {
+      unit.optimizer->set_lr(lr);
+      s = unit.optimizer->Step(unit.param_shard.view(), g);
+    }
     if (!s.ok()) return Fail(s);
     FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, cs));
   }
@@ -637,9 +719,23 @@ int64_t ShardingRuntime::unit_numel(int u) const { return impl_->units.at(u).lay
 int64_t ShardingRuntime::unit_shard_numel(int u) const {
   return impl_->units.at(u).layout.shard_numel;
 }
-View ShardingRuntime::param_shard(int u) const { return impl_->units.at(u).param_shard.view(); }
+View ShardingRuntime::param_shard(int u) const {
+  // An offloaded update still on the host goes back first (an error fails the runtime: the
+  // next hook reports it).
+  impl_->EnsureUploaded(u).IgnoreError();
+  return impl_->units.at(u).param_shard.view();
+}
 View ShardingRuntime::grad_shard(int u) const { return impl_->units.at(u).grad_shard.view(); }
-Optimizer& ShardingRuntime::optimizer(int u) { return *impl_->units.at(u).optimizer; }
+Optimizer& ShardingRuntime::optimizer(int u) {
+  impl_->EnsureUploaded(u).IgnoreError();  // its state is final once the update is back
+  return *impl_->units.at(u).optimizer;
+}
+std::vector<int> ShardingRuntime::offloaded_units() const {
+  return impl_->offload == nullptr ? std::vector<int>() : impl_->offload->units();
+}
+OffloadStats ShardingRuntime::offload_stats() const {
+  return impl_->offload == nullptr ? OffloadStats() : impl_->offload->stats();
+}
 ShardingStrategy ShardingRuntime::strategy() const { return impl_->options.strategy; }
 Communicator& ShardingRuntime::world() const { return *impl_->world; }
 Communicator& ShardingRuntime::shard_group() const { return impl_->mesh->shard_group(); }
@@ -669,6 +765,7 @@ const std::vector<std::pair<std::string, std::string>>& ShardingRuntime::model_d
 absl::Status ShardingRuntime::GatherUnit(int u, float* out) {
   Impl& m = *impl_;
   FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "GatherUnit"));
+  FSDP_RETURN_IF_ERROR(m.EnsureUploaded(u));
   return m.GatherToHost(*unit, unit->param_shard, "GatherUnit", out);
 }
 
@@ -701,6 +798,10 @@ MemoryReport ShardingRuntime::memory() const {
   r.secondary_param_bytes = b.secondary.now;
   r.secondary_param_peak_bytes = b.secondary.peak;
   r.peak_bytes = b.total.peak + b.activations;
+  if (impl_->offload != nullptr) {
+    r.host_offload_bytes = impl_->offload->host_bytes();
+    r.offloaded_units = static_cast<int>(impl_->offload->units().size());
+  }
   return r;
 }
 

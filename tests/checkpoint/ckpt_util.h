@@ -37,6 +37,8 @@ struct CkptRun {
   // Save with an AsyncCheckpointer, then train this many more steps while it writes.
   bool async_save = false;
   int steps_after_save = 0;
+  // ShardingOptions::offload (a device backend: sim, cuda).
+  OffloadKind offload = OffloadKind::kNone;
 };
 
 struct CkptResult {
@@ -97,6 +99,7 @@ inline absl::StatusOr<std::unique_ptr<nn::ShardedModel>> MakeModel(Communicator&
   o.sharding.optimizer = run.optimizer;
   o.sharding.sgd.momentum = 0.9f;
   o.sharding.max_grad_norm = run.max_grad_norm;
+  o.sharding.offload.what = run.offload;
   o.batch_size = run.batch_size;
   o.seq_len = run.seq_len;
   o.wrap = run.wrap;

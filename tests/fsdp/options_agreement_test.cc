@@ -48,6 +48,7 @@ void Hybrid(ShardingOptions& o) {
 }
 void Dynamic(ShardingOptions& o) { o.mixed_precision.dynamic_loss_scale = true; }
 void Int8(ShardingOptions& o) { o.communication.all_gather = WireFormat::kInt8; }
+void Offload(ShardingOptions& o) { o.offload.what = OffloadKind::kOptimizer; }
 void Sgd(ShardingOptions& o) {
   o.optimizer = OptimizerKind::kSgd;
   o.sgd.momentum = 0.9f;
@@ -99,6 +100,12 @@ const OptionField kFields[] = {
      [](ShardingOptions& o) { o.communication.reduction = WireFormat::kInt8; }},
     {"communication.block_size", "CommunicationOptions", Int8,
      [](ShardingOptions& o) { o.communication.block_size = 64; }},
+    {"offload", "OffloadOptions", Defaults,
+     [](ShardingOptions& o) { o.offload.what = OffloadKind::kOptimizer; }},
+    {"offload.units", "OffloadOptions", Offload,
+     [](ShardingOptions& o) { o.offload.units = {"block0"}; }},
+    {"offload.budget_bytes", "OffloadOptions", Offload,
+     [](ShardingOptions& o) { o.offload.budget_bytes = 1 << 20; }},
     {"adamw.lr", "AdamWOptions", Defaults, [](ShardingOptions& o) { o.adamw.lr = 1e-3f; }},
     {"adamw.beta1", "AdamWOptions", Defaults, [](ShardingOptions& o) { o.adamw.beta1 = 0.8f; }},
     {"adamw.beta2", "AdamWOptions", Defaults, [](ShardingOptions& o) { o.adamw.beta2 = 0.99f; }},
@@ -129,8 +136,10 @@ std::set<std::string> Names(const ShardingOptions& o) {
 TEST(ShardingOptionsAgreementTest, EveryFieldIsInTheComparedSettings) {
   const char* add = "a field was added: compare it in internal::ShardingOptionSettings "
                     "(src/fsdp/rank_agreement.cc) and add it to kFields here";
-  // The plain fields, and the four structs inside: adamw, sgd, mixed_precision, communication.
-  EXPECT_EQ(FieldCount<ShardingOptions>(), FieldsOf("ShardingOptions") + 4) << add;
+  // The plain fields, and the five structs inside: adamw, sgd, mixed_precision, communication,
+  // offload.
+  EXPECT_EQ(FieldCount<ShardingOptions>(), FieldsOf("ShardingOptions") + 5) << add;
+  EXPECT_EQ(FieldCount<OffloadOptions>(), FieldsOf("OffloadOptions")) << add;
   EXPECT_EQ(FieldCount<MixedPrecision>(), FieldsOf("MixedPrecision")) << add;
   EXPECT_EQ(FieldCount<CommunicationOptions>(), FieldsOf("CommunicationOptions")) << add;
   EXPECT_EQ(FieldCount<AdamWOptions>(), FieldsOf("AdamWOptions")) << add;

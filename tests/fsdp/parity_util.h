@@ -32,6 +32,7 @@ struct TrainSpec {
   std::vector<std::string> frozen;
   nn::WrapPolicy wrap;
   int checkpoint_every = 0;
+  int64_t memory_limit_bytes = 0;  // the backend's device memory (0: unlimited)
 };
 
 struct TrainResult {
@@ -50,6 +51,8 @@ struct TrainResult {
   // Issued on this rank's shard group over every step, as its communicator counts them (a host
   // backend's data plane; a device's planes run their own collectives: then -1).
   int64_t shard_all_gathers = 0;
+  std::vector<int> offloaded_units;  // ShardingOptions::offload
+  OffloadStats offload;
 };
 
 // The runtime's memory report must be the backend's allocations: nothing allocated outside
@@ -89,7 +92,8 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
                                                 const std::string& backend_name =
                                                     TestBackendName()) {
   FSDP_ASSIGN_OR_RETURN(nn::ModelConfig config, nn::ModelConfig::FromName(spec.config));
-  FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(threads_per_rank, 0, backend_name));
+  FSDP_ASSIGN_OR_RETURN(auto backend, MakeTestBackend(threads_per_rank, spec.memory_limit_bytes,
+                                                      backend_name));
   nn::ShardedModelOptions o;
   sharding.max_grad_norm = spec.max_grad_norm;
   o.sharding = sharding;
@@ -128,6 +132,8 @@ inline absl::StatusOr<TrainResult> TrainSharded(Communicator& comm, const TrainS
   for (int u = 0; u < result.num_units; ++u) {
     result.unit_shard_numel.push_back(model->runtime().unit_shard_numel(u));
   }
+  result.offloaded_units = model->runtime().offloaded_units();
+  result.offload = model->runtime().offload_stats();
   result.shard_all_gathers =
       backend->is_host() ? model->runtime().shard_group().issued(CollectiveKind::kAllGather) : -1;
   return result;

@@ -1,0 +1,220 @@
+// ShardingOptions::offload: the host state and worker (offload.h), the choice of units, and the
+// names of the kinds.
+#include "src/fsdp/offload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/trace.h"
+
+namespace fsdp {
+
+std::string_view OffloadName(OffloadKind k) {
+  switch (k) {
+    case OffloadKind::kNone: return "none";
+    case OffloadKind::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
+absl::StatusOr<OffloadKind> ParseOffload(std::string_view name) {
+  const std::string n = absl::AsciiStrToLower(std::string(name));
+  if (n == "none") return OffloadKind::kNone;
+  if (n == "optimizer") return OffloadKind::kOptimizer;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown offload '", std::string(name), "'; use none or optimizer (the AdamW state of the chosen units "
+      "in host memory, updated on the host)"));
+}
+
+absl::StatusOr<std::vector<int>> ChooseOffloadedUnits(const OffloadOptions& o,
+                                                      const std::vector<std::string>& names,
+                                                      const std::vector<int64_t>& shard_numel) {
+  std::vector<int> chosen;
+  if (o.what == OffloadKind::kNone) return chosen;
+  const int n = static_cast<int>(shard_numel.size());
+  if (!o.units.empty()) {
+    for (const std::string& want : o.units) {
+      const auto it = std::find(names.begin(), names.end(), want);
+      if (it == names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "offload.units names unit '", want, "', which is not registered; the units are: ",
+            absl::StrJoin(names, ", ")));
+      }
+      chosen.push_back(static_cast<int>(it - names.begin()));
+    }
+  } else {
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    // Largest first, ties by name (then by index, for units without names): independent of
+    // the order of registration.
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      if (shard_numel[a] != shard_numel[b]) return shard_numel[a] > shard_numel[b];
+      const std::string& na = a < static_cast<int>(names.size()) ? names[a] : std::string();
+      const std::string& nb = b < static_cast<int>(names.size()) ? names[b] : std::string();
+      if (na != nb) return na < nb;
+      return a < b;
+    });
+    int64_t used = 0;
+    for (int u : order) {
+      const int64_t b = OffloadHostBytes(shard_numel[u]);
+      if (o.budget_bytes >= 0 && b > o.budget_bytes - used) break;
+      used += b;
+      chosen.push_back(u);
+    }
+  }
+  std::sort(chosen.begin(), chosen.end());
+  chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+  return chosen;
+}
+
+}  // namespace fsdp
+
+namespace fsdp::internal {
+
+absl::StatusOr<std::unique_ptr<HostOffload>> HostOffload::Create(Backend* device, int threads) {
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> host,
+                        CpuBackend::Create({.num_threads = std::max(1, threads)}));
+  return std::unique_ptr<HostOffload>(new HostOffload(device, std::move(host)));
+}
+
+HostOffload::HostOffload(Backend* device, std::unique_ptr<CpuBackend> host)
+    : device_(device), host_(std::move(host)), worker_([this] { Work(); }) {}
+
+HostOffload::~HostOffload() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+  for (UnitState& s : units_) {
+    if (s.param.bytes() != 0) device_->UnpinHostMemory(s.param.data());
+    if (s.grad.bytes() != 0) device_->UnpinHostMemory(s.grad.data());
+  }
+}
+
+absl::Status HostOffload::AddUnit(int u, int64_t shard_numel, std::vector<DecayRange> ranges,
+                                  const AdamWOptions& options,
+                                  std::unique_ptr<Optimizer>* optimizer) {
+  if (u >= static_cast<int>(units_.size())) units_.resize(u + 1);
+  UnitState& s = units_[u];
+  const size_t bytes = static_cast<size_t>(shard_numel) * 4;
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<AdamW> opt,
+                        AdamW::Create(host_.get(), shard_numel, std::move(ranges), options));
+  FSDP_ASSIGN_OR_RETURN(s.param, Buffer::Create(host_.get(), bytes));
+  FSDP_ASSIGN_OR_RETURN(s.grad, Buffer::Create(host_.get(), bytes));
+  FSDP_RETURN_IF_ERROR(device_->PinHostMemory(s.param.data(), bytes));
+  FSDP_RETURN_IF_ERROR(device_->PinHostMemory(s.grad.data(), bytes));
+  host_bytes_ += static_cast<int64_t>(s.param.bytes() + s.grad.bytes());
+  for (const OptimizerState& st : opt->state()) host_bytes_ += static_cast<int64_t>(st.bytes);
+  s.opt = opt.get();
+  *optimizer = std::move(opt);
+  return absl::OkStatus();
+}
+
+absl::Status HostOffload::IssueUpdate(int u, View param_shard, View grad_shard, float lr) {
+  UnitState& s = units_[u];
+  const int64_t n = s.opt->numel();
+  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.param.data(), param_shard.Slice(0, n)));
+  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.grad.data(), grad_shard.Slice(0, n)));
+  Job job{u, device_->Record(Stream::kCompute), lr};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.pending = true;
+    s.done = false;
+    s.status = absl::OkStatus();
+    stats_.bytes_to_host += 8 * n;
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status HostOffload::EnsureUploaded(int u, View param_shard) {
+  if (!pending(u)) return absl::OkStatus();
+  UnitState& s = units_[u];
+  absl::Status status;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!s.done) {
+      TraceSpan span("offloaded update", kWaitStream, {{"unit", std::to_string(u)}});
+      const auto t0 = std::chrono::steady_clock::now();
+      cv_.wait(lock, [&] { return s.done; });
+      stats_.wait_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    status = s.status;
+    s.pending = false;
+  }
+  FSDP_RETURN_IF_ERROR(status);
+  const int64_t n = s.opt->numel();
+  FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(param_shard.Slice(0, n), s.param.data()));
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_to_device += 4 * n;
+  return absl::OkStatus();
+}
+
+void HostOffload::Work() {
+  host_->BindCurrentThread();
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, nothing left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    UnitState& s = units_[job.unit];
+    absl::Status status = job.copied.Wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (status.ok()) {
+      s.opt->set_lr(job.lr);
+      status = s.opt->Step(s.param.view(), s.grad.view());
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.status = status.ok() ? status
+                             : absl::Status(status.code(),
+                                            absl::StrCat("the host's optimizer update of unit ",
+                                                         job.unit, ": ", status.message()));
+      s.done = true;
+      stats_.updates += 1;
+      stats_.host_update_seconds += seconds;
+    }
+    cv_.notify_all();
+  }
+}
+
+void HostOffload::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    if (!jobs_.empty()) return false;
+    for (const UnitState& s : units_) {
+      if (s.pending && !s.done) return false;
+    }
+    return true;
+  });
+}
+
+std::vector<int> HostOffload::units() const {
+  std::vector<int> out;
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    if (units_[u].opt != nullptr) out.push_back(u);
+  }
+  return out;
+}
+
+OffloadStats HostOffload::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace fsdp::internal
