@@ -73,7 +73,10 @@ BackendRegistration SimRegistration() {
             {"memory_limit_bytes", "the device's memory (0: what the system gives)"},
             {"link_latency_us", "the data plane's simulated latency per transfer (default 0)"},
             {"link_bytes_per_second", "the data plane's simulated bandwidth (0: unlimited)"},
-            {"op_latency_us", "the least time every op and copy takes (default 0)"}};
+            {"op_latency_us", "the least time every op and copy takes (default 0)"},
+            {"host_bytes_per_second",
+             "the simulated link between host and device, e.g. 2.5e10 for PCIe 4 x16 (0: "
+             "unlimited)"}};
   r.create = [](const BackendOptions& o, int) -> absl::StatusOr<std::unique_ptr<Backend>> {
     FSDP_ASSIGN_OR_RETURN(const int64_t threads, BackendOptionInt("sim", o, "threads", 0, 0));
     FSDP_ASSIGN_OR_RETURN(const int64_t sharing,
@@ -86,6 +89,8 @@ BackendRegistration SimRegistration() {
     FSDP_ASSIGN_OR_RETURN(const double op, BackendOptionDouble("sim", o, "op_latency_us", 0, 0));
     FSDP_ASSIGN_OR_RETURN(s.data_plane.link_bytes_per_second,
                           BackendOptionDouble("sim", o, "link_bytes_per_second", 0, 0));
+    FSDP_ASSIGN_OR_RETURN(s.host_copy_bytes_per_second,
+                          BackendOptionDouble("sim", o, "host_bytes_per_second", 0, 0));
     s.data_plane.link_latency = absl::Microseconds(link);
     s.op_latency = absl::Microseconds(op);
     FSDP_ASSIGN_OR_RETURN(auto b, SimBackend::Create(s));

@@ -177,6 +177,17 @@ ABSL_FLAG(std::string, pjrt_plugin, "",
 ABSL_FLAG(int64_t, device_memory_mib, 0,
           "memory each rank's device may hold, in MiB (0 = what the system gives); past it an "
           "allocation is an out-of-memory error naming the buffer, as on an accelerator");
+ABSL_FLAG(std::string, offload, "none",
+          "none, or optimizer: the AdamW state of the units --offload_budget_mib takes lives in "
+          "host memory and is updated there, overlapped with the device (device backends: sim, "
+          "cuda; the cpu backend's device is the host)");
+ABSL_FLAG(int64_t, offload_budget_mib, -1,
+          "with --offload optimizer: host memory per rank the offload may take, in MiB (16 bytes "
+          "per shard element of a unit; units are taken largest first while they fit); -1 = "
+          "every unit");
+ABSL_FLAG(double, sim_host_gbps, 0,
+          "with --backend sim: the simulated host-device link in GB/s (PCIe 4 x16: about 25), "
+          "which offload's copies cross (0 = unlimited)");
 
 namespace train_gpt {
 namespace {
@@ -403,6 +414,7 @@ absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::strin
   r.communication = s.model.sharding.communication;
   r.secondary_shard_size = s.model.sharding.secondary_shard_size;
   r.async_checkpoint = s.checkpoint_async;
+  r.offload = s.model.sharding.offload;
   // The peak of K >= 2 micro-batches is that of 2: the second holds whatever the first kept.
   r.micro_batches = std::min(s.micro_batches, 2);
   r.accumulation = s.accumulation;
@@ -412,7 +424,8 @@ absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::strin
                         absl::StrCat("the memory planner: ", plan.status().message()));
   }
   absl::Status fits = fsdp::CheckPlanFits(*plan, s.device_memory_bytes, s.ranks_on_host,
-                                          /*device_is_host=*/backend == "cpu" || backend == "sim");
+                                          /*device_is_host=*/backend == "cpu" || backend == "sim",
+                                          /*can_offload=*/backend != "cpu");
   if (!fits.ok() && s.device_memory_bytes > 0 && plan->peak_bytes > s.device_memory_bytes) {
     return FlagError("device_memory_mib", absl::StrCat(s.device_memory_bytes >> 20), fits);
   }
@@ -654,6 +667,29 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     return BadFlag("device_memory_mib", device_mib, "allowed: 0 (no limit) or a size in MiB");
   }
   s.device_memory_bytes = device_mib << 20;
+  {
+    const std::string what = absl::GetFlag(FLAGS_offload);
+    absl::StatusOr<fsdp::OffloadKind> kind = fsdp::ParseOffload(what);
+    if (!kind.ok()) return BadFlag("offload", what, "allowed: none or optimizer");
+    s.model.sharding.offload.what = *kind;
+    const int64_t budget = absl::GetFlag(FLAGS_offload_budget_mib);
+    if (budget < -1 || budget > (int64_t{1} << 30)) {
+      return BadFlag("offload_budget_mib", budget,
+                     "allowed: -1 (every unit) or the host MiB per rank the offload may take");
+    }
+    if (budget != -1 && *kind == fsdp::OffloadKind::kNone) {
+      return BadFlag("offload_budget_mib", budget, "needs --offload optimizer");
+    }
+    s.model.sharding.offload.budget_bytes = budget < 0 ? -1 : budget << 20;
+    const int64_t host = fsdp::HostPhysicalMemoryBytes();
+    if (budget > 0 && host > 0 && (budget << 20) * ranks_on_host > host) {
+      return BadFlag("offload_budget_mib", budget,
+                     absl::StrCat("the ", ranks_on_host, " rank(s) on this host would take ",
+                                  (budget * ranks_on_host) >> 10, " GiB of its ", host >> 30,
+                                  " GiB of memory; give at most ", (host >> 20) / ranks_on_host,
+                                  " MiB per rank"));
+    }
+  }
 
   // The run.
   s.steps = absl::GetFlag(FLAGS_steps);
@@ -706,6 +742,20 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   }
   if (s.device_memory_bytes > 0) {
     s.backend_options["memory_limit_bytes"] = absl::StrCat(s.device_memory_bytes);
+  }
+  const double host_gbps = absl::GetFlag(FLAGS_sim_host_gbps);
+  if (!(host_gbps >= 0 && std::isfinite(host_gbps)) || (host_gbps > 0 && s.backend != "sim")) {
+    return BadFlag("sim_host_gbps", host_gbps,
+                   "allowed: 0 (unlimited) or a rate in GB/s, with --backend sim only");
+  }
+  if (host_gbps > 0) s.backend_options["host_bytes_per_second"] = absl::StrCat(host_gbps * 1e9);
+  if (s.model.sharding.offload.what != fsdp::OffloadKind::kNone &&
+      (s.backend == "cpu" || s.model.sharding.optimizer != fsdp::OptimizerKind::kAdamW)) {
+    return BadFlag("offload", std::string(fsdp::OffloadName(s.model.sharding.offload.what)),
+                   s.backend == "cpu"
+                       ? "the cpu backend's device memory is the host's: there is nowhere to "
+                         "offload to; use --backend sim or cuda, or --offload none"
+                       : "needs AdamW (the host runs the AdamW update)");
   }
   if (s.backend == "cpu" || s.backend == "sim") {
     s.backend_options["threads"] = absl::StrCat(s.threads);

@@ -81,6 +81,12 @@ ABSL_FLAG(int, prefetch, 1,
           "units gathered ahead of their use at most (max_prefetch_units); 0 = no prefetch");
 ABSL_FLAG(std::string, device_memory, "",
           "device memory per rank, e.g. 80GiB, 80GB, 40960MiB (empty = unknown: no fit check)");
+ABSL_FLAG(std::string, offload, "none",
+          "none, or optimizer: the AdamW state of the units --offload_budget takes lives in host "
+          "memory and is updated there (16 host bytes per shard element, 8 fewer on the device)");
+ABSL_FLAG(std::string, offload_budget, "",
+          "--offload optimizer: host memory per rank the offload may take, e.g. 20GiB; units are "
+          "taken largest first while they fit (empty = every unit)");
 ABSL_FLAG(bool, async_checkpoint, false,
           "checkpoints saved in the background (train_gpt --checkpoint_async): plan the "
           "snapshot's host memory");
@@ -297,6 +303,24 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
     if (*bytes <= 0) return BadFlag("device_memory", mem, "give a size above 0, e.g. 80GiB");
     r.device_memory_bytes = *bytes;
   }
+  {
+    const std::string what = absl::GetFlag(FLAGS_offload);
+    absl::StatusOr<fsdp::OffloadKind> kind = fsdp::ParseOffload(what);
+    if (!kind.ok()) return BadFlag("offload", what, "allowed: none or optimizer");
+    r.offload.what = *kind;
+    const std::string budget = absl::GetFlag(FLAGS_offload_budget);
+    if (!budget.empty()) {
+      if (r.offload.what == fsdp::OffloadKind::kNone) {
+        return BadFlag("offload_budget", budget, "needs --offload optimizer");
+      }
+      absl::StatusOr<int64_t> bytes = fsdp::ParseByteSize(budget);
+      if (!bytes.ok()) return BadFlag("offload_budget", budget, bytes.status().message());
+      r.offload.budget_bytes = *bytes;
+    }
+    if (r.offload.what != fsdp::OffloadKind::kNone && r.optimizer != fsdp::OptimizerKind::kAdamW) {
+      return BadFlag("offload", what, "needs --optimizer adamw (the host runs the AdamW update)");
+    }
+  }
   // The activations of B x T must come to int64 bytes or less: the plan's figures are exact.
   if (absl::StatusOr<fsdp::PlanModel> m = fsdp::PlanModelFor(config, r); !m.ok()) {
     return BadFlag("batch", absl::StrCat(r.batch_size), m.status().message());
@@ -322,6 +346,50 @@ absl::Status RunPlan(const fsdp::PlanRequest& r) {
                     static_cast<double>(over->peak_bytes) / (1 << 30));
       }
       std::printf("\n");
+    }
+    // The deepest model of this shape (the same blocks, more or fewer of them) that fits at B:
+    // with --offload, what offloading buys.
+    auto with_layers = [&](int layers) -> absl::StatusOr<fsdp::MemoryPlan> {
+      fsdp::PlanRequest q = r;
+      fsdp::nn::ModelConfig c = *r.config;
+      if (c.is_gpt()) {
+        fsdp::nn::GptConfig g = c.gpt();
+        g.num_layers = layers;
+        c = g;
+      } else {
+        fsdp::nn::LlamaConfig l = c.llama();
+        l.num_layers = layers;
+        c = l;
+      }
+      q.config = c;
+      q.checkpoint_blocks.clear();
+      if (q.checkpoint_every > layers) q.checkpoint_every = layers;
+      return fsdp::PlanMemory(q);
+    };
+    int lo = 0, hi = fsdp::nn::kMaxLayers;  // fits(lo) (or lo = 0), !fits(hi + 1)
+    while (lo < hi) {
+      const int mid = lo + (hi - lo + 1) / 2;
+      absl::StatusOr<fsdp::MemoryPlan> p = with_layers(mid);
+      if (p.ok() && p->fits) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    if (lo == 0) {
+      std::printf("deepest model of this shape that fits at B = %d: none\n", r.batch_size);
+    } else {
+      absl::StatusOr<fsdp::MemoryPlan> p = with_layers(lo);
+      std::printf("deepest model of this shape that fits at B = %d: %d blocks (%.2f B "
+                  "parameters)%s\n",
+                  r.batch_size, lo, p.ok() ? static_cast<double>(p->num_parameters) / 1e9 : 0.0,
+                  r.offload.what != fsdp::OffloadKind::kNone
+                      ? absl::StrFormat(", host offload %.1f GiB per rank",
+                                        p.ok() ? static_cast<double>(p->host_offload_bytes) /
+                                                     (1 << 30)
+                                               : 0.0)
+                            .c_str()
+                      : "");
     }
   }
   return absl::OkStatus();

@@ -122,6 +122,10 @@ struct PlanRequest {
   int64_t device_memory_bytes = 0;
   // Checkpoints saved in the background (AsyncCheckpointer): plan the snapshot's host memory.
   bool async_checkpoint = false;
+  // ShardingOptions::offload: the units it chooses (by the same rule, over the units' shard
+  // sizes and names) keep no optimizer state on the device; host_offload_bytes says what they
+  // take on the host. Needs AdamW.
+  OffloadOptions offload;
 };
 
 // Bytes per rank. The first eight fields are the MemoryReport fields of the same names (the
@@ -148,6 +152,10 @@ struct MemoryPlan {
   // parameters and optimizer state (PlanRequest::async_checkpoint; 0 otherwise), an upper
   // bound of AsyncCheckpointer::snapshot_bytes() (which leaves out a last shard's padding).
   int64_t checkpoint_snapshot_bytes = 0;
+  // Host memory, not in peak_bytes: what the offload holds (MemoryReport::host_offload_bytes),
+  // and how many units it takes.
+  int64_t host_offload_bytes = 0;
+  int offloaded_units = 0;
 
   // What was planned.
   std::string model;
@@ -237,8 +245,10 @@ int64_t HostPhysicalMemoryBytes();
 // peak per rank against `device_memory_bytes` (when > 0), and, when the device's memory is
 // the host's (the cpu and sim backends), the peak times the `ranks_on_host` ranks against the
 // host's physical memory (a run past it would page the host to a crawl or meet the OOM
-// killer). ResourceExhausted with the figures and what to change otherwise.
+// killer), and the offloaded state (MemoryPlan::host_offload_bytes) times the ranks against
+// the host's memory on any backend. ResourceExhausted with the figures and what to change
+// otherwise (offloading more units among the fixes when `can_offload`: a device backend).
 absl::Status CheckPlanFits(const MemoryPlan& plan, int64_t device_memory_bytes,
-                           int ranks_on_host, bool device_is_host);
+                           int ranks_on_host, bool device_is_host, bool can_offload = false);
 
 }  // namespace fsdp

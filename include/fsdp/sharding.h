@@ -338,17 +338,20 @@ struct StepStats {
 };
 
 // What the offload (ShardingOptions::offload) did since the runtime was made: the host's
-// optimizer updates (from each unit's shards arriving on the host to its update done, on the
-// worker thread) and how long the caller's thread waited for them (the part not hidden behind
-// the device's work). overlap() is the hidden fraction.
+// optimizer updates (each from its unit's shards arriving on the host to its update done, on
+// the worker thread), how long the caller's thread waited for them before a unit's parameters
+// could go back, and how much of that wait the device sat idle (its compute stream had run
+// everything issued): the exposed part. overlap() is the fraction of the host's update time
+// that was not exposed, i.e. that ran while the device computed.
 struct OffloadStats {
   int64_t updates = 0;  // unit updates run on the host
   double host_update_seconds = 0;
   double wait_seconds = 0;
+  double exposed_seconds = 0;
   int64_t bytes_to_host = 0, bytes_to_device = 0;
   double overlap() const {
     if (host_update_seconds <= 0) return 0;
-    const double o = 1.0 - wait_seconds / host_update_seconds;
+    const double o = 1.0 - exposed_seconds / host_update_seconds;
     return o < 0 ? 0 : o;
   }
 };

@@ -142,11 +142,21 @@ absl::Status HostOffload::EnsureUploaded(int u, View param_shard) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!s.done) {
+      // The device's compute stream may still run work issued before: the wait is exposed
+      // only from when that work was done (an event without a completion time: all of it).
+      const Event busy = device_->Record(Stream::kCompute);
       TraceSpan span("offloaded update", kWaitStream, {{"unit", std::to_string(u)}});
       const auto t0 = std::chrono::steady_clock::now();
       cv_.wait(lock, [&] { return s.done; });
-      stats_.wait_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto t1 = std::chrono::steady_clock::now();
+      auto idle_from = t0;
+      if (const auto done = busy.completed_at(); busy.Done() && done.has_value()) {
+        idle_from = std::min(t1, std::max(t0, *done));
+      } else if (!busy.Done()) {
+        idle_from = t1;  // still busy after the wait: none of it was exposed
+      }
+      stats_.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+      stats_.exposed_seconds += std::chrono::duration<double>(t1 - idle_from).count();
     }
     status = s.status;
     s.pending = false;

@@ -669,20 +669,25 @@ absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, d
   // The factor (clip coefficient / k) was computed on the device; it is 1 exactly when there
   // is no clipping and nothing to average.
   const bool scale = options.max_grad_norm > 0 || k != 1.0;
-  for (Unit& unit : units) {
-    const View g = unit.grad_shard.view();
-    if (scale) ops().ScaleBy(cs, g, norm.factor);
-    const int u = static_cast<int>(&unit - units.data());
-    absl::Status s;
-    if (offload != nullptr && offload->offloaded(u)) {
-      // To the host and updated there; back before the unit's next gather (EnsureUploaded).
-      s = offload->IssueUpdate(u, unit.param_shard.view(), g, lr);
-    } else {
-      unit.optimizer->set_lr(lr);
-      s = unit.optimizer->Step(unit.param_shard.view(), g);
+  // The offloaded units first (in forward order): their shards go to the host, whose updates
+  // then run while the device updates the other units and starts the next forward; each comes
+  // back before the unit's next gather (EnsureUploaded).
+  for (const bool host : {true, false}) {
+    for (Unit& unit : units) {
+      const int u = static_cast<int>(&unit - units.data());
+      if ((offload != nullptr && offload->offloaded(u)) != host) continue;
+      const View g = unit.grad_shard.view();
+      if (scale) ops().ScaleBy(cs, g, norm.factor);
+      absl::Status s;
+      if (host) {
+        s = offload->IssueUpdate(u, unit.param_shard.view(), g, lr);
+      } else {
+        unit.optimizer->set_lr(lr);
+        s = unit.optimizer->Step(unit.param_shard.view(), g);
+      }
+      if (!s.ok()) return Fail(s);
+      FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, cs));
     }
-    if (!s.ok()) return Fail(s);
-    FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, cs));
   }
   passes_since_step = 0;
   stats.step = ++steps;

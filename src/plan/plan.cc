@@ -69,11 +69,16 @@ class Replay {
 
   // ShardingRuntime::Finalize: per unit the parameter and gradient shards, then the
   // optimizer's state (AdamW: exp_avg and exp_avg_sq; SGD with momentum: one buffer).
-  void Finalize() {
+  // Offloaded units (`offloaded`) keep their state on the host instead: host_bytes().
+  void Finalize(const std::vector<bool>& offloaded) {
     for (SimUnit& u : units_) {
       Keep(Alloc(kParams, u.shard_numel * 4));
       if (quantized()) Keep(Alloc(kParams, Chunk(u).bytes()));
       Keep(Alloc(kGrads, u.shard_numel * 4));
+      if (offloaded[&u - units_.data()]) {
+        host_bytes_ += OffloadHostBytes(u.shard_numel);
+        continue;
+      }
       const int states = o_.optimizer == OptimizerKind::kAdamW ? 2 : o_.sgd_momentum ? 1 : 0;
       for (int i = 0; i < states; ++i) Keep(Alloc(kOptimizer, u.shard_numel * 4));
     }
@@ -107,6 +112,7 @@ class Replay {
 
   const Gauge& gauge(Category c) const { return gauges_[c]; }
   const Gauge& total() const { return total_; }
+  int64_t host_bytes() const { return host_bytes_; }
   const Gauge& comm() const { return comm_; }
   // An allocation took the total past int64 bytes: the figures are not the plan's (the replay
   // went on without that buffer).
@@ -412,6 +418,7 @@ class Replay {
   std::vector<bool> done_;
   std::deque<Entry> pending_;
   bool overflowed_ = false;
+  int64_t host_bytes_ = 0;
   internal::UnitSchedule<Replay> schedule_;  // last: it runs on the members above
 };
 
@@ -432,6 +439,8 @@ MemoryReport MemoryPlan::AsReport() const {
   r.activation_peak_bytes = activation_peak_bytes;
   r.secondary_param_peak_bytes = secondary_param_peak_bytes;
   r.peak_bytes = peak_bytes;
+  r.host_offload_bytes = host_offload_bytes;
+  r.offloaded_units = offloaded_units;
   return r;
 }
 
@@ -513,10 +522,24 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
         "host, or 0"));
   }
 
+  // The offloaded units, as the runtime chooses them.
+  std::vector<bool> offloaded(model.unit_numel.size(), false);
+  if (o.offload.what != OffloadKind::kNone) {
+    if (o.optimizer != OptimizerKind::kAdamW) {
+      return Invalid("offload optimizer needs AdamW (the host runs the AdamW update)");
+    }
+    std::vector<int64_t> shard_numel;
+    for (int64_t n : model.unit_numel) shard_numel.push_back((n + mesh.shard - 1) / mesh.shard);
+    absl::StatusOr<std::vector<int>> chosen =
+        ChooseOffloadedUnits(o.offload, model.unit_names, shard_numel);
+    if (!chosen.ok()) return Invalid(std::string(chosen.status().message()));
+    for (int u : *chosen) offloaded[u] = true;
+  }
+
   // The runtime's first step records the orders and prefetches nothing; the second and later
   // steps are alike. Peaks are since creation, as ShardingRuntime::memory() reports them.
   Replay replay(model.unit_numel, mesh.shard, mesh.replicate, o);
-  replay.Finalize();
+  replay.Finalize(offloaded);
   for (int step = 0; step < 3; ++step) replay.TrainStep();
   int64_t peak = 0;
   if (replay.overflowed() ||
@@ -540,7 +563,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   p.peak_bytes = peak;
   // A background save's snapshot: the rank's shards of parameters and optimizer state, in host
   // memory (AsyncCheckpointer::snapshot_bytes, which leaves out the padding of a last shard).
-  if (o.async_checkpoint) p.checkpoint_snapshot_bytes = p.param_shard_bytes + p.optimizer_bytes;
+  p.host_offload_bytes = replay.host_bytes();
+  p.offloaded_units = static_cast<int>(std::count(offloaded.begin(), offloaded.end(), true));
+  // (The offloaded units' state is half of their host bytes: exp_avg and exp_avg_sq.)
+  if (o.async_checkpoint) {
+    p.checkpoint_snapshot_bytes = p.param_shard_bytes + p.optimizer_bytes + p.host_offload_bytes / 2;
+  }
 
   p.model = model.name;
   p.num_parameters = model.num_parameters;
@@ -607,6 +635,11 @@ std::string FormatMemoryPlan(const MemoryPlan& p) {
   out += line("  without checkpointing", p.activation_bytes_without_checkpointing, "");
   out += line("  with checkpointing", p.activation_bytes_with_checkpointing, "");
   out += line("peak (all together)", p.peak_bytes, "");
+  if (p.offloaded_units > 0) {
+    const std::string note = absl::StrCat(p.offloaded_units, " of ", p.num_units,
+                                          " units' AdamW state and staging");
+    out += line("offload (host)", p.host_offload_bytes, note.c_str());
+  }
   if (p.checkpoint_snapshot_bytes > 0) {
     out += line("background save's snapshot (host)", p.checkpoint_snapshot_bytes, "");
   }
