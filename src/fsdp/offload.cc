@@ -120,9 +120,16 @@ absl::Status HostOffload::AddUnit(int u, int64_t shard_numel, std::vector<DecayR
 absl::Status HostOffload::IssueUpdate(int u, View param_shard, View grad_shard, float lr) {
   UnitState& s = units_[u];
   const int64_t n = s.opt->numel();
-  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.param.data(), param_shard.Slice(0, n)));
-  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.grad.data(), grad_shard.Slice(0, n)));
-  Job job{u, device_->Record(Stream::kCompute), lr};
+  // On the communication stream, after the compute stream's work so far (the clipping): the
+  // copies run beside the device's update of the other units and the next forward, and the
+  // gradient shard is zeroed behind them for the next step's accumulation.
+  constexpr Stream kCopy = Stream::kComm;
+  FSDP_RETURN_IF_ERROR(device_->Wait(kCopy, device_->Record(Stream::kCompute)));
+  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.param.data(), param_shard.Slice(0, n), kCopy));
+  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.grad.data(), grad_shard.Slice(0, n), kCopy));
+  FSDP_RETURN_IF_ERROR(device_->Memset(grad_shard, 0, kCopy));
+  Job job{u, device_->Record(kCopy), lr};
+  s.copied = job.copied;
   {
     std::lock_guard<std::mutex> lock(mu_);
     s.pending = true;
@@ -163,6 +170,9 @@ absl::Status HostOffload::EnsureUploaded(int u, View param_shard) {
   }
   FSDP_RETURN_IF_ERROR(status);
   const int64_t n = s.opt->numel();
+  // The compute stream goes on after the copies and the gradient's zeroing (done: the host
+  // had the shards), so its next accumulation into the gradient shard follows them.
+  FSDP_RETURN_IF_ERROR(device_->Wait(Stream::kCompute, s.copied));
   FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(param_shard.Slice(0, n), s.param.data()));
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_to_device += 4 * n;

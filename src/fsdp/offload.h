@@ -5,8 +5,9 @@
 // Per step and offloaded unit u (the caller's thread issues every device call; the worker
 // thread touches only host memory and waits only on events):
 //   IssueUpdate(u)     the device's (already clipped and averaged) gradient shard and the
-//                      parameter shard go to pinned host staging on the compute stream
-//                      (CopyToHostAsync); the worker waits for them, then runs AdamW on them;
+//                      parameter shard go to pinned host staging on the communication stream
+//                      (CopyToHostAsync), which then zeroes the gradient shard; the worker
+//                      waits for them, then runs AdamW on them;
 //   EnsureUploaded(u)  before anything reads the unit's parameter shard again (its next
 //                      gather, an accessor): the caller waits for u's update, and the updated
 //                      shard goes back in the compute stream's order (CopyFromHostAsync).
@@ -42,7 +43,8 @@ class HostOffload {
   bool offloaded(int u) const { return u < static_cast<int>(units_.size()) && units_[u].opt; }
 
   // Step: the device's shards of unit u (f32, shard_numel) go to the host after the work issued
-  // on the compute stream so far, and the worker updates them with learning rate `lr`.
+  // on the compute stream so far, the gradient shard is zeroed behind them, and the worker
+  // updates them with learning rate `lr`.
   absl::Status IssueUpdate(int u, View param_shard, View grad_shard, float lr);
   // The updated parameters of unit u back into `param_shard`, once the host has them; nothing
   // when no update of u is pending. Returns the update's error, if it failed.
@@ -60,6 +62,7 @@ class HostOffload {
     Optimizer* opt = nullptr;  // owned by the runtime's unit
     Buffer param, grad;        // pinned staging on the host backend
     bool pending = false;      // an update issued whose parameters are not back yet
+    Event copied;              // its shards on the host and the gradient shard zeroed
     bool done = false;         // the worker finished it (under mu_)
     absl::Status status;       // its outcome (under mu_)
   };

@@ -678,13 +678,13 @@ absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, d
       if ((offload != nullptr && offload->offloaded(u)) != host) continue;
       const View g = unit.grad_shard.view();
       if (scale) ops().ScaleBy(cs, g, norm.factor);
-      absl::Status s;
-      if (host) {
-        s = offload->IssueUpdate(u, unit.param_shard.view(), g, lr);
-      } else {
-        unit.optimizer->set_lr(lr);
-        s = unit.optimizer->Step(unit.param_shard.view(), g);
+      if (host) {  // (which zeroes the gradient shard after its copy)
+        absl::Status s = offload->IssueUpdate(u, unit.param_shard.view(), g, lr);
+        if (!s.ok()) return Fail(s);
+        continue;
       }
+      unit.optimizer->set_lr(lr);
+      absl::Status s = unit.optimizer->Step(unit.param_shard.view(), g);
       if (!s.ok()) return Fail(s);
       FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, cs));
     }
@@ -730,7 +730,10 @@ View ShardingRuntime::param_shard(int u) const {
   impl_->EnsureUploaded(u).IgnoreError();
   return impl_->units.at(u).param_shard.view();
 }
-View ShardingRuntime::grad_shard(int u) const { return impl_->units.at(u).grad_shard.view(); }
+View ShardingRuntime::grad_shard(int u) const {
+  impl_->EnsureUploaded(u).IgnoreError();  // (orders the compute stream after its zeroing)
+  return impl_->units.at(u).grad_shard.view();
+}
 Optimizer& ShardingRuntime::optimizer(int u) {
   impl_->EnsureUploaded(u).IgnoreError();  // its state is final once the update is back
   return *impl_->units.at(u).optimizer;
