@@ -15,6 +15,7 @@
 #include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"
 #include "fsdp/sharding.h"
+#include "fsdp/sim_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/fsdp/rank_agreement.h"
@@ -181,7 +182,15 @@ std::vector<RankResult> CreateOnRanks(int n, const std::function<ShardingOptions
   CommOptions co;
   co.timeout = kDeadline;
   const absl::Status run = LocalWorld::Run(n, co, [&](Communicator& comm) -> absl::Status {
-    FSDP_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 1}));
+    // Offload needs a device whose memory is not the host's (the cpu backend refuses it).
+    bool offload = false;
+    for (int r = 0; r < n; ++r) offload = offload || options_of(r).offload.what != OffloadKind::kNone;
+    std::unique_ptr<Backend> backend;
+    if (offload) {
+      FSDP_ASSIGN_OR_RETURN(backend, SimBackend::Create({.num_threads = 1}));
+    } else {
+      FSDP_ASSIGN_OR_RETURN(backend, CpuBackend::Create({.num_threads = 1}));
+    }
     const auto t0 = std::chrono::steady_clock::now();
     auto rt = ShardingRuntime::Create(backend.get(), comm, options_of(comm.rank()));
     RankResult& mine = out[comm.rank()];
