@@ -64,10 +64,10 @@ struct ShardingRuntime::Impl {
   internal::LossScaler scaler;
   int64_t steps = 0;
   std::vector<std::pair<std::string, std::string>> model_description;
-  // Before the device reads unit u's parameter shard: its offloaded update is back (Fail on
-  // error). EnsureAllUploaded: every unit's (before an accessor hands out a shard).
+  // Before the device reads unit u's parameter shard (its gather, PreForward, an accessor):
+  // its offloaded update is back (Fail on error). Every pass runs PreForward on every unit, so
+  // no update is still pending when Step() issues the next.
   absl::Status EnsureUploaded(int u);
-  absl::Status EnsureAllUploaded();
   // Host synchronisations of the backend and memory throttle waits at the last Step().
   int64_t host_syncs_at_step = 0, throttle_waits = 0, throttle_waits_at_step = 0;
 

@@ -144,14 +144,6 @@ absl::Status ShardingRuntime::Impl::EnsureUploaded(int u) {
   return Fail(offload->EnsureUploaded(u, units[u].param_shard.view()));
 }
 
-absl::Status ShardingRuntime::Impl::EnsureAllUploaded() {
-  if (offload == nullptr) return absl::OkStatus();
-  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-    FSDP_RETURN_IF_ERROR(EnsureUploaded(u));
-  }
-  return absl::OkStatus();
-}
-
 // ---- creation -----------------------------------------------------------------------------------
 
 ShardingRuntime::ShardingRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -537,7 +529,6 @@ absl::Status ShardingRuntime::FinishForwardOnly() {
 absl::StatusOr<StepStats> ShardingRuntime::Step(float lr) {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.CheckStepAllowed(lr));
-  FSDP_RETURN_IF_ERROR(m.EnsureAllUploaded());
   TraceSpan span("optimizer step", kComputeStream);
   StepStats stats;
   stats.lr = lr;
