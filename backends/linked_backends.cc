@@ -14,10 +14,10 @@
 #include "absl/strings/match.h"
 #include "fsdp/registry.h"
 #ifdef FSDP_HAVE_PJRT_BACKEND
-#include "backends/pjrt/pjrt_backend.h"
+#include "fsdp/pjrt_backend.h"
 #endif
 #ifdef FSDP_HAVE_CUDA_BACKEND
-#include "backends/cuda/cuda_backend.h"
+#include "fsdp/cuda_backend.h"
 #endif
 
 namespace fsdp {

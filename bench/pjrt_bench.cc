@@ -24,7 +24,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "backends/pjrt/pjrt_backend.h"
+#include "fsdp/pjrt_backend.h"
 #include "fsdp/backend.h"
 #include "fsdp/cpu_backend.h"
 #include "fsdp/local_world.h"

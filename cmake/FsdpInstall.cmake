@@ -8,7 +8,37 @@ install(TARGETS fsdp fsdp_report EXPORT fsdpTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY include/fsdp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The backends outside the core library that this build has, each its own target and package
+# component: fsdp::pjrt, fsdp::cuda (find_package(fsdp COMPONENTS pjrt cuda)), and
+# fsdp::backends, which registers them by name in fsdp/registry.h (an object library: its
+# registrations run in any program that links it, though nothing names them).
+set(FSDP_COMPONENTS "")
+set(fsdp_extra_targets fsdp_backends)
+if(TARGET fsdp_pjrt)
+  list(APPEND fsdp_extra_targets fsdp_pjrt)
+  list(APPEND FSDP_COMPONENTS pjrt)
+endif()
+if(TARGET fsdp_cuda)
+  list(APPEND fsdp_extra_targets fsdp_cuda fsdp_caching_allocator)
+  list(APPEND FSDP_COMPONENTS cuda)
+endif()
+foreach(t IN LISTS fsdp_extra_targets)
+  string(REGEX REPLACE "^fsdp_" "" name ${t})
+  set_target_properties(${t} PROPERTIES EXPORT_NAME ${name})
+endforeach()
+install(TARGETS ${fsdp_extra_targets} EXPORT fsdpTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  OBJECTS DESTINATION ${CMAKE_INSTALL_LIBDIR}/fsdp/objects
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The headers of the backends this build left out are not installed.
+set(fsdp_header_excludes "")
+if(NOT TARGET fsdp_pjrt)
+  list(APPEND fsdp_header_excludes PATTERN pjrt_backend.h EXCLUDE PATTERN pjrt_client.h EXCLUDE)
+endif()
+if(NOT TARGET fsdp_cuda)
+  list(APPEND fsdp_header_excludes PATTERN cuda_backend.h EXCLUDE)
+endif()
+install(DIRECTORY include/fsdp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} ${fsdp_header_excludes})
 install(EXPORT fsdpTargets NAMESPACE fsdp:: FILE fsdpTargets.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/fsdp)
 configure_package_config_file(cmake/fsdpConfig.cmake.in

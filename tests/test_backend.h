@@ -16,10 +16,10 @@
 #include "fsdp/registry.h"
 #include "fsdp/sim_backend.h"
 #ifdef FSDP_TEST_PJRT
-#include "backends/pjrt/pjrt_backend.h"
+#include "fsdp/pjrt_backend.h"
 #endif
 #ifdef FSDP_TEST_CUDA
-#include "backends/cuda/cuda_backend.h"
+#include "fsdp/cuda_backend.h"
 #endif
 
 namespace fsdp::testing {

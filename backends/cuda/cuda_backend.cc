@@ -1,6 +1,6 @@
 // The CUDA backend (cuda_backend.h): device state, the caching allocator over cudaMalloc,
 // pinned staging for host copies, the two streams and their events.
-#include "backends/cuda/cuda_backend.h"
+#include "fsdp/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backends/cuda/caching_allocator.h"
-#include "backends/cuda/cuda_backend.h"
+#include "fsdp/cuda_backend.h"
 #include "fsdp/data_plane.h"
 #include "fsdp/ops.h"
 

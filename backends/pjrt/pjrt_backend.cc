@@ -1,7 +1,7 @@
 // The PJRT backend (pjrt_backend.h): byte buffers held as PJRT handles, in-order host queues as
 // streams, programs for copies and memset, the data plane of ranks as threads (StableHLO
 // collectives over replicas), and the op table's programs (pjrt_ops.h) launched in stream order.
-#include "backends/pjrt/pjrt_backend.h"
+#include "fsdp/pjrt_backend.h"
 
 #include <unistd.h>
 

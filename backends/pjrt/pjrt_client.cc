@@ -1,6 +1,6 @@
 // The PJRT plugin loader and client (pjrt_client.h): dlopen, version checks, errors as
 // absl::Status, devices, the compile cache, host transfers and single-device launches.
-#include "backends/pjrt/pjrt_client.h"
+#include "fsdp/pjrt_client.h"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-// The CUDA backend's own contract (backends/cuda/cuda_backend.h). CudaBackendNoGpu runs
+// The CUDA backend's own contract (fsdp/cuda_backend.h). CudaBackendNoGpu runs
 // everywhere: without a device, creating a backend says why. CudaBackendGpu needs a GPU (the
 // gpu-labelled entry cuda_backend_test_gpu): copies, streams ordered by events, stream-ordered
 // frees, the memory limit, a bad view failing the backend with the op's name, and the data
@@ -8,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "backends/cuda/cuda_backend.h"
+#include "fsdp/cuda_backend.h"
 #include "fsdp/data_plane.h"
 #include "fsdp/local_world.h"
 #include "fsdp/ops.h"

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "backends/cuda/cuda_backend.h"
+#include "fsdp/cuda_backend.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -1,7 +1,10 @@
 # cmake -P script: installs fsdp into WORK_DIR/prefix, then builds README.md's first program
 # (the code blocks after "<!-- file: main.cc -->" and "<!-- file: CMakeLists.txt -->", taken
 # verbatim) as a project outside the tree against it, runs it (ranks as threads, and under
-# mpirun when MPIEXEC is given) and checks that the loss fell.
+# mpirun when MPIEXEC is given) and checks that the loss fell. Then builds BACKENDS_CONSUMER
+# against the package's components (COMPONENTS: "pjrt,cuda" as the build has them, commas for
+# semicolons) and runs it with the PJRT plugin PJRT_PLUGIN, and checks that asking for a
+# component the package lacks fails find_package with a message that says so.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -57,3 +60,44 @@ if(MPIEXEC)
       ${WORK_DIR}/build/first_program)
   check_loss("${output}" "mpirun -np 2")
 endif()
+
+# The accelerator backends as components, and the umbrella header.
+string(REPLACE "," ";" want "${COMPONENTS}")
+list(REMOVE_ITEM want "")
+run(${CMAKE_COMMAND} -S ${BACKENDS_CONSUMER} -B ${WORK_DIR}/backends_build -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release "-DFSDP_WANT=${COMPONENTS}")
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/backends_build)
+set(ENV{FSDP_PJRT_PLUGIN} "${PJRT_PLUGIN}")
+set(ENV{TF_CPP_MIN_LOG_LEVEL} 2)
+run(${WORK_DIR}/backends_build/backends_consumer)
+if(NOT output MATCHES "backends_consumer: ok")
+  message(FATAL_ERROR "backends_consumer did not end with 'backends_consumer: ok'")
+endif()
+foreach(c IN LISTS want)
+  if(NOT output MATCHES "backends_consumer: ${c}: [^\n]*round-tripped"
+     AND NOT output MATCHES "backends_consumer: ${c} is registered but cannot run here")
+    message(FATAL_ERROR "backends_consumer did not use the ${c} backend")
+  endif()
+endforeach()
+message("install_consumer: the components '${want}' of the installed package linked and ran")
+
+# A component the package lacks: find_package fails, naming it.
+set(missing nosuch)
+foreach(c IN ITEMS pjrt cuda)
+  list(FIND want ${c} at)
+  if(at EQUAL -1)
+    set(missing ${c})
+    break()
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${BACKENDS_CONSUMER} -B ${WORK_DIR}/missing_build
+    -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix "-DFSDP_WANT=${missing}"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "find_package(fsdp REQUIRED COMPONENTS ${missing}) succeeded on a package "
+                      "without it")
+endif()
+if(NOT out MATCHES "${missing}")
+  message(FATAL_ERROR "find_package(fsdp COMPONENTS ${missing}) failed without naming it:\n${out}")
+endif()
+message("install_consumer: find_package(fsdp REQUIRED COMPONENTS ${missing}) fails as it should")

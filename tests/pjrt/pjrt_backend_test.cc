@@ -2,7 +2,7 @@
 // absent): plugin loading and its errors, devices, host <-> device copies of several dtypes,
 // views, streams and events, the compile cache, and the data plane's collectives on 1 to 4
 // devices with ranks as threads, against results computed on the host.
-#include "backends/pjrt/pjrt_backend.h"
+#include "fsdp/pjrt_backend.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

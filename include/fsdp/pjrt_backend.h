@@ -20,7 +20,7 @@
 
 #include <memory>
 
-#include "backends/pjrt/pjrt_client.h"
+#include "fsdp/pjrt_client.h"
 #include "fsdp/backend.h"
 #include "fsdp/communicator.h"
 
