@@ -3,8 +3,10 @@
 // x16: about 25 GB/s). Runs, interleaved step by step, with their median step times:
 //   (a) the optimizer state on the device,
 //   (b) every unit's optimizer state offloaded (AdamW on the host),
-//   (c) offloaded by a budget of half of (b)'s host bytes (the largest units first);
-// for (b) and (c) the host's update time per step, how long the step waited for it with the
+//   (c) offloaded by a budget of half of (b)'s host bytes (the largest units first),
+//   (d) every unit's parameter and gradient shards and optimizer state offloaded (all: the
+//       shards go up for each gather, each reduced gradient comes down to be added on the host);
+// for (b) to (d) the host's update time per step, how long the step waited for it with the
 // device idle (exposed), the overlap (the share of the host's update time the device was busy
 // for) and the bytes moved. Then a device budget between the two peaks: (a) runs out of memory
 // at once, (b) trains on it.
@@ -176,10 +178,13 @@ int main(int argc, char** argv) {
   }
   fsdp::OffloadOptions half = all;
   half.budget_bytes = sized[0].memory.host_offload_bytes / 2;
+  fsdp::OffloadOptions shards = all;
+  shards.what = fsdp::OffloadKind::kAll;
   const std::vector<Config> configs = {
       {"(a) optimizer state on the device", {}},
       {"(b) offload: every unit", all},
-      {"(c) offload: budget of half", half}};
+      {"(c) offload: budget of half", half},
+      {"(d) offload all: every unit", shards}};
   const std::vector<Outcome> r = Run(p, configs, 0);
   for (const Outcome& o : r) {
     if (!o.status.ok()) {

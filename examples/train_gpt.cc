@@ -390,7 +390,11 @@ void PrintBanner(const Settings& s, const Communicator& world, ShardedModel& mod
                     std::string(fsdp::AccumulationName(s.accumulation)));
   }
   if (const std::vector<int> off = model.runtime().offloaded_units(); !off.empty()) {
-    absl::StrAppend(&extras, " | optimizer state of ", off.size(), " of ",
+    absl::StrAppend(&extras, " | ",
+                    s.model.sharding.offload.what == fsdp::OffloadKind::kAll
+                        ? "parameter, gradient and optimizer shards"
+                        : "optimizer state",
+                    " of ", off.size(), " of ",
                     model.runtime().num_units(), " units offloaded to the host (",
                     fsdp::FormatBytes(model.memory().host_offload_bytes), " per rank)");
   }
@@ -568,11 +572,14 @@ absl::Status Finish(const Settings& s, ShardedModel& model, const fsdp::Backend&
     }
     if (const fsdp::MemoryReport m = model.memory(); m.offloaded_units > 0) {
       const fsdp::OffloadStats o = model.runtime().offload_stats();
-      std::printf("offload of rank 0: %d of %d units' optimizer state on the host (%.1f MiB); "
+      std::printf("offload of rank 0: %d of %d units' %s on the host (%.1f MiB); "
                   "%lld host updates took %.1f ms; the step waited %.1f ms for them, %.1f ms "
                   "of it with the device idle: %.0f%% of the host's updates overlapped with "
                   "device compute; %.1f MiB to the host, %.1f MiB back\n",
                   m.offloaded_units, model.runtime().num_units(),
+                  s.model.sharding.offload.what == fsdp::OffloadKind::kAll
+                      ? "parameter, gradient and optimizer shards"
+                      : "optimizer state",
                   static_cast<double>(m.host_offload_bytes) / (1 << 20),
                   static_cast<long long>(o.updates), 1e3 * o.host_update_seconds,
                   1e3 * o.wait_seconds, 1e3 * o.exposed_seconds, 100 * o.overlap(),

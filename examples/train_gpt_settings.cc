@@ -178,13 +178,14 @@ ABSL_FLAG(int64_t, device_memory_mib, 0,
           "memory each rank's device may hold, in MiB (0 = what the system gives); past it an "
           "allocation is an out-of-memory error naming the buffer, as on an accelerator");
 ABSL_FLAG(std::string, offload, "none",
-          "none, or optimizer: the AdamW state of the units --offload_budget_mib takes lives in "
-          "host memory and is updated there, overlapped with the device (device backends: sim, "
-          "cuda; the cpu backend's device is the host)");
+          "none, optimizer: the AdamW state of the units --offload_budget_mib takes lives in "
+          "host memory and is updated there, overlapped with the device, or all: their parameter "
+          "and gradient shards too (device backends: sim, cuda; the cpu backend's device is the "
+          "host)");
 ABSL_FLAG(int64_t, offload_budget_mib, -1,
-          "with --offload optimizer: host memory per rank the offload may take, in MiB (16 bytes "
-          "per shard element of a unit; units are taken largest first while they fit); -1 = "
-          "every unit");
+          "with --offload optimizer|all: host memory per rank the offload may take, in MiB (16 "
+          "bytes per shard element of a unit, 20 with all; units are taken largest first while "
+          "they fit); -1 = every unit");
 ABSL_FLAG(double, sim_host_gbps, 0,
           "with --backend sim: the simulated host-device link in GB/s (PCIe 4 x16: about 25), "
           "which offload's copies cross (0 = unlimited)");
@@ -670,7 +671,7 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
   {
     const std::string what = absl::GetFlag(FLAGS_offload);
     absl::StatusOr<fsdp::OffloadKind> kind = fsdp::ParseOffload(what);
-    if (!kind.ok()) return BadFlag("offload", what, "allowed: none or optimizer");
+    if (!kind.ok()) return BadFlag("offload", what, "allowed: none, optimizer or all");
     s.model.sharding.offload.what = *kind;
     const int64_t budget = absl::GetFlag(FLAGS_offload_budget_mib);
     if (budget < -1 || budget > (int64_t{1} << 30)) {
@@ -678,7 +679,7 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
                      "allowed: -1 (every unit) or the host MiB per rank the offload may take");
     }
     if (budget != -1 && *kind == fsdp::OffloadKind::kNone) {
-      return BadFlag("offload_budget_mib", budget, "needs --offload optimizer");
+      return BadFlag("offload_budget_mib", budget, "needs --offload optimizer or all");
     }
     s.model.sharding.offload.budget_bytes = budget < 0 ? -1 : budget << 20;
     const int64_t host = fsdp::HostPhysicalMemoryBytes();

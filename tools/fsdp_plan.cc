@@ -82,10 +82,11 @@ ABSL_FLAG(int, prefetch, 1,
 ABSL_FLAG(std::string, device_memory, "",
           "device memory per rank, e.g. 80GiB, 80GB, 40960MiB (empty = unknown: no fit check)");
 ABSL_FLAG(std::string, offload, "none",
-          "none, or optimizer: the AdamW state of the units --offload_budget takes lives in host "
-          "memory and is updated there (16 host bytes per shard element, 8 fewer on the device)");
+          "none, optimizer: the AdamW state of the units --offload_budget takes lives in host "
+          "memory and is updated there (16 host bytes per shard element, 8 fewer on the device), "
+          "or all: their parameter and gradient shards too (20 host bytes, 16 fewer)");
 ABSL_FLAG(std::string, offload_budget, "",
-          "--offload optimizer: host memory per rank the offload may take, e.g. 20GiB; units are "
+          "--offload optimizer|all: host memory per rank the offload may take, e.g. 20GiB; units are "
           "taken largest first while they fit (empty = every unit)");
 ABSL_FLAG(bool, async_checkpoint, false,
           "checkpoints saved in the background (train_gpt --checkpoint_async): plan the "
@@ -306,12 +307,12 @@ absl::StatusOr<fsdp::PlanRequest> RequestFromFlags() {
   {
     const std::string what = absl::GetFlag(FLAGS_offload);
     absl::StatusOr<fsdp::OffloadKind> kind = fsdp::ParseOffload(what);
-    if (!kind.ok()) return BadFlag("offload", what, "allowed: none or optimizer");
+    if (!kind.ok()) return BadFlag("offload", what, "allowed: none, optimizer or all");
     r.offload.what = *kind;
     const std::string budget = absl::GetFlag(FLAGS_offload_budget);
     if (!budget.empty()) {
       if (r.offload.what == fsdp::OffloadKind::kNone) {
-        return BadFlag("offload_budget", budget, "needs --offload optimizer");
+        return BadFlag("offload_budget", budget, "needs --offload optimizer or all");
       }
       absl::StatusOr<int64_t> bytes = fsdp::ParseByteSize(budget);
       if (!bytes.ok()) return BadFlag("offload_budget", budget, bytes.status().message());

@@ -156,6 +156,7 @@ struct MemoryPlan {
   // and how many units it takes.
   int64_t host_offload_bytes = 0;
   int offloaded_units = 0;
+  OffloadKind offload = OffloadKind::kNone;  // what those units keep on the host
 
   // What was planned.
   std::string model;

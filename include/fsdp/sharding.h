@@ -188,11 +188,24 @@ absl::Status CheckReductionDtype(const CommunicationOptions& c, DType reduce_dty
 // Host memory per offloaded unit: 16 bytes per shard element (the two state tensors and the
 // parameter and gradient staging); device memory saved: 8. Needs AdamW and a device whose
 // memory is not the host's (the cpu backend refuses: there is nothing to move).
+//
+// kAll (FSDP1's CPUOffload(offload_params=True), ZeRO-Offload with the parameters): the unit's
+// f32 parameter shard and its gradient shard live on the host as well, so the device holds
+// none of the unit's 16 bytes per shard element between uses. Before each gather the shard is
+// copied up into a transient device buffer (freed once the gather has read it); each reduced
+// gradient shard is copied down (on the communication stream) and added into the host's
+// gradient shard by the host's worker; at Step the global norm reads each host gradient shard
+// through a transient device copy (the same kernel, in the same order: the norm is bitwise the
+// device's), and the host clips, updates and zeroes. Host memory: 20 bytes per shard element
+// (the parameters, the accumulated gradient, the state, and staging for an arriving gradient).
+// Not with HYBRID's set_requires_all_reduce(false) accumulation (the fold across micro-batches
+// reads the accumulated shard on the device): PostBackward says so.
 enum class OffloadKind : uint8_t {
   kNone,
   kOptimizer,  // the optimizer state of the chosen units, and their update
+  kAll,        // also their parameter and gradient shards
 };
-std::string_view OffloadName(OffloadKind k);  // "none", "optimizer"
+std::string_view OffloadName(OffloadKind k);  // "none", "optimizer", "all"
 absl::StatusOr<OffloadKind> ParseOffload(std::string_view name);
 
 struct OffloadOptions {
@@ -200,15 +213,18 @@ struct OffloadOptions {
   // The units offloaded: those named here (unit names as registered), when not empty; else
   // chosen by `budget_bytes`.
   std::vector<std::string> units;
-  // Host bytes per rank the offload may take (16 per shard element of a unit). Units are taken
+  // Host bytes per rank the offload may take (OffloadHostBytes per unit). Units are taken
   // largest first (ties: by name), as long as the running total fits: the first unit that does
   // not fit ends the choice. So the choice does not depend on the order units were registered,
   // grows with the budget (a larger budget offloads a superset), and never overshoots it.
   // < 0: every unit.
   int64_t budget_bytes = -1;
 };
-// Host bytes per rank that offloading a unit of `shard_numel` elements per rank takes.
-inline int64_t OffloadHostBytes(int64_t shard_numel) { return 16 * shard_numel; }
+// Host bytes per rank that offloading a unit of `shard_numel` elements per rank takes: 16 per
+// element for kOptimizer, 20 for kAll.
+inline int64_t OffloadHostBytes(int64_t shard_numel, OffloadKind what = OffloadKind::kOptimizer) {
+  return (what == OffloadKind::kAll ? 20 : 16) * shard_numel;
+}
 // The units OffloadOptions chooses among units of `shard_numel` elements per rank named
 // `names`: their indices, ascending. InvalidArgument for a name in `o.units` that no unit has.
 absl::StatusOr<std::vector<int>> ChooseOffloadedUnits(const OffloadOptions& o,

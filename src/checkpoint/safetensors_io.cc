@@ -358,9 +358,9 @@ absl::Status ImportSafetensors(ShardingRuntime& rt, const std::string& path,
   FSDP_RETURN_IF_ERROR(AgreeOnStatus(rt.world(), staged.status()));
   absl::Status local;
   for (int u = 0; u < rt.num_units() && local.ok(); ++u) {
-    local = rt.backend()->CopyFromHost(
-        rt.param_shard(u).Slice(0, static_cast<int64_t>((*staged)[u].size())),
-        (*staged)[u].data());
+    const View params = rt.param_shard(u);  // (offload all: in host memory)
+    local = params.backend->CopyFromHost(
+        params.Slice(0, static_cast<int64_t>((*staged)[u].size())), (*staged)[u].data());
   }
   return AgreeOnStatus(rt.world(), local);
 }

@@ -272,10 +272,11 @@ absl::StatusOr<Staged> Stage(ShardingRuntime& rt, const std::string& dir,
 
 // Copies the staged shards into the runtime; host-to-device copies only.
 absl::Status Apply(ShardingRuntime& rt, const Staged& st, const LoadOptions& options) {
-  Backend* backend = rt.backend();
   for (int u = 0; u < rt.num_units(); ++u) {
     const int64_t n = static_cast<int64_t>(st.params[u].size());
-    FSDP_RETURN_IF_ERROR(backend->CopyFromHost(rt.param_shard(u).Slice(0, n), st.params[u].data()));
+    // The shard's own backend: offload all keeps it in host memory.
+    const View params = rt.param_shard(u);
+    FSDP_RETURN_IF_ERROR(params.backend->CopyFromHost(params.Slice(0, n), st.params[u].data()));
     if (!options.load_optimizer_state) continue;
     std::vector<OptimizerState> states = rt.optimizer(u).state();
     for (size_t j = 0; j < states.size(); ++j) {

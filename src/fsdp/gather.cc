@@ -14,9 +14,12 @@ absl::Status ShardingRuntime::Impl::IssueGather(int u) {
   // An offloaded unit's update comes back from the host first (in the compute stream's order,
   // before the gather's staging reads the shard).
   FSDP_RETURN_IF_ERROR(EnsureUploaded(u));
-  // In f32 with a shard group of one, the shard is the unit: nothing to gather.
-  if (unit.gathered.allocated() || (S() == 1 && pd == DType::kF32)) return absl::OkStatus();
-  const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
+  // In f32 with a shard group of one, the shard is the unit: nothing to gather (unless the
+  // shard lives on the host: then the unit is copied up into `gathered` like any other).
+  if (unit.gathered.allocated() || (S() == 1 && pd == DType::kF32 && !host_shards(u))) {
+    return absl::OkStatus();
+  }
+  const int64_t padded = unit.layout.padded_numel;
   // The rate limit (FSDP's limit_all_gathers): a host running ahead of an asynchronous device
   // waits here until at most one unit it gave back is still read by the device's queued
   // compute, so the gathered units are those in use, those kept for backward, at most
@@ -27,6 +30,23 @@ absl::Status ShardingRuntime::Impl::IssueGather(int u) {
   FSDP_ASSIGN_OR_RETURN(unit.gathered,
                         Alloc(book.gathered, "the gathered parameters", &unit, padded, pd));
   if (unit.secondary.allocated()) return IssueSecondaryGather(unit);
+  // Offload all: the f32 shard comes up from the host into a transient buffer, which goes back
+  // once the staging below (or the quantization) has read it. (A quantized backward regathers
+  // from the codes kept since forward: nothing to bring up.)
+  const bool up = host_shards(u) && !(quantized_gather() && schedule->in_backward());
+  if (up) {
+    // (Counted with the gathered parameters: it is the gather's input in transit.)
+    FSDP_ASSIGN_OR_RETURN(unit.param_shard, UpFromHost(u, false, book.gathered,
+                                                       "the parameter shard, up from the host"));
+  }
+  const absl::Status s = StageAndGather(unit);
+  if (up) pending.Add(std::move(unit.param_shard), {backend->Record(Stream::kCompute)});
+  return s;
+}
+
+absl::Status ShardingRuntime::Impl::StageAndGather(Unit& unit) {
+  const DType pd = param_dtype();
+  const int64_t sn = unit.layout.shard_numel;
   if (quantized_gather()) return IssueQuantizedGather(unit);
   // In place, as NCCL defines it: the shard is staged into its own slot of the gathered
   // buffer (cast from the fp32 master on the way in a low param_dtype), and the all-gather

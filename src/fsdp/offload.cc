@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <string>
 
@@ -18,6 +19,7 @@ std::string_view OffloadName(OffloadKind k) {
   switch (k) {
     case OffloadKind::kNone: return "none";
     case OffloadKind::kOptimizer: return "optimizer";
+    case OffloadKind::kAll: return "all";
   }
   return "?";
 }
@@ -26,9 +28,11 @@ absl::StatusOr<OffloadKind> ParseOffload(std::string_view name) {
   const std::string n = absl::AsciiStrToLower(std::string(name));
   if (n == "none") return OffloadKind::kNone;
   if (n == "optimizer") return OffloadKind::kOptimizer;
+  if (n == "all") return OffloadKind::kAll;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown offload '", std::string(name), "'; use none or optimizer (the AdamW state of the chosen units "
-      "in host memory, updated on the host)"));
+      "unknown offload '", std::string(name), "'; use none, optimizer (the AdamW state of the "
+      "chosen units in host memory, updated on the host) or all (their parameter and gradient "
+      "shards too)"));
 }
 
 absl::StatusOr<std::vector<int>> ChooseOffloadedUnits(const OffloadOptions& o,
@@ -61,7 +65,7 @@ absl::StatusOr<std::vector<int>> ChooseOffloadedUnits(const OffloadOptions& o,
     });
     int64_t used = 0;
     for (int u : order) {
-      const int64_t b = OffloadHostBytes(shard_numel[u]);
+      const int64_t b = OffloadHostBytes(shard_numel[u], o.what);
       if (o.budget_bytes >= 0 && b > o.budget_bytes - used) break;
       used += b;
       chosen.push_back(u);
@@ -95,12 +99,15 @@ HostOffload::~HostOffload() {
   for (UnitState& s : units_) {
     if (s.param.bytes() != 0) device_->UnpinHostMemory(s.param.data());
     if (s.grad.bytes() != 0) device_->UnpinHostMemory(s.grad.data());
+    if (s.arriving.bytes() != 0) device_->UnpinHostMemory(s.arriving.data());
   }
+  if (factor_.bytes() != 0) device_->UnpinHostMemory(factor_.data());
 }
 
 absl::Status HostOffload::AddUnit(int u, int64_t shard_numel, std::vector<DecayRange> ranges,
                                   const AdamWOptions& options,
-                                  std::unique_ptr<Optimizer>* optimizer) {
+                                  std::unique_ptr<Optimizer>* optimizer,
+                                  const float* all_params) {
   if (u >= static_cast<int>(units_.size())) units_.resize(u + 1);
   UnitState& s = units_[u];
   const size_t bytes = static_cast<size_t>(shard_numel) * 4;
@@ -111,10 +118,38 @@ absl::Status HostOffload::AddUnit(int u, int64_t shard_numel, std::vector<DecayR
   FSDP_RETURN_IF_ERROR(device_->PinHostMemory(s.param.data(), bytes));
   FSDP_RETURN_IF_ERROR(device_->PinHostMemory(s.grad.data(), bytes));
   host_bytes_ += static_cast<int64_t>(s.param.bytes() + s.grad.bytes());
+  if (all_params != nullptr) {
+    s.all = true;
+    std::memcpy(s.param.data(), all_params, bytes);
+    std::memset(s.grad.data(), 0, bytes);
+    FSDP_ASSIGN_OR_RETURN(s.arriving, Buffer::Create(host_.get(), bytes));
+    FSDP_RETURN_IF_ERROR(device_->PinHostMemory(s.arriving.data(), bytes));
+    host_bytes_ += static_cast<int64_t>(s.arriving.bytes());
+    if (factor_.bytes() == 0) {
+      FSDP_ASSIGN_OR_RETURN(factor_, Buffer::Create(host_.get(), 4));
+      FSDP_RETURN_IF_ERROR(device_->PinHostMemory(factor_.data(), 4));
+    }
+  }
   for (const OptimizerState& st : opt->state()) host_bytes_ += static_cast<int64_t>(st.bytes);
   s.opt = opt.get();
   *optimizer = std::move(opt);
   return absl::OkStatus();
+}
+
+void HostOffload::Push(Job job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    UnitState& s = units_[job.unit];
+    if (job.kind == Job::kUpdate) {
+      s.pending = true;
+      s.done = false;
+      s.status = absl::OkStatus();
+    } else {
+      ++s.arrivals;
+    }
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
 }
 
 absl::Status HostOffload::IssueUpdate(int u, View param_shard, View grad_shard, float lr) {
@@ -128,21 +163,108 @@ absl::Status HostOffload::IssueUpdate(int u, View param_shard, View grad_shard, 
   FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.param.data(), param_shard.Slice(0, n), kCopy));
   FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.grad.data(), grad_shard.Slice(0, n), kCopy));
   FSDP_RETURN_IF_ERROR(device_->Memset(grad_shard, 0, kCopy));
-  Job job{u, device_->Record(kCopy), lr};
+  Job job;
+  job.unit = u;
+  job.copied = device_->Record(kCopy);
+  job.lr = lr;
   s.copied = job.copied;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    s.pending = true;
-    s.done = false;
-    s.status = absl::OkStatus();
     stats_.bytes_to_host += 8 * n;
-    jobs_.push_back(std::move(job));
   }
-  cv_.notify_all();
+  Push(std::move(job));
   return absl::OkStatus();
 }
 
-absl::Status HostOffload::EnsureUploaded(int u, View param_shard) {
+absl::Status HostOffload::IssueFactor(View factor) {
+  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(factor_.data(), factor.Slice(0, 1),
+                                                Stream::kCompute));
+  factor_ready_ = device_->Record(Stream::kCompute);
+  return absl::OkStatus();
+}
+
+absl::Status HostOffload::IssueHostUpdate(int u, bool scale, float lr) {
+  Job job;
+  job.unit = u;
+  job.copied = factor_ready_;
+  job.lr = lr;
+  job.all = true;
+  job.scale = scale;
+  Push(std::move(job));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Event> HostOffload::IssueGradientDown(int u, View grad) {
+  UnitState& s = units_[u];
+  const int64_t n = s.opt->numel();
+  {
+    // The staging takes one gradient at a time: the last one's addition must be done (it is,
+    // but for a host that runs far ahead: the next micro-batch's backward of the same unit).
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return s.arrivals == 0; });
+    stats_.bytes_to_host += 4 * n;
+  }
+  constexpr Stream kCopy = Stream::kComm;
+  FSDP_RETURN_IF_ERROR(device_->Wait(kCopy, device_->Record(Stream::kCompute)));
+  FSDP_RETURN_IF_ERROR(device_->CopyToHostAsync(s.arriving.data(), grad.Slice(0, n), kCopy));
+  Job job;
+  job.kind = Job::kAdd;
+  job.unit = u;
+  job.copied = device_->Record(kCopy);
+  const Event arrived = job.copied;
+  Push(std::move(job));
+  return arrived;
+}
+
+absl::Status HostOffload::WaitGradients(int u) {
+  UnitState& s = units_[u];
+  absl::Status status;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return s.arrivals == 0; });
+    status = s.arrival_status;
+  }
+  return status;
+}
+
+absl::Status HostOffload::UploadParams(int u, View dst) {
+  FSDP_RETURN_IF_ERROR(WaitUpdate(u));
+  UnitState& s = units_[u];
+  const int64_t n = s.opt->numel();
+  FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(dst.Slice(0, n), s.param.data()));
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_to_device += 4 * n;
+  return absl::OkStatus();
+}
+
+absl::Status HostOffload::UploadGradient(int u, View dst) {
+  FSDP_RETURN_IF_ERROR(WaitGradients(u));
+  UnitState& s = units_[u];
+  const int64_t n = s.opt->numel();
+  FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(dst.Slice(0, n), s.grad.data()));
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_to_device += 4 * n;
+  return absl::OkStatus();
+}
+
+View HostOffload::host_params(int u) {
+  WaitUpdate(u).IgnoreError();  // (its error is reported by the next hook)
+  return units_[u].param.view().Slice(0, units_[u].opt->numel());
+}
+
+View HostOffload::host_grads(int u) {
+  WaitGradients(u).IgnoreError();
+  WaitUpdate(u).IgnoreError();
+  return units_[u].grad.view().Slice(0, units_[u].opt->numel());
+}
+
+absl::Status HostOffload::DropGradients(int u) {
+  FSDP_RETURN_IF_ERROR(WaitGradients(u));
+  std::memset(units_[u].grad.data(), 0, units_[u].grad.bytes());
+  return absl::OkStatus();
+}
+
+absl::Status HostOffload::WaitUpdate(int u) {
   if (!pending(u)) return absl::OkStatus();
   UnitState& s = units_[u];
   absl::Status status;
@@ -168,7 +290,13 @@ absl::Status HostOffload::EnsureUploaded(int u, View param_shard) {
     status = s.status;
     s.pending = false;
   }
-  FSDP_RETURN_IF_ERROR(status);
+  return status;
+}
+
+absl::Status HostOffload::EnsureUploaded(int u, View param_shard) {
+  if (!pending(u)) return absl::OkStatus();
+  UnitState& s = units_[u];
+  FSDP_RETURN_IF_ERROR(WaitUpdate(u));
   const int64_t n = s.opt->numel();
   // The compute stream goes on after the copies and the gradient's zeroing (done: the host
   // had the shards), so its next accumulation into the gradient shard follows them.
@@ -193,9 +321,32 @@ void HostOffload::Work() {
     UnitState& s = units_[job.unit];
     absl::Status status = job.copied.Wait();
     const auto t0 = std::chrono::steady_clock::now();
+    RuntimeOps& ops = host_->runtime_ops();
+    const int64_t n = s.opt->numel();
+    if (job.kind == Job::kAdd) {
+      // The same kernel as the device's accumulation into its gradient shard.
+      if (status.ok()) {
+        const View g = s.grad.view().Slice(0, n);
+        ops.Add(Stream::kCompute, g, g, s.arriving.view().Slice(0, n));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!status.ok() && s.arrival_status.ok()) {
+          s.arrival_status = absl::Status(status.code(),
+                                  absl::StrCat("the gradient of unit ", job.unit,
+                                               " on its way to the host: ", status.message()));
+        }
+        --s.arrivals;
+      }
+      cv_.notify_all();
+      continue;
+    }
     if (status.ok()) {
+      const View g = s.grad.view().Slice(0, n);
+      if (job.all && job.scale) ops.ScaleBy(Stream::kCompute, g, factor_.view());
       s.opt->set_lr(job.lr);
-      status = s.opt->Step(s.param.view(), s.grad.view());
+      status = s.opt->Step(s.param.view().Slice(0, n), g);
+      if (job.all && status.ok()) status = host_->Memset(g, 0);
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -218,7 +369,7 @@ void HostOffload::Drain() {
   cv_.wait(lock, [&] {
     if (!jobs_.empty()) return false;
     for (const UnitState& s : units_) {
-      if (s.pending && !s.done) return false;
+      if ((s.pending && !s.done) || s.arrivals > 0) return false;
     }
     return true;
   });

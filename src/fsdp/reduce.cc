@@ -30,8 +30,11 @@ absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
   const DType rd = reduce_dtype();
   const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
   if (S() == 1 && R() == 1) {  // a single rank: nothing to reduce
-    AccumulateShard(unit, full);
-    pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
+    FSDP_RETURN_IF_ERROR(AccumulateShard(unit, full));
+    std::vector<Event> done = {backend->Record(Stream::kCompute)};
+    if (unit.grad_down.valid()) done.push_back(std::move(unit.grad_down));
+    unit.grad_down = Event();
+    pending.Add(std::move(unit.full_grad), std::move(done));
     return false;
   }
   if (quantized_reduce_scatter()) {
@@ -240,9 +243,17 @@ absl::Status ShardingRuntime::Impl::ReductionStatus(int u) {
   return e.Done() ? e.Wait() : absl::OkStatus();
 }
 
-void ShardingRuntime::Impl::AccumulateShard(Unit& unit, fsdp::View add) {
+absl::Status ShardingRuntime::Impl::AccumulateShard(Unit& unit, fsdp::View add) {
+  const int u = static_cast<int>(&unit - units.data());
+  if (host_shards(u)) {
+    // Offload all: down to the host, which adds it into its gradient shard (the same kernel).
+    FSDP_ASSIGN_OR_RETURN(unit.grad_down,
+                          offload->IssueGradientDown(u, add.Slice(0, unit.layout.shard_numel)));
+    return absl::OkStatus();
+  }
   const fsdp::View g = unit.grad_shard.view();
   ops().Add(Stream::kCompute, g, g, add.Slice(0, unit.layout.shard_numel));
+  return absl::OkStatus();
 }
 
 // The reduced shard of the unit in reduce_dtype (the reduce-scatter output, or for NO_SHARD
@@ -267,19 +278,22 @@ absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit, Reduction stage)
       const QuantizedLayout layout = QuantizedChunk(unit);
       FSDP_RETURN_IF_ERROR(DecodeMean(unit, wide.view(), layout, layout.bytes(), Stream::kCompute));
     }
-    AccumulateShard(unit, wide.view());
+    FSDP_RETURN_IF_ERROR(Fail(AccumulateShard(unit, wide.view())));
   } else if (rd == DType::kF32) {
-    AccumulateShard(unit, src.view());
+    FSDP_RETURN_IF_ERROR(Fail(AccumulateShard(unit, src.view())));
   } else {
     FSDP_ASSIGN_OR_RETURN(wide, Alloc(book.grad_buffers, "the widened gradient shard", &unit, sn));
     ops().Cast(Stream::kCompute, wide.view(), src.view(rd).Slice(0, sn));
-    AccumulateShard(unit, wide.view());
+    FSDP_RETURN_IF_ERROR(Fail(AccumulateShard(unit, wide.view())));
   }
-  const Event done = backend->Record(Stream::kCompute);
-  pending.Add(std::move(wide), {done});
-  pending.Add(std::move(unit.reduced), {done});
-  pending.Add(std::move(unit.lowp_grad), {done});
-  pending.Add(std::move(unit.full_grad), {done});
+  // (Offload all: the copy to the host reads the shard on the communication stream too.)
+  std::vector<Event> done = {backend->Record(Stream::kCompute)};
+  if (unit.grad_down.valid()) done.push_back(std::move(unit.grad_down));
+  unit.grad_down = Event();
+  pending.Add(std::move(wide), done);
+  pending.Add(std::move(unit.reduced), done);
+  pending.Add(std::move(unit.lowp_grad), done);
+  pending.Add(std::move(unit.full_grad), done);
   unit.reduce_event = Event();
   return absl::OkStatus();
 }

@@ -68,6 +68,13 @@ struct ShardingRuntime::Impl {
   // its offloaded update is back (Fail on error). Every pass runs PreForward on every unit, so
   // no update is still pending when Step() issues the next.
   absl::Status EnsureUploaded(int u);
+  // OffloadKind::kAll: unit u's parameter and gradient shards live on the host (the device
+  // holds them only in transit).
+  bool host_shards(int u) const { return offload != nullptr && offload->holds_shards(u); }
+  // A host-held shard of unit u (its parameters, or with `grads` its accumulated gradient) in a
+  // transient device buffer, copied up on the compute stream; counted as `category`.
+  absl::StatusOr<internal::Accounted> UpFromHost(int u, bool grads, internal::Gauge& category,
+                                                 absl::string_view what);
   // Host synchronisations of the backend and memory throttle waits at the last Step().
   int64_t host_syncs_at_step = 0, throttle_waits = 0, throttle_waits_at_step = 0;
 
@@ -121,6 +128,9 @@ struct ShardingRuntime::Impl {
   // (or need none: f32 in a shard group of one), within the rate limit.
   absl::Status IssueGather(int u);
   absl::Status IssueQuantizedGather(internal::Unit& unit);
+  // The shard (cast to the param dtype) into its slot of `gathered`, then the all-gather (or
+  // IssueQuantizedGather).
+  absl::Status StageAndGather(internal::Unit& unit);
   // The compute stream waits for the unit's all-gather (and decodes a quantized one).
   absl::Status WaitGather(int u, bool prefetched);
   void DecodeGathered(internal::Unit& unit);
@@ -170,7 +180,9 @@ struct ShardingRuntime::Impl {
   // The replicas' all-gathered chunks decoded into their places of `out` (f32, shard_numel).
   void DecodeChunks(internal::Unit& unit, fsdp::View out);
   absl::Status FoldAccumulatedShard(internal::Unit& unit);
-  void AccumulateShard(internal::Unit& unit, fsdp::View add);
+  // `add` (f32, shard_numel) into the unit's gradient shard on the compute stream (offload
+  // all: down to the host, which adds it; unit.grad_down is the copy's event).
+  absl::Status AccumulateShard(internal::Unit& unit, fsdp::View add);
 
   // ---- the optimizer step (sharding_runtime.cc), in the order Step() runs them -------------
   // HYBRID: FailedPrecondition when unit u's gradient shard still waits for its all-reduce

@@ -141,7 +141,21 @@ void ShardingRuntime::Impl::Quiesce() {
 
 absl::Status ShardingRuntime::Impl::EnsureUploaded(int u) {
   if (offload == nullptr || !offload->pending(u)) return absl::OkStatus();
+  // Host-held shards go up into a transient buffer where they are read (UpFromHost): here
+  // only the update (and with it the optimizer state) is waited for.
+  if (host_shards(u)) return Fail(offload->WaitUpdate(u));
   return Fail(offload->EnsureUploaded(u, units[u].param_shard.view()));
+}
+
+absl::StatusOr<Accounted> ShardingRuntime::Impl::UpFromHost(int u, bool grads,
+                                                            internal::Gauge& category,
+                                                            absl::string_view what) {
+  Unit& unit = units[u];
+  FSDP_ASSIGN_OR_RETURN(Accounted shard, Alloc(category, what, &unit, unit.layout.shard_numel));
+  absl::Status s = grads ? offload->UploadGradient(u, shard.view())
+                         : offload->UploadParams(u, shard.view());
+  if (!s.ok()) return Fail(s);
+  return shard;
 }
 
 // ---- creation -----------------------------------------------------------------------------------
@@ -162,9 +176,10 @@ absl::Status CheckOffloadOptions(Backend* backend, const ShardingOptions& option
         "on a device backend (cuda, sim), or set offload to none"));
   }
   if (options.optimizer != OptimizerKind::kAdamW) {
-    return absl::InvalidArgumentError(
-        "offload optimizer needs AdamW (the host runs the AdamW update); SGD keeps its state on "
-        "the device: set offload to none or use AdamW");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offload ", std::string(OffloadName(o.what)),
+        " needs AdamW (the host runs the AdamW update); SGD keeps its state on the device: set "
+        "offload to none or use AdamW"));
   }
   if (o.units.empty() && o.budget_bytes >= 0) {
     const int64_t host = HostPhysicalMemoryBytes();
@@ -407,9 +422,14 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
     for (Unit& u : m.units) {
       const int index = static_cast<int>(&u - m.units.data());
       const int64_t sn = u.layout.shard_numel;
-      FSDP_ASSIGN_OR_RETURN(u.param_shard, m.Alloc(m.book.params, "the parameter shard", &u, sn));
-      FSDP_ASSIGN_OR_RETURN(u.grad_shard, m.Alloc(m.book.grads, "the gradient shard", &u, sn));
-      FSDP_RETURN_IF_ERROR(m.backend->Memset(u.grad_shard.view(), 0));
+      // OffloadKind::kAll: the shards live on the host (HostOffload::AddUnit).
+      const bool on_host = offloaded[index] && m.options.offload.what == OffloadKind::kAll;
+      if (!on_host) {
+        FSDP_ASSIGN_OR_RETURN(u.param_shard,
+                              m.Alloc(m.book.params, "the parameter shard", &u, sn));
+        FSDP_ASSIGN_OR_RETURN(u.grad_shard, m.Alloc(m.book.grads, "the gradient shard", &u, sn));
+        FSDP_RETURN_IF_ERROR(m.backend->Memset(u.grad_shard.view(), 0));
+      }
       // Initialise on the host and copy once, so any backend works the same way.
       std::vector<float> host(sn, 0.0f);
       for (const internal::ShardPiece& p : u.layout.Pieces(shard_rank)) {
@@ -418,7 +438,9 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
                p.tensor_end, host.data() + p.shard_offset);
         }
       }
-      FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.view(), host.data()));
+      if (!on_host) {
+        FSDP_RETURN_IF_ERROR(m.backend->CopyFromHost(u.param_shard.view(), host.data()));
+      }
       if (m.quantized_gather()) {
         FSDP_ASSIGN_OR_RETURN(u.quantized_shard,
                               m.Alloc(m.book.params, "the quantized parameter shard", &u,
@@ -429,11 +451,13 @@ absl::Status ShardingRuntime::Finalize(const InitFn& init) {
       }
       std::vector<DecayRange> ranges = u.layout.ShardDecayRanges(shard_rank);
       if (offloaded[index]) {
-        absl::Status s =
-            m.offload->AddUnit(index, sn, std::move(ranges), m.options.adamw, &u.optimizer);
+        absl::Status s = m.offload->AddUnit(index, sn, std::move(ranges), m.options.adamw,
+                                            &u.optimizer, on_host ? host.data() : nullptr);
         if (!s.ok()) {
-          return absl::Status(s.code(), absl::StrCat("offloading the optimizer state of unit '",
-                                                     u.name, "' to host memory: ", s.message()));
+          return absl::Status(
+              s.code(), absl::StrCat("offloading the ", on_host ? "shards and " : "",
+                                     "optimizer state of unit '", u.name, "' to host memory: ",
+                                     s.message()));
         }
         continue;
       }
@@ -495,6 +519,13 @@ absl::Status ShardingRuntime::PostBackward(int u) {
   Impl& m = *impl_;
   FSDP_RETURN_IF_ERROR(m.GetUnit(u, "PostBackward").status());
   FSDP_RETURN_IF_ERROR(m.Fail(m.ExpectState(u, "PostBackward", {UnitState::kBackward})));
+  if (!m.requires_all_reduce && m.sync_gradients && m.R() > 1 && m.host_shards(u)) {
+    return m.Fail(absl::FailedPreconditionError(absl::StrCat(
+        "PostBackward(unit '", m.units[u].name,
+        "'): set_requires_all_reduce(false) accumulates the shard-group reductions in the "
+        "gradient shard on the device, which offload all keeps on the host; keep "
+        "requires_all_reduce on, or offload the optimizer only")));
+  }
   return m.Fail(m.schedule->PostBackward(u, m.sync_gradients, m.requires_all_reduce));
 }
 
@@ -599,7 +630,18 @@ absl::StatusOr<ShardingRuntime::Impl::GlobalNorm> ShardingRuntime::Impl::ReduceG
   const View local = scr.Slice(0, 2).As(DType::kF64), total = scr.Slice(2, 2).As(DType::kF64);
   norm.factor = scr.Slice(4 + 2 * S() + 2, 1);
   FSDP_RETURN_IF_ERROR(backend->Memset(local, 0, cs));
-  for (const Unit& unit : units) o.SumSquares(cs, local, unit.grad_shard.view());
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    if (!host_shards(u)) {
+      o.SumSquares(cs, local, units[u].grad_shard.view());
+      continue;
+    }
+    // The host's gradient shard through a transient device copy: the same kernel in the same
+    // order as the device's shards, so the norm is bitwise what it is without offload.
+    FSDP_ASSIGN_OR_RETURN(Accounted up, UpFromHost(u, true, book.grad_buffers,
+                                                   "the gradient shard, up from the host"));
+    o.SumSquares(cs, local, up.view());
+    pending.Add(std::move(up), {backend->Record(cs)});
+  }
   if (S() > 1) {
     const View mine = scr.Slice(4 + 2 * S(), 2), partials = scr.Slice(4, 2 * S());
     o.SplitF64(cs, mine, local);
@@ -623,15 +665,23 @@ absl::Status ShardingRuntime::Impl::SkipNonFiniteStep(GlobalNorm norm, StepStats
   std::vector<std::string> here;
   if (error) {
     for (const Unit& unit : units) {
-      std::vector<float> g(unit.layout.shard_numel);
-      if (!backend->CopyToHost(g.data(), unit.grad_shard.view()).ok()) continue;
+      const int u = static_cast<int>(&unit - units.data());
+      const View shard = host_shards(u) ? offload->host_grads(u) : unit.grad_shard.view();
+      std::vector<float> g(shard.count);
+      if (!shard.backend->CopyToHost(g.data(), shard).ok()) continue;
       if (!std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); })) {
         here.push_back(unit.name);
       }
     }
   }
   // Skip the step on every rank: drop the gradients, back the loss scale off.
-  for (Unit& unit : units) FSDP_RETURN_IF_ERROR(backend->Memset(unit.grad_shard.view(), 0));
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    if (host_shards(u)) {
+      FSDP_RETURN_IF_ERROR(Fail(offload->DropGradients(u)));
+    } else {
+      FSDP_RETURN_IF_ERROR(backend->Memset(units[u].grad_shard.view(), 0));
+    }
+  }
   passes_since_step = 0;
   pending.Add(std::move(norm.scratch), {backend->Record(Stream::kCompute)});
   if (error) {
@@ -663,10 +713,21 @@ absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, d
   // The offloaded units first (in forward order): their shards go to the host, whose updates
   // then run while the device updates the other units and starts the next forward; each comes
   // back before the unit's next gather (EnsureUploaded).
+  // Offload all: the clip factor goes to the host once, after everything the step issued so
+  // far (the norm's copies of the host gradients among it), before the host's updates.
+  bool factor_issued = false;
   for (const bool host : {true, false}) {
     for (Unit& unit : units) {
       const int u = static_cast<int>(&unit - units.data());
       if ((offload != nullptr && offload->offloaded(u)) != host) continue;
+      if (host_shards(u)) {
+        absl::Status s;
+        if (!factor_issued) s = offload->IssueFactor(norm.factor);
+        factor_issued = true;
+        if (s.ok()) s = offload->IssueHostUpdate(u, scale, lr);
+        if (!s.ok()) return Fail(s);
+        continue;
+      }
       const View g = unit.grad_shard.view();
       if (scale) ops().ScaleBy(cs, g, norm.factor);
       if (host) {  // (which zeroes the gradient shard after its copy)
@@ -716,12 +777,15 @@ int64_t ShardingRuntime::unit_shard_numel(int u) const {
   return impl_->units.at(u).layout.shard_numel;
 }
 View ShardingRuntime::param_shard(int u) const {
+  // Offload all: the host's shard, once its update is done.
+  if (impl_->host_shards(u)) return impl_->offload->host_params(u);
   // An offloaded update still on the host goes back first (an error fails the runtime: the
   // next hook reports it).
   impl_->EnsureUploaded(u).IgnoreError();
   return impl_->units.at(u).param_shard.view();
 }
 View ShardingRuntime::grad_shard(int u) const {
+  if (impl_->host_shards(u)) return impl_->offload->host_grads(u);
   impl_->EnsureUploaded(u).IgnoreError();  // (orders the compute stream after its zeroing)
   return impl_->units.at(u).grad_shard.view();
 }
@@ -765,6 +829,12 @@ absl::Status ShardingRuntime::GatherUnit(int u, float* out) {
   Impl& m = *impl_;
   FSDP_ASSIGN_OR_RETURN(Unit * unit, m.GetUnit(u, "GatherUnit"));
   FSDP_RETURN_IF_ERROR(m.EnsureUploaded(u));
+  if (m.host_shards(u)) {
+    FSDP_ASSIGN_OR_RETURN(Accounted up, m.UpFromHost(u, false, m.book.gathered, "GatherUnit"));
+    absl::Status s = m.GatherToHost(*unit, up, "GatherUnit", out);
+    m.pending.Add(std::move(up), {m.backend->Record(Stream::kCompute)});
+    return s;
+  }
   return m.GatherToHost(*unit, unit->param_shard, "GatherUnit", out);
 }
 
@@ -777,7 +847,15 @@ absl::Status ShardingRuntime::GatherUnitGradient(int u, float* out) {
         "call it between FinishBackward() and Step()");
   }
   FSDP_RETURN_IF_ERROR(m.CheckAllReduced(u, "GatherUnitGradient"));
-  FSDP_RETURN_IF_ERROR(m.GatherToHost(*unit, unit->grad_shard, "GatherUnitGradient", out));
+  if (m.host_shards(u)) {
+    FSDP_ASSIGN_OR_RETURN(Accounted up,
+                          m.UpFromHost(u, true, m.book.grad_buffers, "GatherUnitGradient"));
+    absl::Status s = m.GatherToHost(*unit, up, "GatherUnitGradient", out);
+    m.pending.Add(std::move(up), {m.backend->Record(Stream::kCompute)});
+    FSDP_RETURN_IF_ERROR(s);
+  } else {
+    FSDP_RETURN_IF_ERROR(m.GatherToHost(*unit, unit->grad_shard, "GatherUnitGradient", out));
+  }
   const double k = static_cast<double>(m.passes_since_step) * m.scaler.scale();
   for (int64_t i = 0; i < unit->layout.numel; ++i) out[i] = static_cast<float>(out[i] / k);
   return absl::OkStatus();

@@ -147,6 +147,7 @@ struct Unit {
   int64_t gather_issued_ns = 0;
   Event reduce_event;
   int64_t reduce_issued_ns = 0;
+  Event grad_down;  // OffloadKind::kAll: the reduced shard's copy to the host in flight
 };
 
 // Records a span on the in-flight lane: from when the runtime issued `done`'s work to when it

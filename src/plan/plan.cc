@@ -70,13 +70,18 @@ class Replay {
   // ShardingRuntime::Finalize: per unit the parameter and gradient shards, then the
   // optimizer's state (AdamW: exp_avg and exp_avg_sq; SGD with momentum: one buffer).
   // Offloaded units (`offloaded`) keep their state on the host instead: host_bytes().
+  // OffloadKind::kAll: their parameter and gradient shards too (host_shards_).
   void Finalize(const std::vector<bool>& offloaded) {
+    const bool all = o_.offload.what == OffloadKind::kAll;
+    host_shards_.assign(units_.size(), false);
     for (SimUnit& u : units_) {
-      Keep(Alloc(kParams, u.shard_numel * 4));
+      const bool off = offloaded[&u - units_.data()];
+      host_shards_[&u - units_.data()] = off && all;
+      if (!(off && all)) Keep(Alloc(kParams, u.shard_numel * 4));
       if (quantized()) Keep(Alloc(kParams, Chunk(u).bytes()));
-      Keep(Alloc(kGrads, u.shard_numel * 4));
-      if (offloaded[&u - units_.data()]) {
-        host_bytes_ += OffloadHostBytes(u.shard_numel);
+      if (!(off && all)) Keep(Alloc(kGrads, u.shard_numel * 4));
+      if (off) {
+        host_bytes_ += OffloadHostBytes(u.shard_numel, o_.offload.what);
         continue;
       }
       const int states = o_.optimizer == OptimizerKind::kAdamW ? 2 : o_.sgd_momentum ? 1 : 0;
@@ -125,10 +130,18 @@ class Replay {
   // gather.cc
   absl::Status IssueGather(int u) {
     SimUnit& unit = units_[u];
-    if (unit.gathered.allocated() || (S_ == 1 && pd() == DType::kF32)) return absl::OkStatus();
+    if (unit.gathered.allocated() || (S_ == 1 && pd() == DType::kF32 && !host_shards_[u])) {
+      return absl::OkStatus();
+    }
     WaitUntilAtMost(kGathered, 1);
     unit.gathered =
         Alloc(kGathered, unit.padded_numel * static_cast<int64_t>(DTypeSize(pd())));
+    if (host_shards_[u] && !unit.secondary.allocated() &&
+        !(quantized() && schedule_.in_backward())) {
+      // Offload all: the shard up from the host, given back once staged.
+      Buf up = Alloc(kGathered, unit.shard_numel * 4);
+      PendingAdd(up, {kEmptyEvent});
+    }
     if (S_ == 1) return absl::OkStatus();
     if (unit.secondary.allocated()) {  // IssueSecondaryGather: copied in, then given back
       PendingAdd(unit.secondary, {kEmptyEvent});
@@ -406,6 +419,12 @@ class Replay {
     // The global norm's scratch: this rank's and the total f64 sums, the S ranks' f32 pairs
     // (all-gathered), this rank's pair and the clip factor.
     Buf scratch = Alloc(kGradBuffers, (4 + 2 * int64_t{S_} + 3) * 4, /*comm=*/true);
+    // Offload all: each host gradient shard up for the norm, given back once summed.
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (!host_shards_[u]) continue;
+      Buf up = Alloc(kGradBuffers, units_[u].shard_numel * 4);
+      PendingAdd(up, {kEmptyEvent});
+    }
     PendingAdd(scratch, {kEmptyEvent});
     Collect();
   }
@@ -419,6 +438,7 @@ class Replay {
   std::deque<Entry> pending_;
   bool overflowed_ = false;
   int64_t host_bytes_ = 0;
+  std::vector<bool> host_shards_;  // OffloadKind::kAll: the unit's shards live on the host
   internal::UnitSchedule<Replay> schedule_;  // last: it runs on the members above
 };
 
@@ -526,7 +546,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   std::vector<bool> offloaded(model.unit_numel.size(), false);
   if (o.offload.what != OffloadKind::kNone) {
     if (o.optimizer != OptimizerKind::kAdamW) {
-      return Invalid("offload optimizer needs AdamW (the host runs the AdamW update)");
+      return Invalid(absl::StrCat("offload ", std::string(OffloadName(o.offload.what)),
+                                  " needs AdamW (the host runs the AdamW update)"));
     }
     std::vector<int64_t> shard_numel;
     for (int64_t n : model.unit_numel) shard_numel.push_back((n + mesh.shard - 1) / mesh.shard);
@@ -565,10 +586,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanModel& model, const PlanRequest&
   // memory (AsyncCheckpointer::snapshot_bytes, which leaves out the padding of a last shard).
   p.host_offload_bytes = replay.host_bytes();
   p.offloaded_units = static_cast<int>(std::count(offloaded.begin(), offloaded.end(), true));
-  // (The offloaded units' state is half of their host bytes: exp_avg and exp_avg_sq.)
+  // (The offloaded units' state is 8 of their 16 host bytes an element: exp_avg and
+  // exp_avg_sq; with offload all, the parameters too: 12 of 20.)
   if (o.async_checkpoint) {
-    p.checkpoint_snapshot_bytes = p.param_shard_bytes + p.optimizer_bytes + p.host_offload_bytes / 2;
+    p.checkpoint_snapshot_bytes =
+        p.param_shard_bytes + p.optimizer_bytes +
+        (o.offload.what == OffloadKind::kAll ? p.host_offload_bytes / 20 * 12
+                                             : p.host_offload_bytes / 2);
   }
+  p.offload = o.offload.what;
 
   p.model = model.name;
   p.num_parameters = model.num_parameters;
@@ -636,8 +662,10 @@ std::string FormatMemoryPlan(const MemoryPlan& p) {
   out += line("  with checkpointing", p.activation_bytes_with_checkpointing, "");
   out += line("peak (all together)", p.peak_bytes, "");
   if (p.offloaded_units > 0) {
-    const std::string note = absl::StrCat(p.offloaded_units, " of ", p.num_units,
-                                          " units' AdamW state and staging");
+    const std::string note = absl::StrCat(
+        p.offloaded_units, " of ", p.num_units,
+        p.offload == OffloadKind::kAll ? " units' parameter, gradient and AdamW shards"
+                                       : " units' AdamW state and staging");
     out += line("offload (host)", p.host_offload_bytes, note.c_str());
   }
   if (p.checkpoint_snapshot_bytes > 0) {

@@ -47,6 +47,7 @@ struct Case {
   std::string config;
   int micro_batches;
   DType param_dtype;
+  Accumulation accumulation = Accumulation::kNoSync;
 };
 
 // Every unit offloaded, and half of them by budget: losses, norms and parameters bit for bit
@@ -58,54 +59,69 @@ TEST(OffloadTest, TrainsBitwiseTheRunWithoutOffload) {
       {"HYBRID_SHARD 2x2 llama-nano accum2 bf16", ShardingStrategy::kHybridShard, 4, 2,
        "llama-nano", 2, DType::kBF16},
       {"NO_SHARD N2 nano", ShardingStrategy::kNoShard, 2, 0, "nano", 1, DType::kF32},
+      // A reduction on every micro-batch: offload all adds each on the host.
+      {"FULL_SHARD N2 nano accum3 every", ShardingStrategy::kFullShard, 2, 0, "nano", 3,
+       DType::kF32, Accumulation::kEvery},
   };
   for (const Case& c : cases) {
     testing::TrainSpec spec;
     spec.config = c.config;
     spec.steps = 4;
     spec.micro_batches = c.micro_batches;
+    spec.accumulation = c.accumulation;
     spec.max_grad_norm = 0.5f;  // clipping on some steps: the factor is the device's
     ShardingOptions so;
     so.strategy = c.strategy;
     so.hybrid_shard_size = c.hybrid;
     so.mixed_precision.param_dtype = c.param_dtype;
     const std::vector<testing::TrainResult> base = TrainOnRanks(c.world, spec, so);
-    for (int64_t budget : {int64_t{-1}, int64_t{0}, int64_t{1} << 20}) {
-      ShardingOptions off = so;
-      off.offload.what = OffloadKind::kOptimizer;
-      off.offload.budget_bytes = budget;
-      const std::vector<testing::TrainResult> res = TrainOnRanks(c.world, spec, off);
-      for (int r = 0; r < c.world; ++r) {
-        const testing::TrainResult &a = base[r], &b = res[r];
-        const std::string where = absl::StrCat(c.name, ", budget ", budget, ", rank ", r);
-        EXPECT_EQ(b.losses, a.losses) << where;
-        EXPECT_EQ(b.grad_norms, a.grad_norms) << where;
-        EXPECT_TRUE(testing::BitEqual(b.params, a.params)) << where;
-        // What moved: 8 bytes per offloaded shard element off the device, 16 onto the host.
-        int64_t numel = 0;
-        for (int u : b.offloaded_units) numel += b.unit_shard_numel[u];
-        EXPECT_EQ(b.memory.optimizer_bytes, a.memory.optimizer_bytes - 8 * numel) << where;
-        EXPECT_EQ(b.memory.host_offload_bytes, 16 * numel) << where;
-        EXPECT_EQ(b.memory.offloaded_units, static_cast<int>(b.offloaded_units.size())) << where;
-        testing::ExpectReportIsBackend(b.memory, b.backend_memory, where);
-        if (budget < 0) {
-          EXPECT_EQ(static_cast<int>(b.offloaded_units.size()), b.num_units) << where;
-          EXPECT_EQ(b.memory.optimizer_bytes, 0) << where;
+    for (const OffloadKind kind : {OffloadKind::kOptimizer, OffloadKind::kAll}) {
+      for (int64_t budget : {int64_t{-1}, int64_t{0}, int64_t{1} << 20}) {
+        ShardingOptions off = so;
+        off.offload.what = kind;
+        off.offload.budget_bytes = budget;
+        const std::vector<testing::TrainResult> res = TrainOnRanks(c.world, spec, off);
+        const bool all = kind == OffloadKind::kAll;
+        for (int r = 0; r < c.world; ++r) {
+          const testing::TrainResult &a = base[r], &b = res[r];
+          const std::string where = absl::StrCat(c.name, ", offload ", std::string(OffloadName(kind)),
+                                                 ", budget ", budget, ", rank ", r);
+          EXPECT_EQ(b.losses, a.losses) << where;
+          EXPECT_EQ(b.grad_norms, a.grad_norms) << where;
+          EXPECT_TRUE(testing::BitEqual(b.params, a.params)) << where;
+          // What moved: 8 bytes per offloaded shard element off the device (16 with all: the
+          // parameter and gradient shards too), 16 onto the host (20 with all).
+          int64_t numel = 0;
+          for (int u : b.offloaded_units) numel += b.unit_shard_numel[u];
+          EXPECT_EQ(b.memory.optimizer_bytes, a.memory.optimizer_bytes - 8 * numel) << where;
+          EXPECT_EQ(b.memory.param_shard_bytes, a.memory.param_shard_bytes - (all ? 4 * numel : 0))
+              << where;
+          EXPECT_EQ(b.memory.grad_shard_bytes, a.memory.grad_shard_bytes - (all ? 4 * numel : 0))
+              << where;
+          EXPECT_EQ(b.memory.host_offload_bytes, (all ? 20 : 16) * numel) << where;
+          EXPECT_EQ(b.memory.offloaded_units, static_cast<int>(b.offloaded_units.size())) << where;
+          testing::ExpectReportIsBackend(b.memory, b.backend_memory, where);
+          if (budget < 0) {
+            EXPECT_EQ(static_cast<int>(b.offloaded_units.size()), b.num_units) << where;
+            EXPECT_EQ(b.memory.optimizer_bytes, 0) << where;
+          }
+          if (budget == 0) {
+            EXPECT_TRUE(b.offloaded_units.empty()) << where;
+          }
+          EXPECT_EQ(b.offload.updates,
+                    spec.steps * static_cast<int64_t>(b.offloaded_units.size())) << where;
+          EXPECT_LE(b.memory.host_offload_bytes, budget < 0 ? INT64_MAX : budget) << where;
         }
-        if (budget == 0) {
-          EXPECT_TRUE(b.offloaded_units.empty()) << where;
-        }
-        EXPECT_EQ(b.offload.updates,
-                  spec.steps * static_cast<int64_t>(b.offloaded_units.size())) << where;
-        EXPECT_LE(b.memory.host_offload_bytes, budget < 0 ? INT64_MAX : budget) << where;
+        std::printf("%s, offload %s, budget %lld: %zu of %d units offloaded, device "
+                    "persistent %lld -> %lld bytes, host %lld bytes; host updates %.1f ms, "
+                    "waited %.1f ms\n",
+                    c.name, std::string(OffloadName(kind)).c_str(),
+                    static_cast<long long>(budget), res[0].offloaded_units.size(),
+                    res[0].num_units, static_cast<long long>(base[0].memory.persistent_bytes()),
+                    static_cast<long long>(res[0].memory.persistent_bytes()),
+                    static_cast<long long>(res[0].memory.host_offload_bytes),
+                    1e3 * res[0].offload.host_update_seconds, 1e3 * res[0].offload.wait_seconds);
       }
-      std::printf("%s, offload budget %lld: %zu of %d units offloaded, device optimizer state "
-                  "%lld -> %lld bytes, host %lld bytes; host updates %.1f ms, waited %.1f ms\n",
-                  c.name, static_cast<long long>(budget), res[0].offloaded_units.size(),
-                  res[0].num_units, static_cast<long long>(base[0].memory.optimizer_bytes),
-                  static_cast<long long>(res[0].memory.optimizer_bytes),
-                  static_cast<long long>(res[0].memory.host_offload_bytes),
-                  1e3 * res[0].offload.host_update_seconds, 1e3 * res[0].offload.wait_seconds);
     }
   }
 }
@@ -134,19 +150,45 @@ TEST(OffloadTest, AModelThatDoesNotFitTheDeviceTrainsWithOffload) {
   std::printf("nano, 2 ranks: device budget %lld bytes; without offload: %s; with: peak %lld\n",
               static_cast<long long>(spec.memory_limit_bytes), without.ToString().c_str(),
               static_cast<long long>(with[0].backend_memory.peak_bytes));
+  // Smaller still: less than offloading the optimizer state saves. Offload all (the parameter
+  // and gradient shards too) fits, and still computes what the unbounded device does.
+  const int64_t shards = free_run[0].memory.param_shard_bytes;
+  spec.memory_limit_bytes = peak - saved - shards / 2;
+  absl::Status optimizer_only;
+  TrainOnRanks(2, spec, off, &optimizer_only);
+  EXPECT_EQ(optimizer_only.code(), absl::StatusCode::kResourceExhausted) << optimizer_only;
+  off.offload.what = OffloadKind::kAll;
+  const std::vector<testing::TrainResult> all = TrainOnRanks(2, spec, off);
+  EXPECT_EQ(all[0].losses, free_run[0].losses);
+  EXPECT_TRUE(testing::BitEqual(all[0].params, free_run[0].params));
+  EXPECT_LE(all[0].backend_memory.peak_bytes, spec.memory_limit_bytes);
+  std::printf("nano, 2 ranks: device budget %lld bytes; offload optimizer: %s; offload all: "
+              "peak %lld\n",
+              static_cast<long long>(spec.memory_limit_bytes), optimizer_only.ToString().c_str(),
+              static_cast<long long>(all[0].backend_memory.peak_bytes));
 }
+
+void CheckpointRoundTrip(OffloadKind kind);
 
 // A checkpoint saved with offload holds the host's state: loading it (with or without offload)
 // continues bitwise as the uninterrupted run.
 TEST(OffloadTest, CheckpointsRoundTripTheHostState) {
-  const std::string dir = ::testing::TempDir() + "/offload_ckpt_" + std::to_string(getpid());
+  for (const OffloadKind kind : {OffloadKind::kOptimizer, OffloadKind::kAll}) {
+    SCOPED_TRACE(std::string(OffloadName(kind)));
+    CheckpointRoundTrip(kind);
+  }
+}
+
+void CheckpointRoundTrip(OffloadKind kind) {
+  const std::string dir = ::testing::TempDir() + "/offload_ckpt_" + std::to_string(getpid()) +
+                          "_" + std::string(OffloadName(kind));
   testing::CkptRun run;
   run.backend = "sim";
-  run.offload = OffloadKind::kOptimizer;
+  run.offload = kind;
   auto whole = testing::RunThreads(2, run, 4, "", "");
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_TRUE(testing::RunThreads(2, run, 2, "", dir + "/a").ok());
-  for (OffloadKind resume : {OffloadKind::kOptimizer, OffloadKind::kNone}) {
+  for (OffloadKind resume : {kind, OffloadKind::kNone}) {
     testing::CkptRun again = run;
     again.offload = resume;
     auto rest = testing::RunThreads(2, again, 2, dir + "/a", "");
@@ -255,7 +297,9 @@ TEST(OffloadTest, BadSettingsAreClearErrorsBeforeTraining) {
   EXPECT_THAT(h.message(), HasSubstr("physical memory"));
   EXPECT_TRUE(CreateWith("sim", so).ok());
   EXPECT_EQ(ParseOffload("Optimizer").value(), OffloadKind::kOptimizer);
-  EXPECT_THAT(ParseOffload("all").status().message(), HasSubstr("use none or optimizer"));
+  EXPECT_THAT(ParseOffload("some").status().message(),
+              HasSubstr("use none, optimizer (the AdamW state"));
+  EXPECT_EQ(*ParseOffload("ALL"), OffloadKind::kAll);
   // An unknown unit name: Finalize fails on every rank, naming it.
   testing::TrainSpec spec;
   spec.steps = 1;
@@ -265,6 +309,23 @@ TEST(OffloadTest, BadSettingsAreClearErrorsBeforeTraining) {
   TrainOnRanks(2, spec, named, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_THAT(st.message(), HasSubstr("no-such-unit"));
+  // Offload all with HYBRID's accumulation without the replica all-reduce (whose fold reads
+  // the accumulated gradient shard on the device): a clear error, not a wrong gradient.
+  testing::TrainSpec accum;
+  accum.config = "nano";
+  accum.steps = 1;
+  accum.micro_batches = 2;
+  accum.accumulation = Accumulation::kSharded;
+  ShardingOptions hybrid;
+  hybrid.strategy = ShardingStrategy::kHybridShard;
+  hybrid.hybrid_shard_size = 2;
+  hybrid.offload.what = OffloadKind::kAll;
+  absl::Status sharded;
+  TrainOnRanks(4, accum, hybrid, &sharded);
+  EXPECT_EQ(sharded.code(), absl::StatusCode::kFailedPrecondition) << sharded;
+  EXPECT_THAT(sharded.message(), HasSubstr("offload all keeps on the host"));
+  hybrid.offload.what = OffloadKind::kOptimizer;  // the optimizer's offload takes it
+  TrainOnRanks(4, accum, hybrid);
 }
 
 }  // namespace

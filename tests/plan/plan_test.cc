@@ -504,29 +504,35 @@ TEST(PlanAgreesWithRuntime, SecondaryShard) {
 }
 
 // Offload of the optimizer state (measured on the sim device): the units the budget takes keep
-// no state on the device, and the host holds 16 bytes per shard element of each.
+// no state on the device, and the host holds 16 bytes per shard element of each; offload all
+// keeps their parameter and gradient shards off the device too (20 host bytes an element).
 TEST(PlanAgreesWithRuntime, Offload) {
   std::vector<Case> cases;
-  for (int64_t budget : {int64_t{-1}, int64_t{700000}}) {
-    Case full = Make("nano", ShardingStrategy::kFullShard, 2);
-    full.offload.what = OffloadKind::kOptimizer;
-    full.offload.budget_bytes = budget;
-    Case hybrid = Make("llama-nano", ShardingStrategy::kHybridShard, 4, 2);
-    hybrid.param_dtype = DType::kBF16;
-    hybrid.checkpoint_every = 1;
-    hybrid.offload = full.offload;
-    cases.push_back(full);
-    cases.push_back(hybrid);
+  for (OffloadKind kind : {OffloadKind::kOptimizer, OffloadKind::kAll}) {
+    for (int64_t budget : {int64_t{-1}, int64_t{700000}}) {
+      Case full = Make("nano", ShardingStrategy::kFullShard, 2);
+      full.offload.what = kind;
+      full.offload.budget_bytes = budget;
+      Case hybrid = Make("llama-nano", ShardingStrategy::kHybridShard, 4, 2);
+      hybrid.param_dtype = DType::kBF16;
+      hybrid.checkpoint_every = 1;
+      hybrid.offload = full.offload;
+      cases.push_back(full);
+      cases.push_back(hybrid);
+    }
   }
   for (const Case& c : cases) {
     ExpectAgrees(c);
     absl::StatusOr<std::vector<MemoryReport>> measured = Measure(c);
     ASSERT_TRUE(measured.ok()) << measured.status();
     const MemoryPlan plan = *PlanMemory(c.Request());
+    const std::string name = absl::StrCat(c.Name(), " ", std::string(OffloadName(c.offload.what)));
     for (const MemoryReport& m : *measured) {  // exact, on every rank
-      EXPECT_EQ(m.host_offload_bytes, plan.host_offload_bytes) << c.Name();
-      EXPECT_EQ(m.optimizer_bytes, plan.optimizer_bytes) << c.Name();
-      EXPECT_EQ(m.offloaded_units, plan.offloaded_units) << c.Name();
+      EXPECT_EQ(m.host_offload_bytes, plan.host_offload_bytes) << name;
+      EXPECT_EQ(m.optimizer_bytes, plan.optimizer_bytes) << name;
+      EXPECT_EQ(m.param_shard_bytes, plan.param_shard_bytes) << name;
+      EXPECT_EQ(m.grad_shard_bytes, plan.grad_shard_bytes) << name;
+      EXPECT_EQ(m.offloaded_units, plan.offloaded_units) << name;
     }
   }
   PlanRequest r = cases[0].Request();
@@ -537,6 +543,12 @@ TEST(PlanAgreesWithRuntime, Offload) {
   EXPECT_EQ(with.host_offload_bytes, 2 * without.optimizer_bytes);
   EXPECT_EQ(without.peak_bytes - with.peak_bytes, without.optimizer_bytes);
   EXPECT_THAT(FormatMemoryPlan(with), ::testing::HasSubstr("offload (host)"));
+  r.offload = cases[0].offload;
+  r.offload.what = OffloadKind::kAll;
+  const MemoryPlan all = *PlanMemory(r);
+  EXPECT_EQ(all.optimizer_bytes + all.param_shard_bytes + all.grad_shard_bytes, 0);
+  EXPECT_EQ(all.host_offload_bytes, with.host_offload_bytes / 16 * 20);
+  EXPECT_LT(all.peak_bytes, with.peak_bytes);
   r.offload.what = OffloadKind::kOptimizer;
   r.optimizer = OptimizerKind::kSgd;
   EXPECT_THAT(std::string(PlanMemory(r).status().message()), ::testing::HasSubstr("needs AdamW"));
