@@ -79,7 +79,7 @@ ABSL_FLAG(std::string, accumulate, "auto",
           "the last micro-batch, one reduction per step), sharded (reduce-scattered every "
           "micro-batch into the gradient shard; HYBRID all-reduces across replicas only in the "
           "last), every (every reduction every micro-batch), or auto (sharded for the HYBRID "
-          "strategies, no_sync for the others)");
+          "strategies, every with them under --offload all, no_sync for the others)");
 ABSL_FLAG(int, seq, 64, "sequence length T (at most the config's block size)");
 ABSL_FLAG(int, steps, 1000, "optimizer steps (a resumed run continues up to this step)");
 ABSL_FLAG(double, lr, 3e-4, "peak learning rate (AdamW; MODEL_SPEC.md's default)");
@@ -750,6 +750,19 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
                    "allowed: 0 (unlimited) or a rate in GB/s, with --backend sim only");
   }
   if (host_gbps > 0) s.backend_options["host_bytes_per_second"] = absl::StrCat(host_gbps * 1e9);
+  // Offload all keeps the gradient shards on the host, where the sharded accumulation of the
+  // HYBRID strategies cannot fold them: auto takes every instead, and an explicit sharded is
+  // refused here rather than at the first backward.
+  if (s.model.sharding.offload.what == fsdp::OffloadKind::kAll && hybrid &&
+      s.micro_batches > 1 && s.accumulation == fsdp::Accumulation::kSharded) {
+    if (absl::GetFlag(FLAGS_accumulate) != "auto") {
+      return BadFlag("accumulate", "sharded",
+                     "with --offload all the gradient shards live on the host, where the "
+                     "sharded accumulation cannot fold them; use every or no_sync, or "
+                     "--offload optimizer");
+    }
+    s.accumulation = fsdp::Accumulation::kEvery;
+  }
   // (train_gpt always trains with AdamW, which offload needs.)
   if (s.model.sharding.offload.what != fsdp::OffloadKind::kNone && s.backend == "cpu") {
     return BadFlag("offload", std::string(fsdp::OffloadName(s.model.sharding.offload.what)),
