@@ -227,24 +227,22 @@ absl::Status HostOffload::WaitGradients(int u) {
   return status;
 }
 
-absl::Status HostOffload::UploadParams(int u, View dst) {
-  FSDP_RETURN_IF_ERROR(WaitUpdate(u));
-  UnitState& s = units_[u];
-  const int64_t n = s.opt->numel();
-  FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(dst.Slice(0, n), s.param.data()));
+absl::Status HostOffload::CopyUp(int u, View dst, const Buffer& src) {
+  const int64_t n = units_[u].opt->numel();
+  FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(dst.Slice(0, n), src.data()));
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_to_device += 4 * n;
   return absl::OkStatus();
 }
 
+absl::Status HostOffload::UploadParams(int u, View dst) {
+  FSDP_RETURN_IF_ERROR(WaitUpdate(u));
+  return CopyUp(u, dst, units_[u].param);
+}
+
 absl::Status HostOffload::UploadGradient(int u, View dst) {
   FSDP_RETURN_IF_ERROR(WaitGradients(u));
-  UnitState& s = units_[u];
-  const int64_t n = s.opt->numel();
-  FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(dst.Slice(0, n), s.grad.data()));
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_to_device += 4 * n;
-  return absl::OkStatus();
+  return CopyUp(u, dst, units_[u].grad);
 }
 
 View HostOffload::host_params(int u) {
@@ -297,14 +295,10 @@ absl::Status HostOffload::EnsureUploaded(int u, View param_shard) {
   if (!pending(u)) return absl::OkStatus();
   UnitState& s = units_[u];
   FSDP_RETURN_IF_ERROR(WaitUpdate(u));
-  const int64_t n = s.opt->numel();
   // The compute stream goes on after the copies and the gradient's zeroing (done: the host
   // had the shards), so its next accumulation into the gradient shard follows them.
   FSDP_RETURN_IF_ERROR(device_->Wait(Stream::kCompute, s.copied));
-  FSDP_RETURN_IF_ERROR(device_->CopyFromHostAsync(param_shard.Slice(0, n), s.param.data()));
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_to_device += 4 * n;
-  return absl::OkStatus();
+  return CopyUp(u, param_shard, s.param);
 }
 
 void HostOffload::Work() {

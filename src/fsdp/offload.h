@@ -118,6 +118,8 @@ class HostOffload {
     bool all = false, scale = false;
   };
   void Push(Job job);
+  // `src` (u's shard_numel floats on the host) into `dst` on the compute stream, counted.
+  absl::Status CopyUp(int u, View dst, const Buffer& src);
   HostOffload(Backend* device, std::unique_ptr<CpuBackend> host);
   void Work();
 
