@@ -266,6 +266,7 @@ struct CudaBackend::Impl {
 namespace cuda_internal {
 
 cudaStream_t StreamOf(CudaBackend& b, Stream s) { return b.impl().stream(s); }
+
 const std::shared_ptr<Failure>& FailureOf(CudaBackend& b) { return b.impl().failure; }
 absl::Status UseDevice(CudaBackend& b) { return b.impl().Use(); }
 
@@ -302,6 +303,8 @@ void Scratch::Release() {
 }
 
 }  // namespace cuda_internal
+
+void* CudaBackend::native_stream(Stream s) { return impl().stream(s); }
 
 int CudaDeviceCount() {
   int n = 0;

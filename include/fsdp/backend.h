@@ -202,6 +202,10 @@ class Backend {
   absl::Status Sync(const Event& e);
   // The host waits for the work issued on every stream; a host synchronisation.
   absl::Status Synchronize();
+  // The device runtime's own handle of stream `s` (a cudaStream_t on the cuda backend), for a
+  // framework that issues its own kernels in the runtime's order; nullptr where the streams are
+  // the library's own (cpu, sim) or the device runtime exposes none (PJRT).
+  virtual void* native_stream(Stream /*s*/) { return nullptr; }
 
   // ---- compute and communication -------------------------------------------------------------
   // The runtime's ops (fsdp/ops.h RuntimeOps): every backend has them.

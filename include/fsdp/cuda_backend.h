@@ -71,6 +71,7 @@ class CudaBackend final : public Backend {
   absl::Status Memset(View dst, int byte, Stream s = Stream::kCompute) override;
   Event Record(Stream s) override;
   absl::Status Wait(Stream s, const Event& e) override;
+  void* native_stream(Stream s) override;
   RuntimeOps& runtime_ops() override;
   Ops* model_ops() override;
   absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) override;
