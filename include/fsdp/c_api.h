@@ -370,6 +370,42 @@ fsdp_error* fsdp_safetensors_export(fsdp_runtime* runtime, const char* path, fsd
 fsdp_error* fsdp_safetensors_import(fsdp_runtime* runtime, const char* path,
                                     int ignore_extra_tensors);
 
+/* ---- the bundled models (MODEL_SPEC.md: GPT-2 and Llama 2) ----------------------------------- */
+/* A bundled model trained with sharding (fsdp/nn/sharded_model.h): its forward and backward run
+ * through the same hooks, on a backend that has the model ops (cpu, sim, pjrt, cuda). */
+typedef struct fsdp_model fsdp_model;
+
+typedef struct fsdp_model_options {
+  size_t struct_size;
+  const char* config;   /* "nano", "mini", "gpt2", ..., "llama-nano", "llama2-7b" (NULL: "nano") */
+  int batch_size;       /* B, sequences per rank and micro-batch: 8 */
+  int seq_len;          /* T: 64 */
+  uint64_t seed;        /* parameter initialisation: 1337 */
+  int checkpoint_every; /* activation checkpointing of every k-th block; 0: none */
+} fsdp_model_options;
+void fsdp_model_options_init(fsdp_model_options* options);
+
+/* Collective over `world`. `backend` and `world` must outlive the model. */
+fsdp_error* fsdp_model_create(fsdp_backend* backend, fsdp_world* world,
+                              const fsdp_sharding_options* sharding,
+                              const fsdp_model_options* options, fsdp_model** out);
+void fsdp_model_destroy(fsdp_model* model);
+/* The model's vocabulary size, block size (longest sequence) and parameter count. */
+fsdp_error* fsdp_model_info(const fsdp_model* model, int* vocab_size, int* block_size,
+                            int64_t* num_parameters);
+/* One micro-batch on this rank: forward, loss, backward. `inputs` and `targets` are B x T token
+ * ids (`count` = B * T each, in [0, vocab_size)); `loss` (may be NULL) gets this rank's mean
+ * loss. Gradients accumulate until fsdp_model_step. */
+fsdp_error* fsdp_model_forward_backward(fsdp_model* model, const int32_t* inputs,
+                                        const int32_t* targets, int64_t count, float* loss);
+/* Forward only (evaluation): this rank's mean loss. */
+fsdp_error* fsdp_model_forward(fsdp_model* model, const int32_t* inputs, const int32_t* targets,
+                               int64_t count, float* loss);
+fsdp_error* fsdp_model_step(fsdp_model* model, float lr, fsdp_step_stats* out);
+/* The model's runtime, for set_sync_gradients, the memory report and checkpoints. The handle is
+ * the model's: valid until fsdp_model_destroy; fsdp_runtime_destroy ignores it. */
+fsdp_error* fsdp_model_runtime(fsdp_model* model, fsdp_runtime** out);
+
 /* ---- the planner ---------------------------------------------------------------------------- */
 /* fsdp/plan.h's PlanRequest for a bundled model configuration. */
 typedef struct fsdp_plan_request {

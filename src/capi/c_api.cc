@@ -24,6 +24,8 @@
 #include "fsdp/local_world.h"
 #include "fsdp/mesh.h"
 #include "fsdp/mpi_world.h"
+#include "fsdp/nn/model_config.h"
+#include "fsdp/nn/sharded_model.h"
 #include "fsdp/plan.h"
 #include "fsdp/registry.h"
 #include "fsdp/sharding.h"
@@ -54,7 +56,16 @@ struct fsdp_backend {
 };
 
 struct fsdp_runtime {
-  std::unique_ptr<fsdp::ShardingRuntime> runtime;
+  std::unique_ptr<fsdp::ShardingRuntime> runtime;  // empty when a model owns it
+  fsdp::ShardingRuntime* rt = nullptr;
+  fsdp_world* world = nullptr;
+  fsdp_backend* backend = nullptr;
+  bool borrowed = false;  // a model's (fsdp_model_runtime): the model destroys it
+};
+
+struct fsdp_model {
+  std::unique_ptr<fsdp::nn::ShardedModel> model;
+  fsdp_runtime* runtime = nullptr;  // borrowed handle of the model's runtime
   fsdp_world* world = nullptr;
   fsdp_backend* backend = nullptr;
 };
@@ -70,7 +81,7 @@ using fsdp::Communicator;
 
 // ---- live handles ---------------------------------------------------------------------------
 
-enum class Kind : int { kWorld, kBackend, kRuntime, kThreadGroup };
+enum class Kind : int { kWorld, kBackend, kRuntime, kThreadGroup, kModel };
 
 const char* KindName(Kind k) {
   switch (k) {
@@ -78,6 +89,7 @@ const char* KindName(Kind k) {
     case Kind::kBackend: return "fsdp_backend";
     case Kind::kRuntime: return "fsdp_runtime";
     case Kind::kThreadGroup: return "fsdp_thread_group";
+    case Kind::kModel: return "fsdp_model";
   }
   return "handle";
 }
@@ -331,10 +343,33 @@ absl::Status WriteUnitView(const fsdp::UnitView& u, fsdp_unit_view* out, const c
   return WriteStruct(out, v, fn, "fsdp_unit_view");
 }
 
+// Before a step: an `out` whose struct_size cannot be right is refused before the step runs.
+absl::Status CheckStepStats(const fsdp_step_stats* out, const char* fn) {
+  if (out != nullptr && out->struct_size < sizeof(size_t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, ": out->struct_size is ", out->struct_size, "; set it to sizeof(fsdp_step_stats)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteStepStats(const fsdp::StepStats& s, fsdp_step_stats* out, const char* fn) {
+  fsdp_step_stats c;
+  std::memset(&c, 0, sizeof(c));
+  c.struct_size = sizeof(c);
+  c.grad_norm = s.grad_norm;
+  c.clip_coefficient = s.clip_coefficient;
+  c.lr = s.lr;
+  c.step = s.step;
+  c.skipped = s.skipped;
+  c.nonfinite = s.nonfinite;
+  c.loss_scale = s.loss_scale;
+  return WriteStruct(out, c, fn, "fsdp_step_stats");
+}
+
 // The runtime's hooks and queries, after the handle check.
-#define FSDP_RUNTIME(rt)                         \
-  FSDP_CHECK_HANDLE(rt, Kind::kRuntime, "runtime"); \
-  fsdp::ShardingRuntime& r = *(rt)->runtime
+#define FSDP_RUNTIME(handle)                            \
+  FSDP_CHECK_HANDLE(handle, Kind::kRuntime, "runtime"); \
+  fsdp::ShardingRuntime& r = *(handle)->rt
 
 absl::Status CheckUnit(const fsdp::ShardingRuntime& r, int unit, const char* fn) {
   if (unit < 0 || unit >= r.num_units()) {
@@ -783,6 +818,7 @@ fsdp_error* fsdp_runtime_create(fsdp_backend* backend, fsdp_world* world,
         std::unique_ptr<fsdp::ShardingRuntime> runtime,
         fsdp::ShardingRuntime::Create(backend->backend.get(), *world->comm, std::move(o)));
     auto* r = new fsdp_runtime;
+    r->rt = runtime.get();
     r->runtime = std::move(runtime);
     r->world = world;
     r->backend = backend;
@@ -795,7 +831,15 @@ fsdp_error* fsdp_runtime_create(fsdp_backend* backend, fsdp_world* world,
 }
 
 void fsdp_runtime_destroy(fsdp_runtime* runtime) {
-  if (runtime == nullptr || !RemoveHandle(runtime, Kind::kRuntime)) return;
+  if (runtime == nullptr) return;
+  {
+    Live& l = Handles();
+    std::lock_guard<std::mutex> lock(l.mu);
+    auto it = l.handles.find(runtime);
+    // A model's runtime is the model's to destroy.
+    if (it == l.handles.end() || it->second != Kind::kRuntime || runtime->borrowed) return;
+    l.handles.erase(it);
+  }
   fsdp_world* w = runtime->world;
   fsdp_backend* b = runtime->backend;
   try {
@@ -974,22 +1018,9 @@ fsdp_error* fsdp_step(fsdp_runtime* runtime, float lr, fsdp_step_stats* out) {
   static constexpr char fn[] = "fsdp_step";
   return Guard(fn, [&]() -> absl::Status {
     FSDP_RUNTIME(runtime);
-    if (out != nullptr && out->struct_size < sizeof(size_t)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          fn, ": out->struct_size is ", out->struct_size, "; set it to sizeof(fsdp_step_stats)"));
-    }
+    FSDP_RETURN_IF_ERROR(CheckStepStats(out, fn));
     FSDP_ASSIGN_OR_RETURN(fsdp::StepStats s, r.Step(lr));
-    fsdp_step_stats c;
-    std::memset(&c, 0, sizeof(c));
-    c.struct_size = sizeof(c);
-    c.grad_norm = s.grad_norm;
-    c.clip_coefficient = s.clip_coefficient;
-    c.lr = s.lr;
-    c.step = s.step;
-    c.skipped = s.skipped;
-    c.nonfinite = s.nonfinite;
-    c.loss_scale = s.loss_scale;
-    return WriteStruct(out, c, fn, "fsdp_step_stats");
+    return WriteStepStats(s, out, fn);
   });
 }
 
@@ -1139,6 +1170,167 @@ fsdp_error* fsdp_safetensors_import(fsdp_runtime* runtime, const char* path,
     fsdp::SafetensorsImportOptions o;
     o.ignore_extra_tensors = ignore_extra_tensors != 0;
     return fsdp::ImportSafetensors(r, path, o);
+  });
+}
+
+// ---- the bundled models ---------------------------------------------------------------------------------
+
+void fsdp_model_options_init(fsdp_model_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  const fsdp::nn::ShardedModelOptions d;
+  options->struct_size = sizeof(*options);
+  options->config = nullptr;
+  options->batch_size = d.batch_size;
+  options->seq_len = d.seq_len;
+  options->seed = d.seed;
+  options->checkpoint_every = d.checkpoint_every;
+}
+
+fsdp_error* fsdp_model_create(fsdp_backend* backend, fsdp_world* world,
+                              const fsdp_sharding_options* sharding,
+                              const fsdp_model_options* options, fsdp_model** out) {
+  static constexpr char fn[] = "fsdp_model_create";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(backend, Kind::kBackend, "backend");
+    FSDP_CHECK_HANDLE(world, Kind::kWorld, "world");
+    FSDP_CHECK_OUT(out, "out");
+    FSDP_ASSIGN_OR_RETURN(
+        fsdp_sharding_options c,
+        ReadStruct(sharding, fsdp_sharding_options_init, fn, "fsdp_sharding_options"));
+    FSDP_ASSIGN_OR_RETURN(fsdp_model_options m,
+                          ReadStruct(options, fsdp_model_options_init, fn, "fsdp_model_options"));
+    fsdp::nn::ShardedModelOptions o;
+    FSDP_ASSIGN_OR_RETURN(o.sharding, ToShardingOptions(c, fn));
+    o.batch_size = m.batch_size;
+    o.seq_len = m.seq_len;
+    o.seed = m.seed;
+    o.checkpoint_every = m.checkpoint_every;
+    FSDP_ASSIGN_OR_RETURN(fsdp::nn::ModelConfig config,
+                          fsdp::nn::ModelConfig::FromName(m.config == nullptr ? "nano" : m.config));
+    FSDP_ASSIGN_OR_RETURN(
+        std::unique_ptr<fsdp::nn::ShardedModel> model,
+        fsdp::nn::ShardedModel::Create(config, backend->backend.get(), *world->comm, o));
+    auto* md = new fsdp_model;
+    auto* r = new fsdp_runtime;
+    r->rt = &model->runtime();
+    r->world = world;
+    r->backend = backend;
+    r->borrowed = true;
+    md->model = std::move(model);
+    md->runtime = r;
+    md->world = world;
+    md->backend = backend;
+    ++world->runtimes;
+    ++backend->runtimes;
+    AddHandle(r, Kind::kRuntime);
+    AddHandle(md, Kind::kModel);
+    *out = md;
+    return absl::OkStatus();
+  });
+}
+
+void fsdp_model_destroy(fsdp_model* model) {
+  if (model == nullptr || !RemoveHandle(model, Kind::kModel)) return;
+  RemoveHandle(model->runtime, Kind::kRuntime);
+  fsdp_world* w = model->world;
+  fsdp_backend* b = model->backend;
+  try {
+    model->model.reset();
+  } catch (...) {
+  }
+  delete model->runtime;
+  delete model;
+  --w->runtimes;
+  --b->runtimes;
+  ReleaseWorld(w);
+  ReleaseBackend(b);
+}
+
+fsdp_error* fsdp_model_info(const fsdp_model* model, int* vocab_size, int* block_size,
+                            int64_t* num_parameters) {
+  static constexpr char fn[] = "fsdp_model_info";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(model, Kind::kModel, "model");
+    const fsdp::nn::ModelConfig& c = model->model->config();
+    if (vocab_size != nullptr) *vocab_size = c.vocab_size();
+    if (block_size != nullptr) *block_size = c.block_size();
+    if (num_parameters != nullptr) {
+      int64_t n = 0;
+      const fsdp::ShardingRuntime& r = model->model->runtime();
+      for (int u = 0; u < r.num_units(); ++u) n += r.unit_numel(u);
+      *num_parameters = n;
+    }
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+absl::Status CheckTokens(const fsdp_model* model, const int32_t* inputs, const int32_t* targets,
+                         int64_t count, bool targets_required, const char* fn) {
+  FSDP_CHECK_OUT(inputs, "inputs");
+  if (targets_required) FSDP_CHECK_OUT(targets, "targets");
+  const fsdp::nn::StagedModel& m = model->model->model();
+  const int64_t want = static_cast<int64_t>(m.batch_size()) * m.seq_len();
+  if (count != want) {
+    return absl::InvalidArgumentError(absl::StrCat(fn, ": count is ", count, " but the model takes ",
+                                                   m.batch_size(), " x ", m.seq_len(), " = ", want,
+                                                   " tokens (batch_size x seq_len)"));
+  }
+  const int vocab = model->model->config().vocab_size();
+  for (int64_t i = 0; i < count; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= vocab || (targets != nullptr &&
+                                                (targets[i] < 0 || targets[i] >= vocab))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": token ", i, " is out of [0, ", vocab, "): input ", inputs[i],
+                       targets != nullptr ? absl::StrCat(", target ", targets[i]) : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+fsdp_error* fsdp_model_forward_backward(fsdp_model* model, const int32_t* inputs,
+                                        const int32_t* targets, int64_t count, float* loss) {
+  static constexpr char fn[] = "fsdp_model_forward_backward";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(model, Kind::kModel, "model");
+    FSDP_RETURN_IF_ERROR(CheckTokens(model, inputs, targets, count, true, fn));
+    FSDP_ASSIGN_OR_RETURN(float l, model->model->ForwardBackward(inputs, targets));
+    if (loss != nullptr) *loss = l;
+    return absl::OkStatus();
+  });
+}
+
+fsdp_error* fsdp_model_forward(fsdp_model* model, const int32_t* inputs, const int32_t* targets,
+                               int64_t count, float* loss) {
+  static constexpr char fn[] = "fsdp_model_forward";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(model, Kind::kModel, "model");
+    FSDP_RETURN_IF_ERROR(CheckTokens(model, inputs, targets, count, true, fn));
+    FSDP_ASSIGN_OR_RETURN(float l, model->model->Forward(inputs, targets));
+    if (loss != nullptr) *loss = l;
+    return absl::OkStatus();
+  });
+}
+
+fsdp_error* fsdp_model_step(fsdp_model* model, float lr, fsdp_step_stats* out) {
+  static constexpr char fn[] = "fsdp_model_step";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(model, Kind::kModel, "model");
+    FSDP_RETURN_IF_ERROR(CheckStepStats(out, fn));
+    FSDP_ASSIGN_OR_RETURN(fsdp::StepStats s, model->model->Step(lr));
+    return WriteStepStats(s, out, fn);
+  });
+}
+
+fsdp_error* fsdp_model_runtime(fsdp_model* model, fsdp_runtime** out) {
+  static constexpr char fn[] = "fsdp_model_runtime";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(model, Kind::kModel, "model");
+    FSDP_CHECK_OUT(out, "out");
+    *out = model->runtime;
+    return absl::OkStatus();
   });
 }
 

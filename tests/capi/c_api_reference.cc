@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "fsdp/registry.h"
 #include "fsdp/local_world.h"
+#include "fsdp/nn/model_config.h"
+#include "fsdp/nn/sharded_model.h"
 #include "fsdp/sharding.h"
 #include "tests/capi/mlp_run.h"
 
@@ -72,6 +74,40 @@ absl::Status TrainRank(fsdp::Communicator& comm, const mlp_config& cfg, std::vec
   return absl::OkStatus();
 }
 
+// The bundled model through the C++ API: "nano", FULL_SHARD, GPT_RANKS ranks.
+absl::Status TrainGpt(fsdp::Communicator& comm, std::vector<float>& out) {
+  const int rank = comm.rank();
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<fsdp::Backend> backend,
+                        fsdp::CreateBackend("cpu", {}, rank));
+  fsdp::nn::ShardedModelOptions o;
+  o.batch_size = GPT_BATCH;
+  o.seq_len = GPT_SEQ;
+  o.sharding.max_grad_norm = 1.0f;
+  FSDP_ASSIGN_OR_RETURN(fsdp::nn::ModelConfig config, fsdp::nn::ModelConfig::FromName("nano"));
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<fsdp::nn::ShardedModel> model,
+                        fsdp::nn::ShardedModel::Create(config, backend.get(), comm, o));
+  std::vector<int32_t> inputs(GPT_BATCH * GPT_SEQ), targets(GPT_BATCH * GPT_SEQ);
+  float* r = out.data() + rank * (2 * GPT_STEPS + 1);
+  for (int step = 0; step < GPT_STEPS; ++step) {
+    gpt_tokens(rank, step, config.vocab_size(), inputs.data(), targets.data());
+    FSDP_ASSIGN_OR_RETURN(r[step], model->ForwardBackward(inputs.data(), targets.data()));
+    FSDP_ASSIGN_OR_RETURN(fsdp::StepStats s, model->Step(GPT_LR));
+    r[GPT_STEPS + step] = static_cast<float>(s.grad_norm);
+  }
+  gpt_tokens(rank, GPT_STEPS, config.vocab_size(), inputs.data(), targets.data());
+  FSDP_ASSIGN_OR_RETURN(r[2 * GPT_STEPS], model->Forward(inputs.data(), targets.data()));
+  return absl::OkStatus();
+}
+
+absl::Status WriteFloats(const std::string& path, const std::vector<float>& out) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr || std::fwrite(out.data(), sizeof(float), out.size(), f) != out.size() ||
+      std::fclose(f) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,14 +124,23 @@ int main(int argc, char** argv) {
       return 1;
     }
     const std::string path = absl::StrCat(argv[1], "/", cfg.name, ".bin");
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr || std::fwrite(out.data(), sizeof(float), out.size(), f) != out.size() ||
-        std::fclose(f) != 0) {
-      std::fprintf(stderr, "c_api_reference: cannot write %s\n", path.c_str());
+    if (const absl::Status w = WriteFloats(path, out); !w.ok()) {
+      std::fprintf(stderr, "c_api_reference: %s\n", std::string(w.message()).c_str());
       return 1;
     }
     std::printf("c_api_reference: %s: %d ranks, %d steps of %d micro-batches -> %s\n", cfg.name,
                 cfg.world, MLP_STEPS, MLP_MICRO_BATCHES, path.c_str());
   }
+  std::vector<float> gpt(GPT_REF_FLOATS);
+  absl::Status s = fsdp::LocalWorld::Run(
+      GPT_RANKS, {}, [&](fsdp::Communicator& comm) { return TrainGpt(comm, gpt); });
+  const std::string path = absl::StrCat(argv[1], "/gpt_nano.bin");
+  if (s.ok()) s = WriteFloats(path, gpt);
+  if (!s.ok()) {
+    std::fprintf(stderr, "c_api_reference: gpt_nano: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("c_api_reference: gpt_nano: %d ranks, %d steps -> %s\n", GPT_RANKS, GPT_STEPS,
+              path.c_str());
   return 0;
 }

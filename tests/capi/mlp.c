@@ -87,3 +87,19 @@ void mlp_backward1(const mlp_acts* a, float* dw1, float* db1) {
     }
   }
 }
+
+void gpt_tokens(int rank, int step, int vocab, int32_t* inputs, int32_t* targets) {
+  int32_t seq[GPT_BATCH * (GPT_SEQ + 1)];
+  for (int i = 0; i < GPT_BATCH * (GPT_SEQ + 1); ++i) {
+    const float u = hash_unit((uint32_t)rank, (uint32_t)step, (uint32_t)i, 11u) + 0.5f;
+    /* A skewed distribution over a small part of the vocabulary, so that a few steps learn. */
+    int32_t t = (int32_t)(u * u * 64.0f);
+    seq[i] = t < vocab ? t : vocab - 1;
+  }
+  for (int b = 0; b < GPT_BATCH; ++b) {
+    for (int t = 0; t < GPT_SEQ; ++t) {
+      inputs[b * GPT_SEQ + t] = seq[b * (GPT_SEQ + 1) + t];
+      targets[b * GPT_SEQ + t] = seq[b * (GPT_SEQ + 1) + t + 1];
+    }
+  }
+}

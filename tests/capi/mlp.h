@@ -47,6 +47,18 @@ void mlp_backward2(mlp_acts* a, const float* w2, float* dw2, float* db2);
 /* Accumulates dW1, db1. */
 void mlp_backward1(const mlp_acts* a, float* dw1, float* db1);
 
+/* The bundled-model run (c_api_gpt_test): "nano" on GPT_RANKS ranks, B x T tokens of rank `rank`
+ * at step `step` (targets: the inputs shifted by one, as a language model's). */
+#define GPT_RANKS 2
+#define GPT_BATCH 2
+#define GPT_SEQ 32
+#define GPT_STEPS 3
+#define GPT_LR 1e-3f
+void gpt_tokens(int rank, int step, int vocab, int32_t* inputs, int32_t* targets);
+/* A reference file: for each rank its GPT_STEPS losses and GPT_STEPS gradient norms, then its
+ * loss of a forward-only pass on step GPT_STEPS's tokens after training. */
+#define GPT_REF_FLOATS (GPT_RANKS * (2 * GPT_STEPS + 1))
+
 #ifdef __cplusplus
 }
 #endif
