@@ -138,6 +138,11 @@ void fsdp_mpi_shutdown(void);
 void fsdp_world_destroy(fsdp_world* world);
 fsdp_error* fsdp_world_rank(const fsdp_world* world, int* rank);
 fsdp_error* fsdp_world_size(const fsdp_world* world, int* size);
+/* Fails the world on every rank: its collectives in flight and later ones return `reason`
+ * (a rank that gives up tells its peers, which would otherwise wait for it until the timeout).
+ * Does not take `reason`; NULL: FSDP_CODE_ABORTED. fsdp_run_threads does this for a body that
+ * returns an error. */
+fsdp_error* fsdp_world_abort(fsdp_world* world, const fsdp_error* reason);
 /* Collective: the hosts the ranks run on; ranks_per_host is 0 when hosts hold different numbers
  * of ranks or ranks that are not consecutive. */
 fsdp_error* fsdp_world_host_layout(fsdp_world* world, int* num_hosts, int* ranks_per_host);

@@ -447,6 +447,11 @@ fsdp_error* fsdp_run_threads(int size, const fsdp_world_options* options, fsdp_r
       fsdp_error* e = body(w, user);
       const absl::Status s = FromError(e);
       fsdp_error_destroy(e);
+      // Peers still in a collective with this rank fail now rather than at the timeout.
+      if (!s.ok()) {
+        comm.Abort(absl::Status(s.code(), absl::StrCat("rank ", comm.rank(), " failed: ",
+                                                       s.message())));
+      }
       RemoveHandle(w, Kind::kWorld);
       w->released = true;
       ReleaseWorld(w);
@@ -554,6 +559,17 @@ fsdp_error* fsdp_world_size(const fsdp_world* world, int* size) {
     FSDP_CHECK_HANDLE(world, Kind::kWorld, "world");
     FSDP_CHECK_OUT(size, "size");
     *size = world->comm->size();
+    return absl::OkStatus();
+  });
+}
+
+fsdp_error* fsdp_world_abort(fsdp_world* world, const fsdp_error* reason) {
+  static constexpr char fn[] = "fsdp_world_abort";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(world, Kind::kWorld, "world");
+    absl::Status s = FromError(reason);
+    if (s.ok()) s = absl::AbortedError(absl::StrCat("rank ", world->comm->rank(), " aborted"));
+    world->comm->Abort(s);
     return absl::OkStatus();
   });
 }
