@@ -49,3 +49,17 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/fsdpConfigVersion.c
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fsdpConfig.cmake
   ${CMAKE_CURRENT_BINARY_DIR}/fsdpConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/fsdp)
+
+# The C API: libfsdp.so (fsdp::c, an export set of its own so that a program in C finds it
+# without the C++ dependencies: find_package(fsdp COMPONENTS c)), and fsdp.pc for pkg-config.
+# The libraries it was linked with outside the system's directories (CUDA's) stay on its RPATH.
+set_target_properties(fsdp_c PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+install(TARGETS fsdp_c EXPORT fsdpCTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT fsdpCTargets NAMESPACE fsdp:: FILE fsdpCTargets.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/fsdp)
+file(RELATIVE_PATH FSDP_PC_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" FSDP_PC_PREFIX "${FSDP_PC_PREFIX}")
+configure_file(cmake/fsdp.pc.in ${CMAKE_CURRENT_BINARY_DIR}/fsdp.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fsdp.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
