@@ -42,6 +42,7 @@ from ._capi import (
 )
 from ._core import (
     Backend,
+    Model,
     ParamInfo,
     Runtime,
     StepStats,
@@ -60,7 +61,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "API_VERSION_MAJOR", "API_VERSION_MINOR", "Backend", "Code", "DType", "FsdpError",
-    "LibraryNotFoundError", "NonFinite", "Offload", "Optimizer", "ParamInfo", "Runtime",
+    "LibraryNotFoundError", "Model", "NonFinite", "Offload", "Optimizer", "ParamInfo", "Runtime",
     "StepStats", "Strategy", "UnitView", "World", "api_version", "backend_names", "format_plan",
     "load_library", "mpi_shutdown", "numpy_dtype", "parse_bytes", "plan", "run_threads",
     "version_string",

@@ -122,8 +122,14 @@ class FsdpError(Exception):
         return "%s: %s" % (self.code_name, self.message)
 
 
+FsdpError.__module__ = "libfsdp"  # as users name it
+
+
 class LibraryNotFoundError(OSError):
     """libfsdp.so could not be loaded, or is of an incompatible major version."""
+
+
+LibraryNotFoundError.__module__ = "libfsdp"
 
 
 # ---- structs ----------------------------------------------------------------------------------
@@ -238,6 +244,17 @@ class fsdp_memory_report(ctypes.Structure):
     ]
 
 
+class fsdp_model_options(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _size_t),
+        ("config", _str),
+        ("batch_size", _int),
+        ("seq_len", _int),
+        ("seed", _u64),
+        ("checkpoint_every", _int),
+    ]
+
+
 class fsdp_plan_request(ctypes.Structure):
     _fields_ = [
         ("struct_size", _size_t),
@@ -322,6 +339,7 @@ _PROTOTYPES = {
     "fsdp_world_destroy": (None, [_ptr]),
     "fsdp_world_rank": (_err, [_ptr, _P(_int)]),
     "fsdp_world_size": (_err, [_ptr, _P(_int)]),
+    "fsdp_world_abort": (_err, [_ptr, _ptr]),
     "fsdp_world_host_layout": (_err, [_ptr, _P(_int), _P(_int)]),
     "fsdp_world_check_same_settings": (_err, [_ptr, _P(fsdp_key_value), _size_t, _str]),
     "fsdp_world_agree": (_err, [_ptr, _ptr]),
@@ -370,6 +388,19 @@ _PROTOTYPES = {
     "fsdp_checkpoint_load": (_err, [_ptr, _str, _int, _P(_i64)]),
     "fsdp_safetensors_export": (_err, [_ptr, _str, _enum]),
     "fsdp_safetensors_import": (_err, [_ptr, _str, _int]),
+    # the bundled models
+    "fsdp_model_options_init": (None, [_P(fsdp_model_options)]),
+    "fsdp_model_create": (
+        _err,
+        [_ptr, _ptr, _P(fsdp_sharding_options), _P(fsdp_model_options), _P(_ptr)],
+    ),
+    "fsdp_model_destroy": (None, [_ptr]),
+    "fsdp_model_info": (_err, [_ptr, _P(_int), _P(_int), _P(_i64)]),
+    "fsdp_model_forward_backward": (_err, [_ptr, _P(ctypes.c_int32), _P(ctypes.c_int32), _i64,
+                                           _P(_f32)]),
+    "fsdp_model_forward": (_err, [_ptr, _P(ctypes.c_int32), _P(ctypes.c_int32), _i64, _P(_f32)]),
+    "fsdp_model_step": (_err, [_ptr, _f32, _P(fsdp_step_stats)]),
+    "fsdp_model_runtime": (_err, [_ptr, _P(_ptr)]),
     # the planner
     "fsdp_plan_request_init": (None, [_P(fsdp_plan_request)]),
     "fsdp_plan_memory": (_err, [_P(fsdp_plan_request), _P(fsdp_memory_plan)]),
@@ -377,17 +408,48 @@ _PROTOTYPES = {
 }
 
 
+# Functions added to the header after the first 0.1 libraries were built, without a new minor
+# version: a library without them still loads, and using them raises UNIMPLEMENTED.
+_LATER = {
+    "fsdp_world_abort", "fsdp_model_options_init", "fsdp_model_create", "fsdp_model_destroy",
+    "fsdp_model_info", "fsdp_model_forward_backward", "fsdp_model_forward", "fsdp_model_step",
+    "fsdp_model_runtime",
+}
+_missing = set()
+
+
+def has(name):
+    """Whether the loaded library exports `name`."""
+    lib()
+    return name not in _missing
+
+
+def require(name):
+    if not has(name):
+        raise FsdpError(Code.UNIMPLEMENTED, "%s: this libfsdp (%s) was built before the "
+                        "function was added; rebuild it" % (name, _lib._name))
+
+
 def _decode(b):
     return b.decode("utf-8", "replace") if b is not None else ""
 
 
+def _symbol(dll, name):
+    try:
+        return getattr(dll, name)
+    except AttributeError:
+        raise LibraryNotFoundError(
+            "%s does not export %s: it is older than the C API %d.%d these bindings need, or "
+            "not libfsdp" % (dll._name, name, API_VERSION_MAJOR, API_VERSION_MINOR)) from None
+
+
 def _declare(dll):
-    # Read and destroy an error: these two are declared first, the checker needs them.
-    code_fn = dll.fsdp_error_code
+    # Reading and destroying an error: declared first, the checker needs them.
+    code_fn = _symbol(dll, "fsdp_error_code")
     code_fn.restype, code_fn.argtypes = _enum, [_ptr]
-    message_fn = dll.fsdp_error_message
+    message_fn = _symbol(dll, "fsdp_error_message")
     message_fn.restype, message_fn.argtypes = _str, [_ptr]
-    destroy_fn = dll.fsdp_error_destroy
+    destroy_fn = _symbol(dll, "fsdp_error_destroy")
     destroy_fn.restype, destroy_fn.argtypes = None, [_ptr]
 
     def errcheck(result, func, args):
@@ -400,13 +462,10 @@ def _declare(dll):
         return None
 
     for name, (restype, argtypes) in _PROTOTYPES.items():
-        try:
-            fn = getattr(dll, name)
-        except AttributeError:
-            raise LibraryNotFoundError(
-                "%s does not export %s: it is older than the C API %d.%d these bindings "
-                "need" % (dll._name, name, API_VERSION_MAJOR, API_VERSION_MINOR)
-            ) from None
+        if name in _LATER and not hasattr(dll, name):
+            _missing.add(name)
+            continue
+        fn = _symbol(dll, name)
         fn.argtypes = argtypes
         if restype is _err:
             fn.restype = _ptr
@@ -432,9 +491,8 @@ def _candidates():
     out = [os.path.join(here, SONAME), os.path.join(here, "libfsdp.so")]
     out = [p for p in out if os.path.exists(p)]
     out.append(SONAME)
-    found = ctypes.util.find_library("fsdp")
-    if found and found not in out:
-        out.append(found)
+    # find_library runs ldconfig (or the compiler): only when the rest failed.
+    out.append(lambda: ctypes.util.find_library("fsdp"))
     return out
 
 
@@ -449,6 +507,10 @@ def load_library(path=None):
         tried = []
         dll = None
         for candidate in [path] if path else _candidates():
+            if callable(candidate):
+                candidate = candidate()
+                if candidate is None:
+                    continue
             try:
                 # CDLL, not PyDLL: the GIL is released during every call, so a rank blocked in a
                 # collective lets the other ranks' Python threads run.
@@ -462,7 +524,7 @@ def load_library(path=None):
                 "full path of libfsdp.so (e.g. build/src/capi/libfsdp.so), or put its directory "
                 "on LD_LIBRARY_PATH"
             )
-        version_fn = dll.fsdp_api_version
+        version_fn = _symbol(dll, "fsdp_api_version")
         version_fn.restype, version_fn.argtypes = ctypes.c_uint32, []
         version = version_fn()
         major, minor = version >> 16, version & 0xFFFF

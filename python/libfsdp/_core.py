@@ -1,8 +1,9 @@
 """Python objects over the C API's handles: worlds, backends and the sharding runtime.
 
-Ownership follows c_api.h: a runtime must be destroyed before the backend and the world it was
-made over. A Runtime holds references to both (so they cannot be collected first), and closing a
-World or a Backend closes the runtimes made over it before destroying the handle.
+Ownership follows c_api.h: a runtime (or a bundled model) must be destroyed before the backend
+and the world it was made over. A Runtime or Model holds references to both (so they cannot be
+collected first), and closing a World or a Backend closes the runtimes and models made over it
+before destroying the handle.
 
 Thread safety is the C API's: a World, Backend or Runtime belongs to one rank and is used by one
 thread at a time.
@@ -27,7 +28,7 @@ def api_version():
 
 
 def version_string():
-    """E.g. "libfsdp 0.9.0 (C API 0.1)"."""
+    """E.g. "libfsdp 0.1.0 (C API 0.1)"."""
     return _capi._decode(lib().fsdp_version_string())
 
 
@@ -165,10 +166,25 @@ class World(_HasRuntimes):
             if local:
                 lib().fsdp_error_destroy(local)
 
+    def abort(self, error=None):
+        """Fails the world on every rank: their collectives in flight and later ones raise
+        `error` (None: ABORTED), instead of waiting for this rank until the timeout."""
+        _capi.require("fsdp_world_abort")
+        local = _capi.make_error(error) if error is not None else None
+        try:
+            lib().fsdp_world_abort(self._handle, local)
+        finally:
+            if local:
+                lib().fsdp_error_destroy(local)
+
     def __repr__(self):
         if self.closed:
             return "<libfsdp.World closed>"
         return "<libfsdp.World rank %d of %d>" % (self.rank, self.size)
+
+
+def _describe(e):
+    return e.message if isinstance(e, FsdpError) else "%s: %s" % (type(e).__name__, e)
 
 
 def mpi_shutdown():
@@ -179,10 +195,10 @@ def mpi_shutdown():
 def run_threads(size, fn, timeout_seconds=None):
     """Runs fn(world) for every rank of a `size`-rank world on Python threads of this process
     and returns the results in rank order. Each world is closed when its fn returns (closing
-    the runtimes still open over it). If some ranks raise, the first exception in rank order is
-    re-raised once every thread has finished; note that the library has no way to abort a world,
-    so a rank that fails leaves its peers waiting at their next collective until its timeout
-    (`timeout_seconds`, by default the library's: 60 s or $FSDP_COMM_TIMEOUT_S)."""
+    the runtimes still open over it). A rank whose fn raises aborts the world, so that its
+    peers' collectives fail at once rather than at the timeout (`timeout_seconds`, by default
+    the library's: 60 s or $FSDP_COMM_TIMEOUT_S); once every thread has finished, the first
+    exception in rank order is re-raised."""
     group = ctypes.c_void_p()
     lib().fsdp_thread_group_create(int(size), _world_options(timeout_seconds),
                                    ctypes.byref(group))
@@ -207,6 +223,12 @@ def run_threads(size, fn, timeout_seconds=None):
                 results[r] = fn(world)
             except BaseException as e:  # re-raised on the calling thread
                 errors[r] = e
+                if _capi.has("fsdp_world_abort"):
+                    try:
+                        world.abort(FsdpError(e.code if isinstance(e, FsdpError) else Code.UNKNOWN,
+                                              "rank %d failed: %s" % (r, _describe(e))))
+                    except Exception:
+                        pass
             finally:
                 world.close()
 
@@ -467,6 +489,26 @@ _OPTION_ENUMS = {
 }
 
 
+def _sharding_options(**given):
+    """An fsdp_sharding_options from keyword options (None: the library's default)."""
+    unknown = set(given) - set(_OPTION_ENUMS)
+    if unknown:
+        raise TypeError("unknown sharding options %s (allowed: %s)"
+                        % (sorted(unknown), ", ".join(_OPTION_ENUMS)))
+    o = _capi.fsdp_sharding_options()
+    lib().fsdp_sharding_options_init(ctypes.byref(o))
+    for field, kind in _OPTION_ENUMS.items():
+        value = given.get(field)
+        if value is None:
+            continue
+        if kind is bool:
+            value = 1 if value else 0
+        elif kind is not None:
+            value = int(to_enum(kind, value, field))
+        setattr(o, field, value)
+    return o
+
+
 class Runtime(_Handle):
     """The sharding runtime of one rank (collective over `world`).
 
@@ -485,18 +527,9 @@ class Runtime(_Handle):
                  adamw_beta1=None, adamw_beta2=None, adamw_eps=None, weight_decay=None,
                  sgd_momentum=None, nonfinite=None, offload=None, offload_budget_bytes=None):
         super().__init__(None)
-        given = dict(locals())
-        o = _capi.fsdp_sharding_options()
-        lib().fsdp_sharding_options_init(ctypes.byref(o))
-        for field, kind in _OPTION_ENUMS.items():
-            value = given[field]
-            if value is None:
-                continue
-            if kind is bool:
-                value = 1 if value else 0
-            elif kind is not None:
-                value = int(to_enum(kind, value, field))
-            setattr(o, field, value)
+        self._borrowed = False
+        arguments = dict(locals())
+        o = _sharding_options(**{k: arguments[k] for k in _OPTION_ENUMS})
         out = ctypes.c_void_p()
         lib().fsdp_runtime_create(backend.handle, world.handle, ctypes.byref(o),
                                   ctypes.byref(out))
@@ -510,6 +543,15 @@ class Runtime(_Handle):
         self._layout = {}  # unit -> [ParamInfo], read after finalize
         self._init_callback = None
 
+    @classmethod
+    def _of_model(cls, handle, model):
+        """The runtime of a bundled model: the model's handle, never destroyed here."""
+        rt = cls.__new__(cls)
+        _Handle.__init__(rt, handle)
+        rt._borrowed = True
+        rt.backend, rt.world, rt.model = model.backend, model.world, model
+        rt._units, rt._layout, rt._init_callback = [], {}, None
+        return rt
     # -- units --
 
     def register_unit(self, name, params):
@@ -559,8 +601,9 @@ class Runtime(_Handle):
         # The callback object must stay alive while C may call it: for the whole finalize.
         self._init_callback = _capi.fsdp_init_fn(fill) if init is not None else None
         try:
-            # A NULL init (None) fills zeros.
-            lib().fsdp_runtime_finalize(self._handle, self._init_callback, None)
+            # fsdp_init_fn() is a NULL function pointer: zeros.
+            callback = self._init_callback or _capi.fsdp_init_fn()
+            lib().fsdp_runtime_finalize(self._handle, callback, None)
         except FsdpError as e:
             if raised:
                 raise e from raised[0]
@@ -705,6 +748,8 @@ class Runtime(_Handle):
         if self._handle is None:
             return
         handle, self._handle = self._handle, None
+        if self._borrowed:
+            return  # the model destroys it
         lib().fsdp_runtime_destroy(handle)
         for owner in (getattr(self, "backend", None), getattr(self, "world", None)):
             if owner is not None:
@@ -713,3 +758,96 @@ class Runtime(_Handle):
     def __repr__(self):
         return "<libfsdp.Runtime %s>" % ("closed" if self.closed else
                                          "%d units" % len(self._units))
+
+
+# ---- the bundled models -----------------------------------------------------------------------
+
+
+class Model(_Handle):
+    """A bundled model (MODEL_SPEC.md: the GPT-2 and Llama 2 families, by configuration name:
+    "nano", "mini", "gpt2", ..., "llama-nano", "llama2-7b") trained with sharding; its forward
+    and backward run in the library, through the same hooks. Collective over `world`.
+
+    ``batch_size``, ``seq_len``, ``seed`` and ``checkpoint_every`` are fsdp_model_options's
+    (None: the library's defaults); the other keywords are Runtime's sharding options."""
+
+    _destroy_name = "fsdp_model_destroy"
+
+    def __init__(self, backend, world, config="nano", *, batch_size=None, seq_len=None,
+                 seed=None, checkpoint_every=None, **sharding):
+        super().__init__(None)
+        _capi.require("fsdp_model_create")
+        sharding_options = _sharding_options(**sharding)
+        m = _capi.fsdp_model_options()
+        lib().fsdp_model_options_init(ctypes.byref(m))
+        config_bytes = config.encode() if config is not None else None
+        m.config = config_bytes
+        for field, value in (("batch_size", batch_size), ("seq_len", seq_len), ("seed", seed),
+                             ("checkpoint_every", checkpoint_every)):
+            if value is not None:
+                setattr(m, field, int(value))
+        out = ctypes.c_void_p()
+        lib().fsdp_model_create(backend.handle, world.handle, ctypes.byref(sharding_options),
+                                ctypes.byref(m), ctypes.byref(out))
+        self._handle = out.value
+        self.backend = backend
+        self.world = world
+        self.batch_size, self.seq_len = m.batch_size, m.seq_len
+        backend._runtimes.add(self)
+        world._runtimes.add(self)
+        rt = ctypes.c_void_p()
+        lib().fsdp_model_runtime(self._handle, ctypes.byref(rt))
+        self.runtime = Runtime._of_model(rt.value, self)
+
+    def info(self):
+        """{"vocab_size", "block_size", "num_parameters"}."""
+        vocab, block, n = ctypes.c_int(), ctypes.c_int(), ctypes.c_int64()
+        lib().fsdp_model_info(self._handle, ctypes.byref(vocab), ctypes.byref(block),
+                              ctypes.byref(n))
+        return {"vocab_size": vocab.value, "block_size": block.value, "num_parameters": n.value}
+
+    def _tokens(self, inputs, targets):
+        a = np.ascontiguousarray(inputs, dtype=np.int32).reshape(-1)
+        b = np.ascontiguousarray(targets, dtype=np.int32).reshape(-1)
+        if a.size != b.size:
+            raise ValueError("inputs has %d tokens but targets %d" % (a.size, b.size))
+        p = ctypes.POINTER(ctypes.c_int32)
+        return a, b, a.ctypes.data_as(p), b.ctypes.data_as(p)
+
+    def forward_backward(self, inputs, targets):
+        """One micro-batch on this rank (batch_size x seq_len token ids each): forward, loss,
+        backward; returns this rank's mean loss. Gradients accumulate until step()."""
+        a, b, pa, pb = self._tokens(inputs, targets)
+        loss = ctypes.c_float()
+        lib().fsdp_model_forward_backward(self._handle, pa, pb, a.size, ctypes.byref(loss))
+        return loss.value
+
+    def forward(self, inputs, targets):
+        """Forward only (evaluation): this rank's mean loss."""
+        a, b, pa, pb = self._tokens(inputs, targets)
+        loss = ctypes.c_float()
+        lib().fsdp_model_forward(self._handle, pa, pb, a.size, ctypes.byref(loss))
+        return loss.value
+
+    def step(self, lr):
+        s = _capi.new_struct(_capi.fsdp_step_stats)
+        lib().fsdp_model_step(self._handle, float(lr), ctypes.byref(s))
+        return StepStats(grad_norm=s.grad_norm, clip_coefficient=s.clip_coefficient, lr=s.lr,
+                         step=s.step, skipped=bool(s.skipped), nonfinite=bool(s.nonfinite),
+                         loss_scale=s.loss_scale)
+
+    def close(self):
+        if self._handle is None:
+            return
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.close()  # forgets the model's runtime handle
+        handle, self._handle = self._handle, None
+        lib().fsdp_model_destroy(handle)
+        for owner in (getattr(self, "backend", None), getattr(self, "world", None)):
+            if owner is not None:
+                owner._runtimes.discard(self)
+
+    def __repr__(self):
+        return "<libfsdp.Model %s>" % ("closed" if self.closed else "%d parameters"
+                                       % self.info()["num_parameters"])

@@ -163,6 +163,13 @@ absl::Status FromError(const fsdp_error* e) {
   return absl::Status(static_cast<absl::StatusCode>(e->code), e->message);
 }
 
+// Takes over an error a callback returned: its status, and the error destroyed.
+absl::Status TakeError(fsdp_error* e) {
+  absl::Status s = FromError(e);
+  if (e != &kOutOfMemory) delete e;
+  return s;
+}
+
 // Runs `body` (returning absl::Status) and converts; nothing escapes.
 template <typename F>
 fsdp_error* Guard(const char* fn, F&& body) {
@@ -237,6 +244,16 @@ absl::Status CheckText(char* buffer, size_t capacity, const char* fn) {
   return absl::OkStatus();
 }
 
+// A C enum's value as the caller stored it: C lets any int through an enum type, and loading
+// one outside the enumerators' range as the C++ enum is undefined, so its bytes are read.
+template <typename E>
+int EnumValue(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "the C API's enums are int-sized");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 absl::StatusOr<fsdp::DType> ToDType(int d, const char* fn, const char* what) {
   if (d < 0 || d > static_cast<int>(fsdp::DType::kU8)) {
     return absl::InvalidArgumentError(absl::StrCat(fn, ": ", what, " is ", d,
@@ -308,7 +325,7 @@ absl::StatusOr<fsdp::View> FromCView(fsdp::Backend* backend, const fsdp_view* c,
                                            p->struct_size = sizeof(*p);
                                          },
                                          fn, "fsdp_view"));
-  FSDP_ASSIGN_OR_RETURN(fsdp::DType dtype, ToDType(v.dtype, fn, "view->dtype"));
+  FSDP_ASSIGN_OR_RETURN(fsdp::DType dtype, ToDType(EnumValue(v.dtype), fn, "view->dtype"));
   const int64_t size = static_cast<int64_t>(fsdp::DTypeSize(dtype));
   if (v.count < 0 || v.offset < 0 || v.count > (INT64_MAX - v.offset) / size ||
       static_cast<uint64_t>(v.offset + v.count * size) > v.allocation_bytes) {
@@ -410,7 +427,7 @@ const char* fsdp_error_message(const fsdp_error* error) {
 }
 
 fsdp_error* fsdp_error_create(fsdp_code code, const char* message) {
-  const int c = static_cast<int>(code);
+  const int c = EnumValue(code);
   try {
     return NewError(c <= 0 || c > FSDP_CODE_UNAUTHENTICATED ? FSDP_CODE_UNKNOWN : code,
                     message == nullptr ? std::string() : std::string(message));
@@ -444,9 +461,7 @@ fsdp_error* fsdp_run_threads(int size, const fsdp_world_options* options, fsdp_r
       w->borrowed = true;
       AddHandle(w, Kind::kWorld);
       // The body's error is the library's now.
-      fsdp_error* e = body(w, user);
-      const absl::Status s = FromError(e);
-      fsdp_error_destroy(e);
+      const absl::Status s = TakeError(body(w, user));
       // Peers still in a collective with this rank fail now rather than at the timeout.
       if (!s.ok()) {
         comm.Abort(absl::Status(s.code(), absl::StrCat("rank ", comm.rank(), " failed: ",
@@ -720,7 +735,7 @@ fsdp_error* fsdp_backend_wrap_host_memory(fsdp_backend* backend, void* pointer, 
     FSDP_CHECK_HANDLE(backend, Kind::kBackend, "backend");
     FSDP_CHECK_OUT(pointer, "pointer");
     FSDP_CHECK_OUT(out, "out");
-    FSDP_ASSIGN_OR_RETURN(fsdp::DType d, ToDType(dtype, fn, "dtype"));
+    FSDP_ASSIGN_OR_RETURN(fsdp::DType d, ToDType(EnumValue(dtype), fn, "dtype"));
     FSDP_ASSIGN_OR_RETURN(fsdp::View v,
                           fsdp::WrapHostMemory(backend->backend.get(), pointer, count, d));
     return WriteStruct(out, ToCView(v), fn, "fsdp_view");
@@ -780,24 +795,25 @@ namespace {
 absl::StatusOr<fsdp::ShardingOptions> ToShardingOptions(const fsdp_sharding_options& c,
                                                         const char* fn) {
   fsdp::ShardingOptions o;
-  FSDP_ASSIGN_OR_RETURN(o.strategy, ToStrategy(c.strategy, fn));
+  FSDP_ASSIGN_OR_RETURN(o.strategy, ToStrategy(EnumValue(c.strategy), fn));
   o.hybrid_shard_size = c.hybrid_shard_size;
   o.forward_prefetch = c.forward_prefetch != 0;
   o.backward_prefetch = c.backward_prefetch != 0;
   o.max_prefetch_units = c.max_prefetch_units;
-  FSDP_ASSIGN_OR_RETURN(o.mixed_precision.param_dtype, ToDType(c.param_dtype, fn, "param_dtype"));
+  FSDP_ASSIGN_OR_RETURN(o.mixed_precision.param_dtype, ToDType(EnumValue(c.param_dtype), fn, "param_dtype"));
   FSDP_ASSIGN_OR_RETURN(o.mixed_precision.reduce_dtype,
-                        ToDType(c.reduce_dtype, fn, "reduce_dtype"));
+                        ToDType(EnumValue(c.reduce_dtype), fn, "reduce_dtype"));
   o.mixed_precision.dynamic_loss_scale = c.dynamic_loss_scale != 0;
   o.mixed_precision.initial_loss_scale = c.initial_loss_scale;
   o.max_grad_norm = c.max_grad_norm;
-  if (c.optimizer != FSDP_OPTIMIZER_ADAMW && c.optimizer != FSDP_OPTIMIZER_SGD) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        fn, ": optimizer is ", static_cast<int>(c.optimizer),
-        ", not an fsdp_optimizer (FSDP_OPTIMIZER_ADAMW, FSDP_OPTIMIZER_SGD)"));
+  const int optimizer = EnumValue(c.optimizer);
+  if (optimizer != FSDP_OPTIMIZER_ADAMW && optimizer != FSDP_OPTIMIZER_SGD) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": optimizer is ", optimizer,
+                     ", not an fsdp_optimizer (FSDP_OPTIMIZER_ADAMW, FSDP_OPTIMIZER_SGD)"));
   }
-  o.optimizer = c.optimizer == FSDP_OPTIMIZER_SGD ? fsdp::OptimizerKind::kSgd
-                                                  : fsdp::OptimizerKind::kAdamW;
+  o.optimizer = optimizer == FSDP_OPTIMIZER_SGD ? fsdp::OptimizerKind::kSgd
+                                                : fsdp::OptimizerKind::kAdamW;
   o.adamw.beta1 = c.adamw_beta1;
   o.adamw.beta2 = c.adamw_beta2;
   o.adamw.eps = c.adamw_eps;
@@ -806,14 +822,15 @@ absl::StatusOr<fsdp::ShardingOptions> ToShardingOptions(const fsdp_sharding_opti
     o.sgd.weight_decay = c.weight_decay;
   }
   o.sgd.momentum = c.sgd_momentum;
-  if (c.nonfinite != FSDP_NONFINITE_ERROR && c.nonfinite != FSDP_NONFINITE_SKIP) {
+  const int nonfinite = EnumValue(c.nonfinite);
+  if (nonfinite != FSDP_NONFINITE_ERROR && nonfinite != FSDP_NONFINITE_SKIP) {
     return absl::InvalidArgumentError(
-        absl::StrCat(fn, ": nonfinite is ", static_cast<int>(c.nonfinite),
+        absl::StrCat(fn, ": nonfinite is ", nonfinite,
                      ", not an fsdp_nonfinite (FSDP_NONFINITE_ERROR, FSDP_NONFINITE_SKIP)"));
   }
-  o.nonfinite = c.nonfinite == FSDP_NONFINITE_SKIP ? fsdp::NonFinitePolicy::kSkip
+  o.nonfinite = nonfinite == FSDP_NONFINITE_SKIP ? fsdp::NonFinitePolicy::kSkip
                                                    : fsdp::NonFinitePolicy::kError;
-  FSDP_ASSIGN_OR_RETURN(o.offload.what, ToOffload(c.offload, fn));
+  FSDP_ASSIGN_OR_RETURN(o.offload.what, ToOffload(EnumValue(c.offload), fn));
   o.offload.budget_bytes = c.offload_budget_bytes;
   return o;
 }
@@ -931,7 +948,7 @@ fsdp_error* fsdp_runtime_finalize(fsdp_runtime* runtime, fsdp_init_fn init, void
       for (size_t i = 0; i < slots.size(); ++i) {
         if (slots[i].name == param.name) index = static_cast<int>(i);
       }
-      init_status = FromError(init(user, u, index, begin, end, out));
+      init_status = TakeError(init(user, u, index, begin, end, out));
       if (!init_status.ok()) std::fill(out, out + (end - begin), 0.0f);
     });
     FSDP_RETURN_IF_ERROR(s);
@@ -1172,7 +1189,7 @@ fsdp_error* fsdp_safetensors_export(fsdp_runtime* runtime, const char* path, fsd
     FSDP_RUNTIME(runtime);
     FSDP_CHECK_OUT(path, "path");
     fsdp::SafetensorsExportOptions o;
-    FSDP_ASSIGN_OR_RETURN(o.dtype, ToDType(dtype, fn, "dtype"));
+    FSDP_ASSIGN_OR_RETURN(o.dtype, ToDType(EnumValue(dtype), fn, "dtype"));
     return fsdp::ExportSafetensors(r, path, o);
   });
 }
@@ -1376,16 +1393,16 @@ absl::StatusOr<fsdp::PlanRequest> ToPlanRequest(const fsdp_plan_request* in, con
   if (c.model != nullptr) r.model = c.model;
   r.world_size = c.world_size;
   r.ranks_per_host = c.ranks_per_host;
-  FSDP_ASSIGN_OR_RETURN(r.strategy, ToStrategy(c.strategy, fn));
+  FSDP_ASSIGN_OR_RETURN(r.strategy, ToStrategy(EnumValue(c.strategy), fn));
   r.hybrid_shard_size = c.hybrid_shard_size;
-  FSDP_ASSIGN_OR_RETURN(r.param_dtype, ToDType(c.param_dtype, fn, "param_dtype"));
-  FSDP_ASSIGN_OR_RETURN(r.reduce_dtype, ToDType(c.reduce_dtype, fn, "reduce_dtype"));
+  FSDP_ASSIGN_OR_RETURN(r.param_dtype, ToDType(EnumValue(c.param_dtype), fn, "param_dtype"));
+  FSDP_ASSIGN_OR_RETURN(r.reduce_dtype, ToDType(EnumValue(c.reduce_dtype), fn, "reduce_dtype"));
   r.checkpoint_every = c.checkpoint_every;
   r.batch_size = c.batch_size;
   r.seq_len = c.seq_len;
   r.micro_batches = c.micro_batches;
   r.device_memory_bytes = c.device_memory_bytes;
-  FSDP_ASSIGN_OR_RETURN(r.offload.what, ToOffload(c.offload, fn));
+  FSDP_ASSIGN_OR_RETURN(r.offload.what, ToOffload(EnumValue(c.offload), fn));
   r.offload.budget_bytes = c.offload_budget_bytes;
   return r;
 }

@@ -184,6 +184,15 @@ static fsdp_error* misuse(fsdp_world* world, void* user) {
   o.param_dtype = (fsdp_dtype)-3;
   EXPECT(fsdp_runtime_create(backend, world, &o, &rt), INVALID, "param_dtype is -3");
   fsdp_sharding_options_init(&o);
+  o.optimizer = (fsdp_optimizer)9;
+  EXPECT(fsdp_runtime_create(backend, world, &o, &rt), INVALID, "optimizer is 9");
+  fsdp_sharding_options_init(&o);
+  o.nonfinite = (fsdp_nonfinite)-1;
+  EXPECT(fsdp_runtime_create(backend, world, &o, &rt), INVALID, "nonfinite is -1");
+  fsdp_sharding_options_init(&o);
+  o.offload = (fsdp_offload)3;
+  EXPECT(fsdp_runtime_create(backend, world, &o, &rt), INVALID, "offload is 3");
+  fsdp_sharding_options_init(&o);
   o.max_prefetch_units = -1;
   EXPECT(fsdp_runtime_create(backend, world, &o, &rt), INVALID, "max_prefetch_units");
   fsdp_sharding_options_init(&o);

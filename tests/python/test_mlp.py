@@ -151,6 +151,34 @@ def check(cond, what):
         raise Failure(what)
 
 
+class HostUnit:
+    """A unit's weight and bias and their gradients as numpy arrays (c_api_train_test.c's
+    host_unit): on a host backend the hooks' views of the library's memory (UnitView.param and
+    .grad), else host copies (fsdp_view_copy_to_host) whose gradients done() writes back."""
+
+    def __init__(self, rt, view, host):
+        self.view, self.host = view, host
+        if host:
+            check(view.params.dtype == np.float32 and view.params.size == view.numel,
+                  "the params view")
+            self.w, self.b = view.param(0), view.param(1)
+            self.dw, self.db = (view.grad(0), view.grad(1)) if view.backward else (None, None)
+            return
+        self.grads = view.copy_grads_to_host() if view.backward else None
+        params = view.copy_params_to_host()
+        slices = []
+        for flat in (params, self.grads):
+            for i in range(2):
+                p = rt.param_info(view.unit, i)
+                slices.append(None if flat is None else
+                              flat[p.offset:p.offset + p.numel].reshape(p.shape))
+        self.w, self.b, self.dw, self.db = slices
+
+    def done(self):
+        if not self.host and self.view.backward:
+            self.view.copy_grads_from_host(self.grads)
+
+
 def train(world, config, backend_name="cpu"):
     """One rank's run; returns its losses, gradient norms and the final gathered parameters."""
     name, strategy, hybrid_shard_size, world_size = config
@@ -175,51 +203,27 @@ def train(world, config, backend_name="cpu"):
                 offset += numel
             check(rt.unit_numel(u) == offset, "unit_numel(%d)" % u)
 
-        def arrays(view):
-            """(w, b, dw, db) of a unit: numpy views of the library's memory on a host backend
-            (view.param/grad), else slices of host copies (written back by `flush`)."""
-            if host:
-                check(view.params.dtype == np.float32 and view.params.size == view.numel,
-                      "the params view")
-                dw, db = (view.grad(0), view.grad(1)) if view.backward else (None, None)
-                return view.param(0), view.param(1), dw, db
-            p = view.copy_params_to_host()
-            g = view.copy_grads_to_host() if view.backward else None
-            view.host_grads = g
-            out = []
-            for flat in (p, g):
-                for i in range(2):
-                    info = rt.param_info(view.unit, i)
-                    out.append(None if flat is None else
-                               flat[info.offset:info.offset + info.numel].reshape(info.shape))
-            return out
-
-        def flush(view):
-            if not host:
-                view.copy_grads_from_host(view.host_grads)
+        def unit(view):
+            return HostUnit(rt, view, host)
 
         losses, norms = [], []
         for step in range(MLP_STEPS):
             for m in range(MLP_MICRO_BATCHES):
                 x, t = mlp_batch(rank, step, m)
                 rt.set_sync_gradients(m == MLP_MICRO_BATCHES - 1)
-                v0 = rt.pre_forward(0)
-                w1, b1, _, _ = arrays(v0)
-                hpre, h = forward1(x, w1, b1)
+                l1 = unit(rt.pre_forward(0))
+                hpre, h = forward1(x, l1.w, l1.b)
                 rt.post_forward(0)
-                v1 = rt.pre_forward(1)
-                w2, b2, _, _ = arrays(v1)
-                y, loss = forward2(h, t, w2, b2)
+                l2 = unit(rt.pre_forward(1))
+                y, loss = forward2(h, t, l2.w, l2.b)
                 rt.post_forward(1)
-                v1 = rt.pre_backward(1)
-                w2, _, dw2, db2 = arrays(v1)
-                dh = backward2(h, y, t, w2, dw2, db2)
-                flush(v1)
+                l2 = unit(rt.pre_backward(1))
+                dh = backward2(h, y, t, l2.w, l2.dw, l2.db)
+                l2.done()
                 rt.post_backward(1)
-                v0 = rt.pre_backward(0)
-                _, _, dw1, db1 = arrays(v0)
-                backward1(x, hpre, dh, dw1, db1)
-                flush(v0)
+                l1 = unit(rt.pre_backward(0))
+                backward1(x, hpre, dh, l1.dw, l1.db)
+                l1.done()
                 rt.post_backward(0)
                 rt.finish_backward()
                 losses.append(loss)
