@@ -77,6 +77,10 @@ BackendRegistration PjrtRegistration() {
     }
     return absl::OkStatus();
   };
+  r.device_count = [](const BackendOptions& o) -> absl::StatusOr<int> {
+    FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> client, SharedClient(o));
+    return client->num_devices();
+  };
   r.create = [](const BackendOptions& o, int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
     FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> client, SharedClient(o));
     FSDP_ASSIGN_OR_RETURN(const int64_t device, BackendOptionInt("pjrt", o, "device", rank, 0));
@@ -99,6 +103,7 @@ BackendRegistration CudaRegistration() {
             {"memory_limit_bytes", "bytes the caching allocator may hold (0: the GPU's)"},
             {"allow_tf32", "f32 matmuls on TF32 tensor cores (default false)"}};
   r.unavailable = [](const BackendOptions&) { return CudaUnavailableReason(); };
+  r.device_count = [](const BackendOptions&) -> absl::StatusOr<int> { return CudaDeviceCount(); };
   r.create = [](const BackendOptions& o, int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
     FSDP_ASSIGN_OR_RETURN(
         const int64_t device,

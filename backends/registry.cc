@@ -223,6 +223,12 @@ absl::Status CheckBackend(std::string_view name, const BackendOptions& options, 
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> BackendDeviceCount(std::string_view name, const BackendOptions& options) {
+  FSDP_ASSIGN_OR_RETURN(const BackendRegistration r, Usable(name, options));
+  if (!r.device_count) return -1;
+  return r.device_count(options);
+}
+
 namespace {
 
 // Option `key` as a number of type T (from_chars, the whole text, finite), at least `min`.

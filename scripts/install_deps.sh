@@ -12,12 +12,14 @@
 #   - absl, GTest and benchmark configs need Threads (libc), Eigen3 none, MPI the mpicxx wrapper
 #     from libopenmpi-dev, OpenMP libgomp from g++;
 #   - the check of the Kubernetes manifests (tests/deploy) installs its pinned validator from
-#     PyPI into a virtual environment: python3-venv.
+#     PyPI into a virtual environment: python3-venv;
+#   - the Python package on the C API (python/libfsdp, tests/python) needs numpy and nothing
+#     else: python3-numpy; pkg-config builds the C API's consumer in the install test.
 # We install with --no-install-recommends, so every recommended package we need is named here.
 set -euo pipefail
 pkgs=(cmake g++ make git clang libclang-rt-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev
       libopenmpi-dev openmpi-bin libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-      python3-venv)
+      python3-venv python3-numpy pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

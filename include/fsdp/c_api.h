@@ -8,7 +8,8 @@
  * Conventions (the PJRT C API's):
  * - Handles are opaque pointers. Each kind has a destroy function; destroying NULL is a no-op.
  *   Passing NULL, a handle of another kind, or a destroyed handle where a handle is expected is
- *   an FSDP_CODE_INVALID_ARGUMENT error, never a crash.
+ *   an FSDP_CODE_INVALID_ARGUMENT error, never a crash (a destroyed handle's address is never
+ *   reused for another handle).
  * - Every function that can fail returns an fsdp_error* : NULL on success, else an error the
  *   caller owns and frees with fsdp_error_destroy. Its code is absl::StatusCode's (which is
  *   gRPC's); its message says what was wrong and what to do. Out-parameters are written only on
@@ -169,6 +170,11 @@ fsdp_error* fsdp_backend_names(char* buffer, size_t capacity, size_t* length);
  * .md lists each backend's keys; an unknown key is an error that lists the known ones). */
 fsdp_error* fsdp_backend_create(const char* name, const fsdp_key_value* options, size_t count,
                                 int rank, fsdp_backend** out);
+/* The devices backend `name` has in this process with these options (a PJRT plugin's devices,
+ * the GPUs), or -1 when it has no fixed number (cpu, sim: any number of ranks share the host).
+ * An error says why the backend cannot run here. */
+fsdp_error* fsdp_backend_device_count(const char* name, const fsdp_key_value* options,
+                                      size_t count, int* devices);
 /* Every runtime using the backend must be destroyed first. */
 void fsdp_backend_destroy(fsdp_backend* backend);
 fsdp_error* fsdp_backend_name(const fsdp_backend* backend, char* buffer, size_t capacity,
@@ -275,7 +281,10 @@ typedef struct fsdp_param {
 void fsdp_param_init(fsdp_param* param);
 
 /* Registers a unit of parameters (their elements are laid out one after another in a flat
- * buffer, in this order); `*unit` receives its index (0, 1, ... in registration order). */
+ * buffer, in this order); `*unit` receives its index (0, 1, ... in registration order).
+ * Parameter names are unique across all units (checkpoints and exports name tensors by them):
+ * a name used twice is FSDP_CODE_ALREADY_EXISTS. A refused registration (a dimension < 1, a
+ * name used twice) fails the runtime, as a hook out of order does. */
 fsdp_error* fsdp_runtime_register_unit(fsdp_runtime* runtime, const char* name,
                                        const fsdp_param* params, size_t count, int* unit);
 /* Fills elements [begin, end) of parameter `param` of unit `unit` into `out` (end - begin
@@ -304,8 +313,11 @@ typedef struct fsdp_unit_view {
   fsdp_view grads;
 } fsdp_unit_view;
 
-/* The hooks, in fsdp/sharding.h's order (the order is checked: a hook out of order is an
- * FSDP_CODE_FAILED_PRECONDITION error before anything is touched). `out` may be NULL. */
+/* The hooks, in fsdp/sharding.h's order. The order is checked: a hook out of order is an
+ * FSDP_CODE_FAILED_PRECONDITION error before any data is touched, and it fails the runtime and
+ * its world on every rank (a peer must not wait in a collective for a rank that went astray):
+ * destroy them and start again. A unit that does not exist is FSDP_CODE_OUT_OF_RANGE. `out`
+ * may be NULL; a wrong out->struct_size is refused before the hook runs. */
 fsdp_error* fsdp_pre_forward(fsdp_runtime* runtime, int unit, fsdp_unit_view* out);
 fsdp_error* fsdp_post_forward(fsdp_runtime* runtime, int unit);
 fsdp_error* fsdp_pre_backward(fsdp_runtime* runtime, int unit, fsdp_unit_view* out);

@@ -52,6 +52,9 @@ struct BackendRegistration {
   // Checks, before ranks start, that `ranks` ranks of this process can each have one (e.g. a
   // PJRT plugin with fewer devices). May be empty.
   std::function<absl::Status(const BackendOptions& options, int ranks)> check;
+  // The devices this process sees (a PJRT plugin's, the GPUs). Empty: the backend has no fixed
+  // number (cpu, sim: any number of ranks share the host).
+  std::function<absl::StatusOr<int>(const BackendOptions& options)> device_count;
   BackendFactory create;
 };
 
@@ -80,6 +83,10 @@ std::string BackendNames();
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
                                                        const BackendOptions& options = {},
                                                        int rank = 0);
+
+// The devices backend `name` has in this process with `options`, or -1 when it has no fixed
+// number (cpu, sim). The errors of CheckBackend for a backend that cannot run here.
+absl::StatusOr<int> BackendDeviceCount(std::string_view name, const BackendOptions& options = {});
 
 // Before any rank starts: OK when backend `name` exists in this program, takes every key of
 // `options`, can run here, and can give `ranks` ranks of this process one each (`threads`: ranks

@@ -50,6 +50,7 @@ from ._core import (
     World,
     api_version,
     backend_names,
+    device_count,
     mpi_shutdown,
     numpy_dtype,
     run_threads,
@@ -62,7 +63,7 @@ __version__ = "0.1.0"
 __all__ = [
     "API_VERSION_MAJOR", "API_VERSION_MINOR", "Backend", "Code", "DType", "FsdpError",
     "LibraryNotFoundError", "Model", "NonFinite", "Offload", "Optimizer", "ParamInfo", "Runtime",
-    "StepStats", "Strategy", "UnitView", "World", "api_version", "backend_names", "format_plan",
-    "load_library", "mpi_shutdown", "numpy_dtype", "parse_bytes", "plan", "run_threads",
-    "version_string",
+    "StepStats", "Strategy", "UnitView", "World", "api_version", "backend_names", "device_count",
+    "format_plan", "load_library", "mpi_shutdown", "numpy_dtype", "parse_bytes", "plan",
+    "run_threads", "version_string",
 ]

@@ -346,6 +346,7 @@ _PROTOTYPES = {
     # backends
     "fsdp_backend_names": (_err, [ctypes.c_char_p, _size_t, _P(_size_t)]),
     "fsdp_backend_create": (_err, [_str, _P(fsdp_key_value), _size_t, _int, _P(_ptr)]),
+    "fsdp_backend_device_count": (_err, [_str, _P(fsdp_key_value), _size_t, _P(_int)]),
     "fsdp_backend_destroy": (None, [_ptr]),
     "fsdp_backend_name": (_err, [_ptr, ctypes.c_char_p, _size_t, _P(_size_t)]),
     "fsdp_backend_is_host": (_err, [_ptr, _P(_int)]),
@@ -411,9 +412,9 @@ _PROTOTYPES = {
 # Functions added to the header after the first 0.1 libraries were built, without a new minor
 # version: a library without them still loads, and using them raises UNIMPLEMENTED.
 _LATER = {
-    "fsdp_world_abort", "fsdp_model_options_init", "fsdp_model_create", "fsdp_model_destroy",
-    "fsdp_model_info", "fsdp_model_forward_backward", "fsdp_model_forward", "fsdp_model_step",
-    "fsdp_model_runtime",
+    "fsdp_world_abort", "fsdp_backend_device_count", "fsdp_model_options_init",
+    "fsdp_model_create", "fsdp_model_destroy", "fsdp_model_info", "fsdp_model_forward_backward",
+    "fsdp_model_forward", "fsdp_model_step", "fsdp_model_runtime",
 }
 _missing = set()
 

@@ -38,6 +38,18 @@ def backend_names():
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
+def device_count(name, options=None):
+    """The devices backend `name` has in this process with these options (a PJRT plugin's
+    devices, the GPUs), or None when it has no fixed number (cpu, sim: any number of ranks
+    share the host). Raises FsdpError saying why the backend cannot run here."""
+    _capi.require("fsdp_backend_device_count")
+    array, count, keep = _key_values(options or {})
+    out = ctypes.c_int()
+    lib().fsdp_backend_device_count(name.encode(), array, count, ctypes.byref(out))
+    del keep
+    return None if out.value < 0 else out.value
+
+
 def _key_values(pairs):
     """A C array of fsdp_key_value from a dict or (key, value) pairs; values are str()'d. Returns
     the array and the encoded strings, which must stay alive while C reads them."""

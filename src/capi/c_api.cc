@@ -348,6 +348,15 @@ absl::StatusOr<fsdp::View> FromCView(fsdp::Backend* backend, const fsdp_view* c,
   return view;
 }
 
+// Before a hook: an `out` whose struct_size cannot be right is refused before the hook runs.
+absl::Status CheckUnitView(const fsdp_unit_view* out, const char* fn) {
+  if (out != nullptr && out->struct_size < sizeof(size_t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, ": out->struct_size is ", out->struct_size, "; set it to sizeof(fsdp_unit_view)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteUnitView(const fsdp::UnitView& u, fsdp_unit_view* out, const char* fn) {
   if (out == nullptr) return absl::OkStatus();
   fsdp_unit_view v;
@@ -390,17 +399,49 @@ absl::Status WriteStepStats(const fsdp::StepStats& s, fsdp_step_stats* out, cons
 
 absl::Status CheckUnit(const fsdp::ShardingRuntime& r, int unit, const char* fn) {
   if (unit < 0 || unit >= r.num_units()) {
-    return absl::InvalidArgumentError(absl::StrCat(fn, ": unit ", unit, " does not exist (",
-                                                   r.num_units(), " units registered)"));
+    return absl::OutOfRangeError(absl::StrCat(fn, ": unit ", unit, " does not exist (",
+                                              r.num_units(), " units registered)"));
   }
   return absl::OkStatus();
 }
 
+// A destroyed handle's object is freed, but its small shell is kept for the life of the
+// process, so that its address is never handed out again: a stale handle stays an error
+// instead of silently naming a newer object of the same kind.
+void KeepShell(void* shell) {
+  static std::mutex mu;
+  static auto* shells = new std::vector<void*>();
+  std::lock_guard<std::mutex> lock(mu);
+  shells->push_back(shell);
+}
+void Bury(fsdp_world* w) {
+  w->owned.reset();
+  w->comm = nullptr;
+  KeepShell(w);
+}
+void Bury(fsdp_backend* b) {
+  b->backend.reset();
+  KeepShell(b);
+}
+void Bury(fsdp_runtime* r) {
+  r->runtime.reset();
+  r->rt = nullptr;
+  KeepShell(r);
+}
+void Bury(fsdp_thread_group* g) {
+  g->world.reset();
+  KeepShell(g);
+}
+void Bury(fsdp_model* m) {
+  m->model.reset();
+  KeepShell(m);
+}
+
 void ReleaseWorld(fsdp_world* w) {
-  if (w->released.load() && w->runtimes.load() == 0) delete w;
+  if (w->released.load() && w->runtimes.load() == 0) Bury(w);
 }
 void ReleaseBackend(fsdp_backend* b) {
-  if (b->released.load() && b->runtimes.load() == 0) delete b;
+  if (b->released.load() && b->runtimes.load() == 0) Bury(b);
 }
 
 }  // namespace
@@ -513,7 +554,7 @@ fsdp_error* fsdp_thread_group_take_rank(fsdp_thread_group* group, int rank, fsdp
 
 void fsdp_thread_group_destroy(fsdp_thread_group* group) {
   if (group == nullptr || !RemoveHandle(group, Kind::kThreadGroup)) return;
-  delete group;
+  Bury(group);
 }
 
 fsdp_error* fsdp_world_create_mpi(const fsdp_world_options* options, fsdp_world** out) {
@@ -654,6 +695,18 @@ fsdp_error* fsdp_backend_create(const char* name, const fsdp_key_value* options,
     b->backend = std::move(backend);
     AddHandle(b, Kind::kBackend);
     *out = b;
+    return absl::OkStatus();
+  });
+}
+
+fsdp_error* fsdp_backend_device_count(const char* name, const fsdp_key_value* options,
+                                      size_t count, int* devices) {
+  static constexpr char fn[] = "fsdp_backend_device_count";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_OUT(name, "name");
+    FSDP_CHECK_OUT(devices, "devices");
+    FSDP_ASSIGN_OR_RETURN(fsdp::BackendOptions o, ToOptions(options, count, fn));
+    FSDP_ASSIGN_OR_RETURN(*devices, fsdp::BackendDeviceCount(name, o));
     return absl::OkStatus();
   });
 }
@@ -876,10 +929,9 @@ void fsdp_runtime_destroy(fsdp_runtime* runtime) {
   fsdp_world* w = runtime->world;
   fsdp_backend* b = runtime->backend;
   try {
-    runtime->runtime.reset();
+    Bury(runtime);
   } catch (...) {
   }
-  delete runtime;
   --w->runtimes;
   --b->runtimes;
   ReleaseWorld(w);
@@ -1001,6 +1053,7 @@ fsdp_error* fsdp_pre_forward(fsdp_runtime* runtime, int unit, fsdp_unit_view* ou
   static constexpr char fn[] = "fsdp_pre_forward";
   return Guard(fn, [&]() -> absl::Status {
     FSDP_RUNTIME(runtime);
+    FSDP_RETURN_IF_ERROR(CheckUnitView(out, fn));
     FSDP_ASSIGN_OR_RETURN(fsdp::UnitView v, r.PreForward(unit));
     return WriteUnitView(v, out, fn);
   });
@@ -1018,6 +1071,7 @@ fsdp_error* fsdp_pre_backward(fsdp_runtime* runtime, int unit, fsdp_unit_view* o
   static constexpr char fn[] = "fsdp_pre_backward";
   return Guard(fn, [&]() -> absl::Status {
     FSDP_RUNTIME(runtime);
+    FSDP_RETURN_IF_ERROR(CheckUnitView(out, fn));
     FSDP_ASSIGN_OR_RETURN(fsdp::UnitView v, r.PreBackward(unit));
     return WriteUnitView(v, out, fn);
   });
@@ -1269,11 +1323,10 @@ void fsdp_model_destroy(fsdp_model* model) {
   fsdp_world* w = model->world;
   fsdp_backend* b = model->backend;
   try {
-    model->model.reset();
+    Bury(model);
+    Bury(model->runtime);
   } catch (...) {
   }
-  delete model->runtime;
-  delete model;
   --w->runtimes;
   --b->runtimes;
   ReleaseWorld(w);

@@ -152,6 +152,14 @@ static fsdp_error* misuse(fsdp_world* world, void* user) {
   fsdp_backend_destroy(dead); /* twice: ignored */
   int is_host = 0;
   EXPECT(fsdp_backend_is_host(dead, &is_host), INVALID, "not a live fsdp_backend");
+  /* New backends never take a destroyed one's address: the stale handle stays an error. */
+  fsdp_backend* fresh[8];
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_OK(fsdp_backend_create("cpu", NULL, 0, rank, &fresh[i]));
+    if (fresh[i] == dead) ++failures;
+  }
+  EXPECT(fsdp_backend_is_host(dead, &is_host), INVALID, "not a live fsdp_backend");
+  for (int i = 0; i < 8; ++i) fsdp_backend_destroy(fresh[i]);
   EXPECT_OK(fsdp_backend_create("cpu", NULL, 0, rank, &backend));
   EXPECT(fsdp_backend_is_host((const fsdp_backend*)world, &is_host), INVALID,
          "is an fsdp_world, not an fsdp_backend");
@@ -167,6 +175,11 @@ static fsdp_error* misuse(fsdp_world* world, void* user) {
   if (length != 3 || strcmp(small, "cpu") != 0) ++failures;
   EXPECT_OK(fsdp_backend_names(NULL, 0, &length));
   if (length == 0) ++failures;
+  int devices = 0;
+  EXPECT_OK(fsdp_backend_device_count("cpu", NULL, 0, &devices));
+  if (devices != -1) ++failures;
+  EXPECT(fsdp_backend_device_count("tpu9000", NULL, 0, &devices), INVALID, "tpu9000");
+  EXPECT(fsdp_backend_device_count("cpu", NULL, 0, NULL), INVALID, "devices is NULL");
   void* stream = NULL;
   EXPECT(fsdp_backend_native_stream(backend, 0, &stream), FSDP_CODE_UNIMPLEMENTED, "cpu");
   EXPECT(fsdp_backend_native_stream(backend, 2, &stream), INVALID, "stream is 2");
@@ -222,6 +235,9 @@ static fsdp_error* misuse(fsdp_world* world, void* user) {
   v.struct_size = sizeof v;
   EXPECT(fsdp_pre_forward(rt, 5, &v), FSDP_CODE_OUT_OF_RANGE, "unit 5 does not exist");
   EXPECT(fsdp_pre_forward(rt, -1, &v), FSDP_CODE_OUT_OF_RANGE, NULL);
+  v.struct_size = 0; /* refused before the hook runs: the same call then succeeds */
+  EXPECT(fsdp_pre_forward(rt, 0, &v), INVALID, "struct_size is 0");
+  v.struct_size = sizeof v;
   EXPECT_OK(fsdp_pre_forward(rt, 0, &v));
   if (v.numel != 16 || v.params.count != 16 || v.params.host == NULL || v.grads.count != 0 ||
       ((const float*)v.params.host)[15] != 1.0f) {
@@ -267,7 +283,8 @@ static fsdp_error* misuse(fsdp_world* world, void* user) {
   EXPECT(fsdp_runtime_gather_unit(rt, 0, NULL, 16), INVALID, "out is NULL");
   EXPECT_OK(fsdp_runtime_gather_unit(rt, 0, gathered, 16));
   EXPECT(fsdp_runtime_unit_param(rt, 0, 2, NULL, NULL, NULL, 0, NULL), INVALID, "index 2");
-  EXPECT(fsdp_runtime_unit_param(rt, 1, 0, NULL, NULL, NULL, 0, NULL), INVALID, "unit 1");
+  EXPECT(fsdp_runtime_unit_param(rt, 1, 0, NULL, NULL, NULL, 0, NULL), FSDP_CODE_OUT_OF_RANGE,
+         "unit 1");
   EXPECT(fsdp_set_activation_bytes(rt, -5), INVALID, NULL);
   EXPECT_OK(fsdp_runtime_num_units(rt, &n));
   if (n != 1) ++failures;

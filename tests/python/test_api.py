@@ -14,6 +14,7 @@ Exit status: 0 passed, 1 failed, 77 skipped (numpy is missing).
 import ctypes
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,11 @@ def test_version():
     check(libfsdp.version_string().startswith("libfsdp "), libfsdp.version_string())
     check("cpu" in libfsdp.backend_names() and "sim" in libfsdp.backend_names(),
           "backend_names: %r" % libfsdp.backend_names())
+    if _capi.has("fsdp_backend_device_count"):
+        check(libfsdp.device_count("cpu") is None, "device_count('cpu')")
+        raises(Code.INVALID_ARGUMENT, "nope", libfsdp.device_count, "nope")
+    else:
+        raises(Code.UNIMPLEMENTED, "rebuild", libfsdp.device_count, "cpu")
 
 
 def test_struct_layout():
@@ -125,6 +131,22 @@ def test_struct_layout():
         check(int(c) == value, "%s is %s in C but %d in ctypes" % (what, c, value))
     print("   %d structs, %d sizes and offsets equal to the C compiler's" % (len(structs),
                                                                             len(want)))
+
+
+def test_every_function_declared():
+    """Every function of c_api.h has a ctypes prototype (a new one needs its declaration)."""
+    header = os.path.join(SOURCE_DIR, "include", "fsdp", "c_api.h")
+    if not os.path.exists(header):
+        print("   (no include/fsdp/c_api.h: not compared)")
+        return
+    with open(header) as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+    names = set(re.findall(r"\b(fsdp_\w+)\s*\(", text)) - {"fsdp_rank_body", "fsdp_init_fn"}
+    missing = sorted(names - set(_capi._PROTOTYPES))
+    check(not missing, "c_api.h functions without a prototype: %s" % ", ".join(missing))
+    extra = sorted(set(_capi._PROTOTYPES) - names)
+    check(not extra, "prototypes of functions c_api.h does not have: %s" % ", ".join(extra))
+    print("   %d functions" % len(names))
 
 
 def test_library_not_found():
@@ -190,7 +212,7 @@ def test_hooks_out_of_order():
     def unit_out_of_range(world):
         rt = small_runtime(world)
         raises(Code.OUT_OF_RANGE, "unit 5 does not exist", rt.pre_forward, 5)
-        raises(Code.INVALID_ARGUMENT, "unit 5 does not exist", rt.unit_param, 5, 0)
+        raises(Code.OUT_OF_RANGE, "unit 5 does not exist", rt.unit_param, 5, 0)
         raises(Code.INVALID_ARGUMENT, "index 2", rt.unit_param, 0, 2)
         micro_batch(rt)  # still usable
         check(rt.step(0.1).step == 1, "step after refused calls")
