@@ -11,7 +11,7 @@
 # A patch starts with four header lines, then a unified diff (git apply ignores the header):
 #   Mutant: what the bug is
 #   Kind: scale | range | ordering | memory | overlap | dtype | wait | kernel | checkpoint | comm |
-#         agreement
+#         agreement | accumulation | runtime | abi
 #   Build: the CMake target to rebuild
 #   Run: the command to run in BUILD (a test binary and its --gtest_filter)
 #
