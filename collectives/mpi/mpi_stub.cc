@@ -11,6 +11,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions) {
   return absl::UnimplementedError("libfsdp was built without Open MPI (FSDP_WITH_MPI=OFF)");
 }
 
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorldFrom(const void*, CommOptions) {
+  return absl::UnimplementedError("libfsdp was built without Open MPI (FSDP_WITH_MPI=OFF)");
+}
+
 absl::Status RunOnMpiThread(const std::function<void()>&) {
   return absl::UnimplementedError("libfsdp was built without Open MPI (FSDP_WITH_MPI=OFF)");
 }

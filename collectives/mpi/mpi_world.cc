@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 #include <future>
 
@@ -99,7 +100,9 @@ class MpiCommunicator final : public Communicator {
 
 bool MpiBuilt() { return true; }
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateOver(MPI_Comm base, CommOptions options) {
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "CreateMpiWorld: timeout must be > 0, got %s", absl::FormatDuration(options.timeout)));
@@ -111,7 +114,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options
   auto result = std::make_shared<std::promise<absl::StatusOr<std::shared_ptr<internal::MpiGroup>>>>();
   auto f = result->get_future();
   const bool posted = engine.Post([&engine, options, result] {
-    engine.DupAsync(MPI_COMM_WORLD, options.timeout, [&engine, options, result](absl::Status s, MPI_Comm c[3]) {
+    engine.DupAsync(base, options.timeout, [&engine, options, result](absl::Status s, MPI_Comm c[3]) {
       if (!s.ok()) {
         result->set_value(std::move(s));
         return;
@@ -124,6 +127,26 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options
   if (!posted) return absl::FailedPreconditionError("CreateMpiWorld: MPI was shut down");
   FSDP_ASSIGN_OR_RETURN(std::shared_ptr<internal::MpiGroup> group, f.get());
   return std::unique_ptr<Communicator>(new internal::MpiCommunicator(std::move(group)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options) {
+  return CreateOver(MPI_COMM_WORLD, options);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorldFrom(const void* mpi_comm,
+                                                                 CommOptions options) {
+  if (mpi_comm == nullptr) {
+    return absl::InvalidArgumentError("CreateMpiWorldFrom: mpi_comm is NULL; pass &comm");
+  }
+  MPI_Comm base;
+  std::memcpy(&base, mpi_comm, sizeof base);
+  if (base == MPI_COMM_NULL) {
+    return absl::InvalidArgumentError(
+        "CreateMpiWorldFrom: the communicator is MPI_COMM_NULL (a process outside the split?)");
+  }
+  return CreateOver(base, options);
 }
 
 std::string MpiDataPath(const Communicator& comm) {

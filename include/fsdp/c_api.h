@@ -130,6 +130,13 @@ void fsdp_thread_group_destroy(fsdp_thread_group* group);
  * MPI_THREAD_MULTIPLE if the program has not; groups inside a host move data through shared
  * memory). Collective over the processes. FSDP_CODE_UNIMPLEMENTED in a build without MPI. */
 fsdp_error* fsdp_world_create_mpi(const fsdp_world_options* options, fsdp_world** out);
+/* The same over the caller's own communicator: `mpi_comm` points to an MPI_Comm (&comm in C;
+ * MPI._addressof(comm) from mpi4py), e.g. one group of an MPI_Comm_split: collective over its
+ * processes, which become the world's ranks in their order there. The library works on
+ * duplicates; the caller keeps its communicator. A caller that initialised MPI itself and goes
+ * on calling it must have asked for MPI_THREAD_MULTIPLE. */
+fsdp_error* fsdp_world_create_mpi_comm(const void* mpi_comm, const fsdp_world_options* options,
+                                       fsdp_world** out);
 /* Finalises MPI after the last MPI world is destroyed (call once, at the end of the program;
  * a no-op without MPI). */
 void fsdp_mpi_shutdown(void);

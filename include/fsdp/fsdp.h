@@ -7,6 +7,7 @@
 //   fsdp/pjrt_backend.h     the PJRT backend's own API: fsdp::pjrt (COMPONENTS pjrt)
 //   fsdp/pjrt_client.h      the PJRT plugin and client under it: fsdp::pjrt
 //   fsdp/cuda_backend.h     the CUDA backend's own API: fsdp::cuda (COMPONENTS cuda)
+//   fsdp/c_api.h            the C API, in C: libfsdp.so, fsdp::c (COMPONENTS c), docs/c_api.md
 // A program reaches every backend this package has by name (fsdp/registry.h) once it links
 // fsdp::backends; the backends' own headers are needed only to construct one directly.
 #pragma once

@@ -23,6 +23,15 @@ bool MpiBuilt();
 // built without MPI.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options = {});
 
+// The same over the caller's communicator: `mpi_comm` points to an MPI_Comm (e.g. one half of
+// an MPI_Comm_split, or mpi4py's MPI._addressof(comm)), collective over its processes, which
+// become the world's ranks in their order there. The library works on duplicates of it; the
+// caller keeps and frees its own. MPI initialised by the caller must provide
+// MPI_THREAD_MULTIPLE if the caller goes on calling MPI itself. InvalidArgument for NULL or
+// MPI_COMM_NULL.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorldFrom(const void* mpi_comm,
+                                                                 CommOptions options = {});
+
 // Where an mpi communicator's group moves its data: "shm" (every rank runs on this host: POSIX
 // shared memory, CommOptions::mpi_shared_memory), "mpi" (Open MPI's collectives), or
 // "undecided" until its first collective has completed on this rank. Empty for a communicator

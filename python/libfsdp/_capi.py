@@ -335,6 +335,7 @@ _PROTOTYPES = {
     "fsdp_thread_group_take_rank": (_err, [_ptr, _int, _P(_ptr)]),
     "fsdp_thread_group_destroy": (None, [_ptr]),
     "fsdp_world_create_mpi": (_err, [_P(fsdp_world_options), _P(_ptr)]),
+    "fsdp_world_create_mpi_comm": (_err, [ctypes.c_void_p, _P(fsdp_world_options), _P(_ptr)]),
     "fsdp_mpi_shutdown": (None, []),
     "fsdp_world_destroy": (None, [_ptr]),
     "fsdp_world_rank": (_err, [_ptr, _P(_int)]),

@@ -133,11 +133,20 @@ class World(_HasRuntimes):
     _destroy_name = "fsdp_world_destroy"
 
     @classmethod
-    def mpi(cls, timeout_seconds=None):
-        """The world of MPI_COMM_WORLD (collective over the processes). Call
-        :func:`mpi_shutdown` once at the end, after closing it."""
+    def mpi(cls, timeout_seconds=None, comm=None):
+        """The world of MPI_COMM_WORLD (collective over the processes), or of `comm`: an mpi4py
+        communicator, or the address of an MPI_Comm (an int), e.g. one group of a split; its
+        processes become the world's ranks. Call :func:`mpi_shutdown` once at the end, after
+        closing it."""
         out = ctypes.c_void_p()
-        lib().fsdp_world_create_mpi(_world_options(timeout_seconds), ctypes.byref(out))
+        if comm is None:
+            lib().fsdp_world_create_mpi(_world_options(timeout_seconds), ctypes.byref(out))
+        else:
+            if not isinstance(comm, int):
+                from mpi4py import MPI  # only when given an mpi4py communicator
+                comm = MPI._addressof(comm)
+            lib().fsdp_world_create_mpi_comm(ctypes.c_void_p(comm),
+                                             _world_options(timeout_seconds), ctypes.byref(out))
         return cls(out.value)
 
     @property

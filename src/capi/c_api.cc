@@ -578,6 +578,29 @@ fsdp_error* fsdp_world_create_mpi(const fsdp_world_options* options, fsdp_world*
   });
 }
 
+fsdp_error* fsdp_world_create_mpi_comm(const void* mpi_comm, const fsdp_world_options* options,
+                                       fsdp_world** out) {
+  static constexpr char fn[] = "fsdp_world_create_mpi_comm";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_OUT(mpi_comm, "mpi_comm");
+    FSDP_CHECK_OUT(out, "out");
+    FSDP_ASSIGN_OR_RETURN(fsdp_world_options o,
+                          ReadStruct(options, fsdp_world_options_init, fn, "fsdp_world_options"));
+    if (!fsdp::MpiBuilt()) {
+      return absl::UnimplementedError(
+          absl::StrCat(fn, ": this libfsdp was built without MPI (FSDP_WITH_MPI off)"));
+    }
+    FSDP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                          fsdp::CreateMpiWorldFrom(mpi_comm, ToCommOptions(o)));
+    auto* w = new fsdp_world;
+    w->comm = comm.get();
+    w->owned = std::move(comm);
+    AddHandle(w, Kind::kWorld);
+    *out = w;
+    return absl::OkStatus();
+  });
+}
+
 void fsdp_mpi_shutdown(void) {
   try {
     if (fsdp::MpiBuilt()) fsdp::ShutdownMpi();

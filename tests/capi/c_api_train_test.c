@@ -5,6 +5,9 @@
  *
  *   c_api_train_test REF_DIR threads [BACKEND]  every configuration of mlp_run.h, ranks as threads
  *   c_api_train_test REF_DIR mpi                 under mpirun -np 2: the 2-rank configurations
+ *   c_api_train_test REF_DIR mpi_split           under mpirun -np 4: the processes split in two
+ *                                                halves, each a world of its own over its half's
+ *                                                communicator (fsdp_world_create_mpi_comm)
  *
  * On a backend without host pointers (sim) the test reads and writes the hooks' views through
  * fsdp_view_copy_to_host / fsdp_view_copy_from_host, as a framework on a device would. */
@@ -14,6 +17,9 @@
 
 #include "fsdp/c_api.h"
 #include "mlp_run.h"
+#ifdef CAPI_TEST_MPI
+#include <mpi.h>
+#endif
 
 #define CHECK(call)                                                                      \
   do {                                                                                   \
@@ -212,8 +218,9 @@ static float* read_ref(const char* dir, const mlp_config* cfg) {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 3 || (strcmp(argv[2], "threads") != 0 && strcmp(argv[2], "mpi") != 0)) {
-    fprintf(stderr, "usage: %s REF_DIR threads [BACKEND] | mpi\n", argv[0]);
+  if (argc < 3 || (strcmp(argv[2], "threads") != 0 && strcmp(argv[2], "mpi") != 0 &&
+                   strcmp(argv[2], "mpi_split") != 0)) {
+    fprintf(stderr, "usage: %s REF_DIR threads [BACKEND] | mpi | mpi_split\n", argv[0]);
     return 2;
   }
   if (fsdp_api_version() != FSDP_C_API_VERSION) {
@@ -221,12 +228,33 @@ int main(int argc, char** argv) {
             fsdp_api_version(), fsdp_version_string());
     return 1;
   }
-  const int mpi = strcmp(argv[2], "mpi") == 0;
+  const int split = strcmp(argv[2], "mpi_split") == 0;
+  const int mpi = split || strcmp(argv[2], "mpi") == 0;
   const char* backend = argc > 3 ? argv[3] : "cpu";
   fsdp_world* world = NULL;
   int rank = 0, size = 1;
+#ifdef CAPI_TEST_MPI
+  MPI_Comm half = MPI_COMM_NULL;
+  if (split) {
+    /* The program's own MPI, as a framework that uses MPI itself would have it. */
+    int provided = 0, world_rank = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank / 2, world_rank, &half);
+  }
+#else
+  if (split) {
+    fprintf(stderr, "c_api_train_test: built without MPI\n");
+    return 1;
+  }
+#endif
   if (mpi) {
+#ifdef CAPI_TEST_MPI
+    fsdp_error* e = split ? fsdp_world_create_mpi_comm(&half, NULL, &world)
+                          : fsdp_world_create_mpi(NULL, &world);
+#else
     fsdp_error* e = fsdp_world_create_mpi(NULL, &world);
+#endif
     if (e == NULL) e = fsdp_world_rank(world, &rank);
     if (e == NULL) e = fsdp_world_size(world, &size);
     if (e != NULL) {
@@ -256,13 +284,22 @@ int main(int argc, char** argv) {
       fsdp_error_destroy(e);
     } else if (rank == 0) {
       printf("ok %s (%s, %s): %d steps, losses, norms and parameters bitwise the C++ API's\n",
-             cfg->name, mpi ? "processes under mpirun" : "threads", backend, MLP_STEPS);
+             cfg->name,
+             split ? "processes under mpirun, a world per half of a split"
+                   : mpi ? "processes under mpirun" : "threads",
+             backend, MLP_STEPS);
     }
   }
   if (mpi) {
     fsdp_world_destroy(world);
     fsdp_mpi_shutdown();
   }
+#ifdef CAPI_TEST_MPI
+  if (split) {
+    MPI_Comm_free(&half);
+    MPI_Finalize();
+  }
+#endif
   if (runs == 0) {
     fprintf(stderr, "c_api_train_test: no configuration has %d ranks\n", size);
     return 1;

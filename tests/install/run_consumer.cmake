@@ -67,6 +67,12 @@ list(REMOVE_ITEM want "")
 run(${CMAKE_COMMAND} -S ${BACKENDS_CONSUMER} -B ${WORK_DIR}/backends_build -G ${GENERATOR}
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release "-DFSDP_WANT=${COMPONENTS}")
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/backends_build)
+# The same consumer with a C++ standard of its own set (the package's C++20 requirement meets
+# the consumer's, and a newer one is fine): built, not run again.
+run(${CMAKE_COMMAND} -S ${BACKENDS_CONSUMER} -B ${WORK_DIR}/backends_build_cxx23 -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release "-DFSDP_WANT=${COMPONENTS}"
+    -DCMAKE_CXX_STANDARD=23 -DCMAKE_CXX_STANDARD_REQUIRED=ON)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/backends_build_cxx23)
 set(ENV{FSDP_PJRT_PLUGIN} "${PJRT_PLUGIN}")
 set(ENV{TF_CPP_MIN_LOG_LEVEL} 2)
 run(${WORK_DIR}/backends_build/backends_consumer)
