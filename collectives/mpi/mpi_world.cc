@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateOver(MPI_Comm base, CommOpti
   FSDP_RETURN_IF_ERROR(engine.Start());
   auto result = std::make_shared<std::promise<absl::StatusOr<std::shared_ptr<internal::MpiGroup>>>>();
   auto f = result->get_future();
-  const bool posted = engine.Post([&engine, options, result] {
+  const bool posted = engine.Post([&engine, base, options, result] {
     engine.DupAsync(base, options.timeout, [&engine, options, result](absl::Status s, MPI_Comm c[3]) {
       if (!s.ok()) {
         result->set_value(std::move(s));
