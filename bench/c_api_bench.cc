@@ -26,6 +26,7 @@
 #include "fsdp/nn/sharded_model.h"
 #include "fsdp/registry.h"
 #include "tests/capi/mlp.h"
+#include "tests/capi/mlp_cpp.h"
 
 namespace {
 
@@ -131,27 +132,20 @@ absl::Status MlpRank(fsdp::Communicator& comm, fsdp_world* cworld, int steps, Ti
   fsdp_runtime* crt = nullptr;
   C_OK(fsdp_runtime_create(cbackend, cworld, nullptr, &crt));
   std::unique_ptr<fsdp_runtime, void (*)(fsdp_runtime*)> rt_guard(crt, fsdp_runtime_destroy);
+  FSDP_RETURN_IF_ERROR(fsdp_capi_test::RegisterMlp(*rt));
   const char* names[2][2] = {{"w1", "b1"}, {"w2", "b2"}};
   for (int u = 0; u < 2; ++u) {
-    std::vector<fsdp::ParamInfo> params;
     fsdp_param cparams[2];
     int64_t shapes[2][2];
     for (int p = 0; p < 2; ++p) {
       mlp_param_shape(u, p, shapes[p]);
-      params.emplace_back(names[u][p],
-                          std::vector<int64_t>(shapes[p], shapes[p] + mlp_param_ndim(u, p)));
       fsdp_param_init(&cparams[p]);
       cparams[p].name = names[u][p];
       cparams[p].shape = shapes[p];
       cparams[p].ndim = mlp_param_ndim(u, p);
     }
-    FSDP_RETURN_IF_ERROR(rt->RegisterUnit(u == 0 ? "layer1" : "layer2", params).status());
     C_OK(fsdp_runtime_register_unit(crt, u == 0 ? "layer1" : "layer2", cparams, 2, nullptr));
   }
-  FSDP_RETURN_IF_ERROR(rt->Finalize([](int u, const fsdp::ParamInfo& p, int64_t b, int64_t e,
-                                       float* out) {
-    for (int64_t i = b; i < e; ++i) out[i - b] = mlp_init(u, p.name[0] == 'w' ? 0 : 1, i);
-  }));
   C_OK(fsdp_runtime_finalize(
       crt,
       [](void*, int u, int p, int64_t b, int64_t e, float* out) -> fsdp_error* {
@@ -163,21 +157,7 @@ absl::Status MlpRank(fsdp::Communicator& comm, fsdp_world* cworld, int steps, Ti
   mlp_acts a;
   auto cpp_step = [&](int step) -> absl::Status {
     for (int m = 0; m < MLP_MICRO_BATCHES; ++m) {
-      mlp_batch(rank, step, m, a.x, a.t);
-      rt->set_sync_gradients(m == MLP_MICRO_BATCHES - 1);
-      FSDP_ASSIGN_OR_RETURN(fsdp::UnitView v0, rt->PreForward(0));
-      mlp_forward1(&a, v0.params, v0.params + b1);
-      FSDP_RETURN_IF_ERROR(rt->PostForward(0));
-      FSDP_ASSIGN_OR_RETURN(fsdp::UnitView v1, rt->PreForward(1));
-      mlp_forward2(&a, v1.params, v1.params + b2);
-      FSDP_RETURN_IF_ERROR(rt->PostForward(1));
-      FSDP_ASSIGN_OR_RETURN(v1, rt->PreBackward(1));
-      mlp_backward2(&a, v1.params, v1.grads, v1.grads + b2);
-      FSDP_RETURN_IF_ERROR(rt->PostBackward(1));
-      FSDP_ASSIGN_OR_RETURN(v0, rt->PreBackward(0));
-      mlp_backward1(&a, v0.grads, v0.grads + b1);
-      FSDP_RETURN_IF_ERROR(rt->PostBackward(0));
-      FSDP_RETURN_IF_ERROR(rt->FinishBackward());
+      FSDP_RETURN_IF_ERROR(fsdp_capi_test::MlpMicroBatch(*rt, a, rank, step, m).status());
     }
     return rt->Step(MLP_LR).status();
   };

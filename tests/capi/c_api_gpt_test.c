@@ -10,18 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "check.h"
 #include "fsdp/c_api.h"
 #include "mlp.h"
-
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    fsdp_error* check_error_ = (call);                                                   \
-    if (check_error_ != NULL) {                                                          \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                      \
-              fsdp_error_message(check_error_));                                         \
-      return check_error_;                                                               \
-    }                                                                                    \
-  } while (0)
 
 typedef struct job {
   const float* ref; /* GPT_REF_FLOATS */

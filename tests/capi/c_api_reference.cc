@@ -11,6 +11,7 @@
 #include "fsdp/nn/model_config.h"
 #include "fsdp/nn/sharded_model.h"
 #include "fsdp/sharding.h"
+#include "tests/capi/mlp_cpp.h"
 #include "tests/capi/mlp_run.h"
 
 namespace {
@@ -25,43 +26,14 @@ absl::Status TrainRank(fsdp::Communicator& comm, const mlp_config& cfg, std::vec
   o.max_grad_norm = 0.07f;  // clips steps 0 and 3
   FSDP_ASSIGN_OR_RETURN(std::unique_ptr<fsdp::ShardingRuntime> rt,
                         fsdp::ShardingRuntime::Create(backend.get(), comm, o));
-  const char* names[2][2] = {{"w1", "b1"}, {"w2", "b2"}};
-  for (int u = 0; u < 2; ++u) {
-    std::vector<fsdp::ParamInfo> params;
-    for (int p = 0; p < 2; ++p) {
-      int64_t shape[2];
-      mlp_param_shape(u, p, shape);
-      params.emplace_back(names[u][p],
-                          std::vector<int64_t>(shape, shape + mlp_param_ndim(u, p)));
-    }
-    FSDP_RETURN_IF_ERROR(rt->RegisterUnit(u == 0 ? "layer1" : "layer2", params).status());
-  }
-  FSDP_RETURN_IF_ERROR(rt->Finalize([](int u, const fsdp::ParamInfo& param, int64_t begin,
-                                       int64_t end, float* dst) {
-    const int p = param.name[0] == 'w' ? 0 : 1;
-    for (int64_t i = begin; i < end; ++i) dst[i - begin] = mlp_init(u, p, i);
-  }));
-  const int64_t b1 = rt->unit_tensors(0)[1].offset, b2 = rt->unit_tensors(1)[1].offset;
+  FSDP_RETURN_IF_ERROR(fsdp_capi_test::RegisterMlp(*rt));
   mlp_acts a;
   float* losses = out.data() + rank * MLP_LOSSES;
   float* norms = out.data() + cfg.world * MLP_LOSSES + rank * MLP_STEPS;
   for (int step = 0; step < MLP_STEPS; ++step) {
     for (int m = 0; m < MLP_MICRO_BATCHES; ++m) {
-      mlp_batch(rank, step, m, a.x, a.t);
-      rt->set_sync_gradients(m == MLP_MICRO_BATCHES - 1);
-      FSDP_ASSIGN_OR_RETURN(fsdp::UnitView v0, rt->PreForward(0));
-      mlp_forward1(&a, v0.params, v0.params + b1);
-      FSDP_RETURN_IF_ERROR(rt->PostForward(0));
-      FSDP_ASSIGN_OR_RETURN(fsdp::UnitView v1, rt->PreForward(1));
-      losses[step * MLP_MICRO_BATCHES + m] = mlp_forward2(&a, v1.params, v1.params + b2);
-      FSDP_RETURN_IF_ERROR(rt->PostForward(1));
-      FSDP_ASSIGN_OR_RETURN(v1, rt->PreBackward(1));
-      mlp_backward2(&a, v1.params, v1.grads, v1.grads + b2);
-      FSDP_RETURN_IF_ERROR(rt->PostBackward(1));
-      FSDP_ASSIGN_OR_RETURN(v0, rt->PreBackward(0));
-      mlp_backward1(&a, v0.grads, v0.grads + b1);
-      FSDP_RETURN_IF_ERROR(rt->PostBackward(0));
-      FSDP_RETURN_IF_ERROR(rt->FinishBackward());
+      FSDP_ASSIGN_OR_RETURN(losses[step * MLP_MICRO_BATCHES + m],
+                            fsdp_capi_test::MlpMicroBatch(*rt, a, rank, step, m));
     }
     FSDP_ASSIGN_OR_RETURN(fsdp::StepStats s, rt->Step(MLP_LR));
     norms[step] = static_cast<float>(s.grad_norm);

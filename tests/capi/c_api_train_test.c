@@ -15,21 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "fsdp/c_api.h"
 #include "mlp_run.h"
 #ifdef CAPI_TEST_MPI
 #include <mpi.h>
 #endif
-
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    fsdp_error* check_error_ = (call);                                                   \
-    if (check_error_ != NULL) {                                                          \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                      \
-              fsdp_error_message(check_error_));                                         \
-      return check_error_;                                                               \
-    }                                                                                    \
-  } while (0)
 
 typedef struct job {
   const mlp_config* cfg;
