@@ -101,7 +101,9 @@ BackendRegistration CudaRegistration() {
   r.summary = "an NVIDIA GPU per rank: cuBLASLt GEMMs, NCCL collectives";
   r.keys = {{"device", "the GPU of this rank (default: the rank modulo the GPUs)"},
             {"memory_limit_bytes", "bytes the caching allocator may hold (0: the GPU's)"},
-            {"allow_tf32", "f32 matmuls on TF32 tensor cores (default false)"}};
+            {"allow_tf32", "f32 matmuls on TF32 tensor cores (default false)"},
+            {"compute_stream", "a cudaStream_t of the caller's to adopt as the compute stream, "
+                               "as an address (\"0x7f...\"; default: the backend's own)"}};
   r.unavailable = [](const BackendOptions&) { return CudaUnavailableReason(); };
   r.device_count = [](const BackendOptions&) -> absl::StatusOr<int> { return CudaDeviceCount(); };
   r.create = [](const BackendOptions& o, int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
@@ -113,6 +115,17 @@ BackendRegistration CudaRegistration() {
     FSDP_ASSIGN_OR_RETURN(c.memory_limit_bytes,
                           BackendOptionInt("cuda", o, "memory_limit_bytes", 0, 0));
     FSDP_ASSIGN_OR_RETURN(c.allow_tf32, BackendOptionBool("cuda", o, "allow_tf32", false));
+    const std::string stream = BackendOptionText(o, "compute_stream", "");
+    if (!stream.empty()) {
+      char* end = nullptr;
+      const unsigned long long address = std::strtoull(stream.c_str(), &end, 0);
+      if (end == stream.c_str() || *end != '\0' || address == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "backend cuda: option compute_stream='", stream,
+            "' is not a stream's address (e.g. 0x7f3a2c000b20)"));
+      }
+      c.compute_stream = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+    }
     FSDP_ASSIGN_OR_RETURN(auto b, CudaBackend::Create(c));
     return std::unique_ptr<Backend>(std::move(b));
   };

@@ -253,6 +253,7 @@ struct CudaBackend::Impl {
   CudaBackendOptions options;
   int device = 0;
   cudaStream_t streams[2] = {nullptr, nullptr};
+  bool adopted_compute = false;  // streams[0] is the caller's (options.compute_stream)
   std::shared_ptr<cuda_internal::Failure> failure = std::make_shared<cuda_internal::Failure>();
   std::unique_ptr<cuda_internal::CudaDeviceMemory> memory;
   std::unique_ptr<cuda_internal::CachingAllocator> allocator;
@@ -306,6 +307,26 @@ void Scratch::Release() {
 
 void* CudaBackend::native_stream(Stream s) { return impl().stream(s); }
 
+absl::StatusOr<View> CudaBackend::WrapNativeMemory(void* p, int64_t count, DType dtype) {
+  if (p == nullptr || count < 0) {
+    return absl::InvalidArgumentError("CudaBackend::WrapNativeMemory: null pointer or negative count");
+  }
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice ||
+      a.device != impl_->device) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend::WrapNativeMemory: ", absl::Hex(reinterpret_cast<uintptr_t>(p)),
+        " is not device memory of GPU ", impl_->device));
+  }
+  View v;
+  v.backend = this;
+  v.allocation = Allocation{p, p, static_cast<size_t>(count) * DTypeSize(dtype)};
+  v.count = count;
+  v.dtype = dtype;
+  return v;
+}
+
 int CudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -345,13 +366,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   impl->options = options;
   impl->device = options.device;
   FSDP_RETURN_IF_ERROR(impl->Use());
+  if (options.compute_stream != nullptr) {
+    impl->streams[0] = static_cast<cudaStream_t>(options.compute_stream);
+    impl->adopted_compute = true;
+  }
   for (cudaStream_t& s : impl->streams) {
+    if (s != nullptr) continue;  // adopted
     const absl::Status st =
         CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     if (!st.ok()) {
       // The streams made so far are not the backend's yet: nothing else destroys them.
-      for (cudaStream_t& made : impl->streams) {
-        if (made != nullptr) cudaStreamDestroy(made);
+      for (int i = 0; i < 2; ++i) {
+        cudaStream_t& made = impl->streams[i];
+        if (made != nullptr && !(i == 0 && impl->adopted_compute)) cudaStreamDestroy(made);
         made = nullptr;
       }
       return st;
@@ -378,8 +405,9 @@ CudaBackend::~CudaBackend() {
   }
   impl_->ops.reset();
   impl_->allocator.reset();  // waits for pending frees, gives every block back
-  for (cudaStream_t s : impl_->streams) {
-    if (s != nullptr) cudaStreamDestroy(s);
+  for (int i = 0; i < 2; ++i) {
+    cudaStream_t s = impl_->streams[i];
+    if (s != nullptr && !(i == 0 && impl_->adopted_compute)) cudaStreamDestroy(s);
   }
 }
 

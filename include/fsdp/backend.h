@@ -206,6 +206,10 @@ class Backend {
   // framework that issues its own kernels in the runtime's order; nullptr where the streams are
   // the library's own (cpu, sim) or the device runtime exposes none (PJRT).
   virtual void* native_stream(Stream /*s*/) { return nullptr; }
+  // A view of memory the caller allocated with the device runtime itself (a CUDA device
+  // pointer), which the runtime reads and writes but never frees. Default: on a host backend
+  // WrapHostMemory, elsewhere Unimplemented (PJRT buffers are opaque: copy with CopyFromHost).
+  virtual absl::StatusOr<View> WrapNativeMemory(void* p, int64_t count, DType dtype);
 
   // ---- compute and communication -------------------------------------------------------------
   // The runtime's ops (fsdp/ops.h RuntimeOps): every backend has them.

@@ -221,9 +221,17 @@ fsdp_error* fsdp_view_copy_from_host(fsdp_backend* backend, const fsdp_view* vie
  * uses. */
 fsdp_error* fsdp_backend_wrap_host_memory(fsdp_backend* backend, void* pointer, int64_t count,
                                           fsdp_dtype dtype, fsdp_view* out);
-/* The backend's native handle of a stream (0 compute, 1 communication): a cudaStream_t on the
- * cuda backend. FSDP_CODE_UNIMPLEMENTED where the backend has none (cpu, sim: their streams
- * are the library's own; pjrt: PJRT exposes no stream). */
+/* Adopting native memory: a view of memory the caller allocated with the device runtime (on
+ * cuda a device pointer of the backend's GPU, cudaMalloc'd), which the library never frees; on
+ * a host backend the same as fsdp_backend_wrap_host_memory. FSDP_CODE_UNIMPLEMENTED on sim and
+ * pjrt (PJRT buffers are opaque: copy in with fsdp_view_copy_from_host). */
+fsdp_error* fsdp_backend_wrap_native_memory(fsdp_backend* backend, void* pointer, int64_t count,
+                                            fsdp_dtype dtype, fsdp_view* out);
+/* Exporting a native handle: the backend's stream (0 compute, 1 communication), a cudaStream_t
+ * on the cuda backend, for a framework to issue its kernels in the runtime's order.
+ * FSDP_CODE_UNIMPLEMENTED where the backend has none (cpu, sim: their streams are the library's
+ * own; pjrt: PJRT exposes no stream). Adopting the framework's stream instead: the cuda
+ * backend's option {"compute_stream", "0x..."} (its address, as text) at fsdp_backend_create. */
 fsdp_error* fsdp_backend_native_stream(fsdp_backend* backend, int stream, void** out);
 
 /* ---- the sharding runtime ------------------------------------------------------------------- */

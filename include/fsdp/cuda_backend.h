@@ -38,6 +38,11 @@ struct CudaBackendOptions {
   // The data plane's deadline for the ranks of a group to arrive at a collective, and how
   // long a collective may run on the device before the group is failed.
   CommOptions data_plane = {};
+  // A stream of the caller's (a cudaStream_t on `device`) to adopt as the compute stream, so
+  // that a framework's own kernels and the runtime's run in one order without events between
+  // them; nullptr: a stream of the backend's own. The backend never destroys an adopted stream
+  // (it synchronises it when destroyed); it must outlive the backend.
+  void* compute_stream = nullptr;
 };
 
 // The number of CUDA devices this process sees (0 without a driver or a device).
@@ -72,6 +77,9 @@ class CudaBackend final : public Backend {
   Event Record(Stream s) override;
   absl::Status Wait(Stream s, const Event& e) override;
   void* native_stream(Stream s) override;
+  // A view of `count` elements of `dtype` at the device pointer `p` (cudaMalloc'd memory of this
+  // backend's device, the caller's): the runtime never frees it.
+  absl::StatusOr<View> WrapNativeMemory(void* p, int64_t count, DType dtype) override;
   RuntimeOps& runtime_ops() override;
   Ops* model_ops() override;
   absl::StatusOr<std::unique_ptr<DataPlane>> CreateDataPlane(Communicator& group) override;

@@ -818,6 +818,19 @@ fsdp_error* fsdp_backend_wrap_host_memory(fsdp_backend* backend, void* pointer, 
   });
 }
 
+fsdp_error* fsdp_backend_wrap_native_memory(fsdp_backend* backend, void* pointer, int64_t count,
+                                            fsdp_dtype dtype, fsdp_view* out) {
+  static constexpr char fn[] = "fsdp_backend_wrap_native_memory";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(backend, Kind::kBackend, "backend");
+    FSDP_CHECK_OUT(pointer, "pointer");
+    FSDP_CHECK_OUT(out, "out");
+    FSDP_ASSIGN_OR_RETURN(fsdp::DType d, ToDType(EnumValue(dtype), fn, "dtype"));
+    FSDP_ASSIGN_OR_RETURN(fsdp::View v, backend->backend->WrapNativeMemory(pointer, count, d));
+    return WriteStruct(out, ToCView(v), fn, "fsdp_view");
+  });
+}
+
 fsdp_error* fsdp_backend_native_stream(fsdp_backend* backend, int stream, void** out) {
   static constexpr char fn[] = "fsdp_backend_native_stream";
   return Guard(fn, [&]() -> absl::Status {

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace fsdp {
 
 std::string_view StreamName(Stream s) { return s == Stream::kCompute ? "compute" : "comm"; }
@@ -139,6 +141,14 @@ absl::StatusOr<View> WrapHostMemory(Backend* backend, void* p, int64_t count, DT
   v.count = count;
   v.dtype = dtype;
   return v;
+}
+
+absl::StatusOr<View> Backend::WrapNativeMemory(void* p, int64_t count, DType dtype) {
+  if (is_host()) return WrapHostMemory(this, p, count, dtype);
+  return absl::UnimplementedError(absl::StrCat(
+      "the ", std::string(name()),
+      " backend cannot adopt memory allocated outside it; copy into its buffers with "
+      "CopyFromHost"));
 }
 
 absl::Status Backend::CopyToHost(void* dst, View src, Stream s) {

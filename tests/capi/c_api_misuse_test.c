@@ -180,6 +180,20 @@ static fsdp_error* misuse(fsdp_world* world, void* user) {
   if (devices != -1) ++failures;
   EXPECT(fsdp_backend_device_count("tpu9000", NULL, 0, &devices), INVALID, "tpu9000");
   EXPECT(fsdp_backend_device_count("cpu", NULL, 0, NULL), INVALID, "devices is NULL");
+  /* Adopted memory: on cpu the caller's host memory, read and written through the view. */
+  float mine[4] = {1, 2, 3, 4}, back[4] = {0, 0, 0, 0};
+  fsdp_view adopted;
+  adopted.struct_size = sizeof adopted;
+  EXPECT_OK(fsdp_backend_wrap_native_memory(backend, mine, 4, FSDP_DTYPE_F32, &adopted));
+  EXPECT_OK(fsdp_view_copy_to_host(backend, &adopted, back, 16));
+  if (adopted.host != mine || adopted.count != 4 || back[3] != 4.0f) ++failures;
+  EXPECT(fsdp_backend_wrap_native_memory(backend, NULL, 4, FSDP_DTYPE_F32, &adopted), INVALID,
+         "pointer is NULL");
+  fsdp_backend* sim = NULL;
+  EXPECT_OK(fsdp_backend_create("sim", NULL, 0, rank, &sim));
+  EXPECT(fsdp_backend_wrap_native_memory(sim, mine, 4, FSDP_DTYPE_F32, &adopted),
+         FSDP_CODE_UNIMPLEMENTED, "sim backend cannot adopt");
+  fsdp_backend_destroy(sim);
   void* stream = NULL;
   EXPECT(fsdp_backend_native_stream(backend, 0, &stream), FSDP_CODE_UNIMPLEMENTED, "cpu");
   EXPECT(fsdp_backend_native_stream(backend, 2, &stream), INVALID, "stream is 2");
