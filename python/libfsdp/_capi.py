@@ -356,6 +356,7 @@ _PROTOTYPES = {
     "fsdp_view_copy_to_host": (_err, [_ptr, _P(fsdp_view), _ptr, _i64]),
     "fsdp_view_copy_from_host": (_err, [_ptr, _P(fsdp_view), _ptr, _i64]),
     "fsdp_backend_wrap_host_memory": (_err, [_ptr, _ptr, _i64, _enum, _P(fsdp_view)]),
+    "fsdp_backend_wrap_native_memory": (_err, [_ptr, _ptr, _i64, _enum, _P(fsdp_view)]),
     "fsdp_backend_native_stream": (_err, [_ptr, _int, _P(_ptr)]),
     # the runtime
     "fsdp_sharding_options_init": (None, [_P(fsdp_sharding_options)]),
