@@ -138,8 +138,15 @@ fsdp_error* fsdp_world_create_mpi(const fsdp_world_options* options, fsdp_world*
 fsdp_error* fsdp_world_create_mpi_comm(const void* mpi_comm, const fsdp_world_options* options,
                                        fsdp_world** out);
 /* Finalises MPI after the last MPI world is destroyed (call once, at the end of the program;
- * a no-op without MPI). */
+ * a no-op without MPI). MPI_Finalize waits for every peer, also a dead or stopped one: after a
+ * failure use fsdp_mpi_finish instead. */
 void fsdp_mpi_shutdown(void);
+/* The end of an MPI program: `return fsdp_mpi_finish(status, "trainer");`. When `status` is NULL
+ * and no MPI world failed, shuts MPI down (fsdp_mpi_shutdown) and returns 0. Otherwise prints
+ * "<program>: [rank R] <error>" to stderr and aborts the job (MPI_Abort), so that mpirun ends
+ * every process at once, also one that hangs or was stopped; it does not return then. Without
+ * MPI: 0 for NULL, else prints the error and returns 1. Does not take `status`. */
+int fsdp_mpi_finish(const fsdp_error* status, const char* program);
 
 /* Destroys a world made by fsdp_world_create_mpi or fsdp_thread_group_take_rank (not one
  * handed to an fsdp_run_threads body). Every runtime made over it must be destroyed first. */

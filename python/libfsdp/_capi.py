@@ -337,6 +337,7 @@ _PROTOTYPES = {
     "fsdp_world_create_mpi": (_err, [_P(fsdp_world_options), _P(_ptr)]),
     "fsdp_world_create_mpi_comm": (_err, [ctypes.c_void_p, _P(fsdp_world_options), _P(_ptr)]),
     "fsdp_mpi_shutdown": (None, []),
+    "fsdp_mpi_finish": (ctypes.c_int, [_ptr, ctypes.c_char_p]),
     "fsdp_world_destroy": (None, [_ptr]),
     "fsdp_world_rank": (_err, [_ptr, _P(_int)]),
     "fsdp_world_size": (_err, [_ptr, _P(_int)]),

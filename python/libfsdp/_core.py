@@ -9,9 +9,11 @@ Thread safety is the C API's: a World, Backend or Runtime belongs to one rank an
 thread at a time.
 """
 
+import atexit
 import ctypes
 import dataclasses
 import os
+import sys
 import threading
 import weakref
 
@@ -139,6 +141,7 @@ class World(_HasRuntimes):
         processes become the world's ranks. Call :func:`mpi_shutdown` once at the end, after
         closing it."""
         out = ctypes.c_void_p()
+        _finish_mpi_at_exit()
         if comm is None:
             lib().fsdp_world_create_mpi(_world_options(timeout_seconds), ctypes.byref(out))
         else:
@@ -211,6 +214,38 @@ def _describe(e):
 def mpi_shutdown():
     """Finalises MPI after the last MPI world is closed (once, at the end of the program)."""
     lib().fsdp_mpi_shutdown()
+
+
+_exit_hook = {"installed": False, "error": None}
+
+
+def _finish_mpi_at_exit():
+    """Once a process has an MPI world: at exit, fsdp_mpi_finish. After an uncaught exception,
+    or when an MPI world failed (a peer died or was stopped), it aborts the job, so that mpirun
+    ends every process at once instead of MPI_Finalize waiting for the dead peer; otherwise it
+    shuts MPI down."""
+    if _exit_hook["installed"]:
+        return
+    _exit_hook["installed"] = True
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        _exit_hook["error"] = value
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+    def finish():
+        e = _exit_hook["error"]
+        error = None
+        if e is not None:
+            code = e.code if isinstance(e, FsdpError) else Code.UNKNOWN
+            error = lib().fsdp_error_create(int(code), _describe(e).encode())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        lib().fsdp_mpi_finish(error, os.path.basename(sys.argv[0] or "python").encode())
+
+    atexit.register(finish)
 
 
 def run_threads(size, fn, timeout_seconds=None):

@@ -608,6 +608,14 @@ void fsdp_mpi_shutdown(void) {
   }
 }
 
+int fsdp_mpi_finish(const fsdp_error* status, const char* program) {
+  try {
+    return fsdp::FinishMpi(FromError(status), program == nullptr ? "libfsdp" : program);
+  } catch (...) {
+    return 1;
+  }
+}
+
 void fsdp_world_destroy(fsdp_world* world) {
   if (world == nullptr) return;
   {
