@@ -48,7 +48,7 @@ else
     { tail -30 "$build.cmake.log"; echo "gpu_check: FAILED: cmake"; exit 1; }
   grep -q "CUDA backend built" "$build.cmake.log" ||
     { grep -i cuda "$build.cmake.log"; echo "gpu_check: FAILED: the CUDA backend was not configured"; exit 1; }
-  targets="cuda_device_probe cuda_backend_test op_conformance_test sharding_parity_test
+  targets="cuda_device_probe cuda_backend_test op_conformance_test sharding_parity_test c_api_cuda_test
            sharding_runtime_test overlap_precision_test checkpoint_resume_test train_gpt"
   # shellcheck disable=SC2086
   cmake --build "$build" -j"$(nproc)" --target $targets 2>&1 | tail -5
