@@ -8,9 +8,11 @@
 //       costs a framework that runs its own autograd.
 // Prints the median step times, their ratio, and (b)'s cost per hook call.
 //
-//   c_api_bench [--steps N] [--check]
+//   c_api_bench [--steps N] [--check] [--only c|cpp]
 //
-// --check: exit 1 unless (a)'s C / C++ ratio is within 1.02.
+// --check: exit 1 unless (a)'s C / C++ ratio is within 1.02. --only: (a) through one API alone
+// (the other library copy idle), for comparing processes run one after another: with both
+// running, each step also pays for the other copy of the library's code in the caches.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -60,7 +62,9 @@ constexpr int kRanks = 2;
 constexpr int kBatch = 8, kSeq = 64;
 
 // (a): both models on rank `rank`'s thread; rank 0 records the step times.
-absl::Status NanoRank(fsdp::Communicator& comm, fsdp_world* cworld, int steps, Times& t) {
+// `only`: 0 both, 'c' or 'p' (C++) alone.
+absl::Status NanoRank(fsdp::Communicator& comm, fsdp_world* cworld, int steps, char only,
+                      Times& t) {
   const int rank = comm.rank();
   FSDP_ASSIGN_OR_RETURN(fsdp::nn::ModelConfig config, fsdp::nn::ModelConfig::FromName("nano"));
   FSDP_ASSIGN_OR_RETURN(std::unique_ptr<fsdp::Backend> backend,
@@ -96,7 +100,9 @@ absl::Status NanoRank(fsdp::Communicator& comm, fsdp_world* cworld, int steps, T
     double cpp_s = 0, c_s = 0;
     for (int k = 0; k < 2; ++k) {
       const auto t0 = Clock::now();
-      if ((k + step) % 2 == 0) {
+      const bool cpp = (k + step) % 2 == 0;
+      if (only != 0 && only != (cpp ? 'p' : 'c')) continue;
+      if (cpp) {
         FSDP_RETURN_IF_ERROR(model->ForwardBackward(in.data(), tg.data()).status());
         FSDP_RETURN_IF_ERROR(model->Step(1e-3f).status());
         cpp_s = Seconds(t0, Clock::now());
@@ -108,8 +114,8 @@ absl::Status NanoRank(fsdp::Communicator& comm, fsdp_world* cworld, int steps, T
       }
     }
     if (rank == 0 && step > 0) {  // step 0 records the prefetch order
-      t.cpp.push_back(cpp_s);
-      t.c.push_back(c_s);
+      if (only != 'c') t.cpp.push_back(cpp_s);
+      if (only != 'p') t.c.push_back(c_s);
     }
   }
   return absl::OkStatus();
@@ -230,13 +236,17 @@ absl::Status RunBoth(Body body) {
 int main(int argc, char** argv) {
   int steps = 100;
   bool check = false;
+  char only = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       steps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--check") == 0) {
       check = true;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "c") == 0 || std::strcmp(argv[i + 1], "cpp") == 0)) {
+      only = argv[++i][1] == 'p' ? 'p' : 'c';
     } else {
-      std::fprintf(stderr, "usage: %s [--steps N >= 1] [--check]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--steps N >= 1] [--check] [--only c|cpp]\n", argv[0]);
       return 2;
     }
   }
@@ -248,8 +258,14 @@ int main(int argc, char** argv) {
               fsdp_version_string(), kRanks, steps);
   Times nano, mlp;
   absl::Status s = RunBoth([&](fsdp::Communicator& comm, fsdp_world* w) {
-    return NanoRank(comm, w, steps, nano);
+    return NanoRank(comm, w, steps, only, nano);
   });
+  if (s.ok() && only != 0) {
+    const std::vector<double>& v = only == 'c' ? nano.c : nano.cpp;
+    std::printf("(a) nano step, FULL_SHARD, B=%d T=%d, the %s API alone: %8.3f ms\n", kBatch,
+                kSeq, only == 'c' ? "C" : "C++", 1e3 * Median(v));
+    return 0;
+  }
   if (s.ok()) {
     s = RunBoth([&](fsdp::Communicator& comm, fsdp_world* w) {
       return MlpRank(comm, w, steps * 10, mlp);
