@@ -29,19 +29,13 @@
 #include "fsdp/registry.h"
 #include "tests/capi/mlp.h"
 #include "tests/capi/mlp_cpp.h"
+#include "bench/timing.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using fsdp_bench::Clock;
+using fsdp_bench::Median;
+using fsdp_bench::Seconds;
 
 #define C_OK(call)                                                                       \
   do {                                                                                   \

@@ -27,6 +27,7 @@
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_model.h"
 #include "fsdp/sim_backend.h"
+#include "bench/timing.h"
 
 namespace {
 
@@ -125,11 +126,7 @@ std::vector<Outcome> Run(const Params& p, const std::vector<Config>& configs,
   return out;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using fsdp_bench::Median;
 
 }  // namespace
 

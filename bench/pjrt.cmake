@@ -3,5 +3,6 @@
 if(TARGET fsdp_pjrt)
   add_executable(pjrt_bench ${CMAKE_CURRENT_LIST_DIR}/pjrt_bench.cc)
   target_link_libraries(pjrt_bench PRIVATE fsdp::fsdp fsdp_pjrt)
+  target_include_directories(pjrt_bench PRIVATE ${PROJECT_SOURCE_DIR})
   fsdp_project_warnings(pjrt_bench)
 endif()

@@ -31,19 +31,13 @@
 #include "fsdp/nn/data.h"
 #include "fsdp/nn/sharded_model.h"
 #include "fsdp/ops.h"
+#include "bench/timing.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using fsdp_bench::Clock;
+using fsdp_bench::Median;
+using fsdp_bench::Seconds;
 
 struct Params {
   std::string plugin;
