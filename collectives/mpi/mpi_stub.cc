@@ -15,6 +15,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorldFrom(const void*, Co
   return absl::UnimplementedError("libfsdp was built without Open MPI (FSDP_WITH_MPI=OFF)");
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateMpiThreadsWorld(int,
+                                                                                CommOptions) {
+  return absl::UnimplementedError("libfsdp was built without Open MPI (FSDP_WITH_MPI=OFF)");
+}
+
 absl::Status RunOnMpiThread(const std::function<void()>&) {
   return absl::UnimplementedError("libfsdp was built without Open MPI (FSDP_WITH_MPI=OFF)");
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fsdp/communicator.h"
 
@@ -31,6 +32,23 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(CommOptions options
 // MPI_COMM_NULL.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorldFrom(const void* mpi_comm,
                                                                  CommOptions options = {});
+
+// Ranks as threads inside MPI processes, for backends with several devices per process (a
+// PJRT client's devices, a host's GPUs): every process of MPI_COMM_WORLD plays `threads` ranks
+// of one world of processes x threads ranks, world rank = process rank * threads + thread.
+// Collective over the processes, each passing the same `threads` (InvalidArgument otherwise).
+// Returns this process's communicators in thread order: hand communicator t to the thread
+// that plays rank (process rank * threads + t). With one thread it is the mpi world, with one
+// process a local world. Groups split from it are local communicators when their ranks are in
+// one process, mpi communicators when each of their processes holds one of their ranks (the
+// replicate groups of HYBRID_SHARD with a process's ranks as the shard group), and otherwise
+// of the transport "mpi_threads": every rank's send buffer reaches every rank (inside a
+// process through the local transport, across processes through one mpi communicator of the
+// processes' first ranks) and each rank reduces in rank order, so results are bitwise those of
+// the other transports; it moves (ranks - 1) times the data of a ring, so HYBRID_SHARD with the
+// shard group inside a process is the layout to use at scale.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateMpiThreadsWorld(
+    int threads, CommOptions options = {});
 
 // Where an mpi communicator's group moves its data: "shm" (every rank runs on this host: POSIX
 // shared memory, CommOptions::mpi_shared_memory), "mpi" (Open MPI's collectives), or
