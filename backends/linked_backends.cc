@@ -53,11 +53,15 @@ absl::StatusOr<std::shared_ptr<pjrt::Client>> SharedClient(const BackendOptions&
 BackendRegistration PjrtRegistration() {
   BackendRegistration r;
   r.name = "pjrt";
-  r.summary = "a PJRT plugin's device per rank (XLA CPU plugin, TPU, Trainium), ranks as threads";
-  r.threads_only = true;
+  r.summary = "a PJRT plugin's device per rank (XLA CPU plugin, TPU, Trainium); the ranks of a "
+              "process share its client, processes meet through the host-staged bridge";
   r.keys = {{"plugin", "the plugin's path (default $FSDP_PJRT_PLUGIN)"},
             {"devices", "devices the XLA CPU plugin makes (0: its default; other plugins: 0)"},
-            {"device", "the device of this rank (default: the rank)"},
+            {"device", "the device of this rank (default: the rank modulo the client's devices, "
+                       "i.e. the rank's thread under CreateMpiThreadsWorld)"},
+            {"cross_process", "groups that span processes: auto (default), bridge (through host "
+                              "memory and the host communicator), plugin (refused unless the "
+                              "client spans the processes)"},
             {"memory_limit_bytes", "allocations past it fail as on a full device (0: none)"}};
   r.unavailable = [](const BackendOptions& o) -> std::string {
     const std::string path = PluginPath(o);
@@ -83,11 +87,26 @@ BackendRegistration PjrtRegistration() {
   };
   r.create = [](const BackendOptions& o, int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
     FSDP_ASSIGN_OR_RETURN(std::shared_ptr<pjrt::Client> client, SharedClient(o));
-    FSDP_ASSIGN_OR_RETURN(const int64_t device, BackendOptionInt("pjrt", o, "device", rank, 0));
+    FSDP_ASSIGN_OR_RETURN(
+        const int64_t device,
+        BackendOptionInt("pjrt", o, "device", rank % std::max(1, client->num_devices()), 0));
     FSDP_ASSIGN_OR_RETURN(const int64_t limit,
                           BackendOptionInt("pjrt", o, "memory_limit_bytes", 0, 0));
+    const std::string cross = BackendOptionText(o, "cross_process", "auto");
+    PjrtBackendOptions po;
+    po.memory_limit_bytes = limit;
+    if (cross == "auto") {
+      po.cross_process = CrossProcess::kAuto;
+    } else if (cross == "bridge") {
+      po.cross_process = CrossProcess::kBridge;
+    } else if (cross == "plugin") {
+      po.cross_process = CrossProcess::kPlugin;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backend 'pjrt': option cross_process=", cross, " is not one of auto, bridge, plugin"));
+    }
     FSDP_ASSIGN_OR_RETURN(auto b, PjrtBackend::Create(std::move(client), static_cast<int>(device),
-                                                      {.memory_limit_bytes = limit}));
+                                                      po));
     return std::unique_ptr<Backend>(std::move(b));
   };
   return r;

@@ -24,10 +24,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <random>
 #include <optional>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -690,30 +692,70 @@ int main(int argc, char** argv) {
       if (EnvInt("OMPI_COMM_WORLD_RANK", 0) == 0) Report(shm, true);
       return kExitUsage;
     }
-    auto world = fsdp::CreateMpiWorld();
+    // Each process plays --ranks_per_process ranks as threads (one per device of a PJRT
+    // client); with 1 the world is the mpi communicator itself.
+    const int per_process = train_gpt::RanksPerProcessFlag();
+    if (per_process < 1 || per_process > 1024) {
+      if (EnvInt("OMPI_COMM_WORLD_RANK", 0) == 0) {
+        Report(absl::InvalidArgumentError(absl::StrCat(
+                   "--ranks_per_process=", per_process, ": allowed: 1 to 1024")),
+               true);
+      }
+      return kExitUsage;
+    }
+    auto world = fsdp::CreateMpiThreadsWorld(per_process);
     if (!world.ok()) return fsdp::FinishMpi(world.status(), "train_gpt");
-    Communicator& w = **world;
-    auto settings = SettingsFromFlags(w.size(), EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1),
-                                      w.rank(), /*ranks_share_process=*/false);
+    const Communicator& first = *(*world)[0];
+    auto settings = SettingsFromFlags(first.size(),
+                                      EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1) * per_process,
+                                      first.rank(), /*ranks_share_process=*/false, per_process);
+    std::vector<absl::Status> usage(per_process), status(per_process);
     // Every rank learns at once that a rank's flags are bad (instead of waiting for it at the
     // first collective until the deadline), and that ranks were given different flags or data.
-    absl::Status usage = fsdp::AgreeOnStatus(w, settings.status());
-    if (usage.ok()) usage = fsdp::CheckSameSettings(w, AgreedSettings(*settings, w.size()), "");
-    if (!usage.ok()) {
-      // The same message on every rank: rank 0 prints it once, and no rank exits before it
-      // has (mpirun ends the job when the first rank exits non-zero).
-      if (w.rank() == 0) Report(usage, true);
-      w.Barrier().IgnoreError();
-      world->reset();
+    auto agree = [&](int t) {
+      Communicator& w = *(*world)[t];
+      usage[t] = fsdp::AgreeOnStatus(w, settings.status());
+      if (usage[t].ok()) {
+        usage[t] = fsdp::CheckSameSettings(w, AgreedSettings(*settings, w.size()), "");
+      }
+      if (!usage[t].ok()) {
+        // The same message on every rank: rank 0 prints it once, and no rank exits before it
+        // has (mpirun ends the job when the first rank exits non-zero).
+        if (w.rank() == 0) Report(usage[t], true);
+        w.Barrier().IgnoreError();
+      }
+    };
+    auto train = [&](int t) {
+      Communicator& w = *(*world)[t];
+      status[t] = RunRank(w, *settings);
+      // The process's other ranks fail at once instead of at their deadline.
+      if (!status[t].ok()) w.Abort(status[t]);
+    };
+    auto on_threads = [&](const std::function<void(int)>& fn) {
+      std::vector<std::thread> threads;
+      for (int t = 1; t < per_process; ++t) threads.emplace_back(fn, t);
+      fn(0);
+      for (std::thread& th : threads) th.join();
+    };
+    on_threads(agree);
+    if (!usage[0].ok()) {
+      world->clear();
       fsdp::ShutdownMpi();
       return kExitUsage;
     }
-    if (w.rank() == 0) PrintWarnings(*settings);
-    const absl::Status status = RunRank(w, *settings);
+    if (first.rank() == 0) PrintWarnings(*settings);
+    on_threads(train);
+    absl::Status failed;
+    for (const absl::Status& s : status) {
+      if (!s.ok()) {
+        failed = s;
+        break;
+      }
+    }
     // After a failed collective MPI_Finalize would wait for the peers forever: FinishMpi
     // prints the error and aborts the job instead, so that mpirun ends every rank now.
-    if (status.ok()) world->reset();
-    return fsdp::FinishMpi(status, "train_gpt");
+    if (failed.ok()) world->clear();
+    return fsdp::FinishMpi(failed, "train_gpt");
   }
   const int ranks = train_gpt::RanksFlag();
   auto settings = SettingsFromFlags(ranks, ranks, 0, /*ranks_share_process=*/true);

@@ -57,6 +57,9 @@ ABSL_FLAG(int, heads, 0, "override the config's number of heads H (0 = keep the 
 ABSL_FLAG(int, kv_heads, 0,
           "Llama only: override the number of key/value heads Hkv (0 = keep the config's)");
 ABSL_FLAG(int, ranks, 2, "data-parallel ranks, as threads of this process (ignored under mpirun)");
+ABSL_FLAG(int, ranks_per_process, 1,
+          "under mpirun: ranks each process plays as threads (1 to 1024), e.g. one per device of "
+          "a PJRT plugin's client; the world is processes x this, rank = process * this + thread");
 ABSL_FLAG(std::string, strategy, "FULL_SHARD",
           "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_GRAD_OP");
 ABSL_FLAG(int, hybrid_shard, 0,
@@ -168,8 +171,8 @@ ABSL_FLAG(std::string, nonfinite, "error",
 ABSL_FLAG(std::string, backend, "cpu",
           "cpu; sim: the strict simulated accelerator (device memory the host cannot read, "
           "every op asynchronous on a stream; ranks as threads only), to check an integration "
-          "against the device contract; or pjrt: a PJRT plugin's devices, one per rank (ranks "
-          "as threads only; --pjrt_plugin); or cuda: NVIDIA GPUs, rank r on GPU r mod the GPUs "
+          "against the device contract; or pjrt: a PJRT plugin's devices, one per rank (ranks as "
+          "threads; under mpirun --ranks_per_process ranks per process; --pjrt_plugin); or cuda: NVIDIA GPUs, rank r on GPU r mod the GPUs "
           "this process sees (ranks as threads may share one GPU)");
 ABSL_FLAG(std::string, pjrt_plugin, "",
           "with --backend pjrt: the PJRT plugin to load (a .so exporting GetPjrtApi: the XLA CPU "
@@ -436,7 +439,8 @@ absl::Status CheckFitsMemory(const Settings& s, int world_size, const std::strin
 }  // namespace
 
 absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, int rank,
-                                           bool ranks_share_process) {
+                                           bool ranks_share_process, int ranks_per_process) {
+  const int ranks_here = ranks_share_process ? world_size : ranks_per_process;
   Settings s;
   FSDP_RETURN_IF_ERROR(fsdp::CommTimeoutFromEnv().status());
 
@@ -779,10 +783,10 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
     const char* env = std::getenv("FSDP_PJRT_PLUGIN");
     const std::string path = !plugin.empty() ? plugin : env != nullptr ? env : "";
     if (absl::StrContains(std::filesystem::path(path).filename().string(), "cpu")) {
-      s.backend_options["devices"] = absl::StrCat(std::max(1, world_size));
+      s.backend_options["devices"] = absl::StrCat(std::max(1, ranks_here));
     }
   }
-  if (absl::Status ok = fsdp::CheckBackend(s.backend, s.backend_options, world_size,
+  if (absl::Status ok = fsdp::CheckBackend(s.backend, s.backend_options, ranks_here,
                                            ranks_share_process);
       !ok.ok()) {
     const bool about_plugin = s.backend == "pjrt" && !plugin.empty() &&
@@ -886,5 +890,6 @@ absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, in
 }
 
 int RanksFlag() { return absl::GetFlag(FLAGS_ranks); }
+int RanksPerProcessFlag() { return absl::GetFlag(FLAGS_ranks_per_process); }
 
 }  // namespace train_gpt

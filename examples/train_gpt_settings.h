@@ -55,8 +55,10 @@ struct Settings {
 // are threads of this process. InvalidArgument "--flag=value: what is allowed" (or the library's
 // own error, prefixed with the flag) on bad usage.
 absl::StatusOr<Settings> SettingsFromFlags(int world_size, int ranks_on_host, int rank,
-                                           bool ranks_share_process);
+                                           bool ranks_share_process, int ranks_per_process = 1);
 // --ranks: ranks as threads of this process.
 int RanksFlag();
+// --ranks_per_process: ranks each process plays as threads under mpirun.
+int RanksPerProcessFlag();
 
 }  // namespace train_gpt

@@ -87,6 +87,14 @@ struct PjrtBackend::Impl {
   std::unique_ptr<Ops> ops;
 
   const Backend* backend = nullptr;  // the PjrtBackend of this Impl
+
+  // The data path chosen for each group (PjrtBackend::data_paths).
+  mutable std::mutex paths_mu;
+  std::vector<std::pair<std::string, std::string>> paths;
+  void NotePath(const std::string& group, const std::string& path) {
+    std::lock_guard<std::mutex> lock(paths_mu);
+    paths.emplace_back(group, path);
+  }
   Queue& stream(Stream s) { return s == Stream::kCompute ? *compute : *comm; }
 
   // Freed allocations, released once the work issued before the free has run on both streams.
@@ -330,6 +338,107 @@ class PjrtDataPlane final : public DataPlane {
   int64_t seq_ = 0;
 };
 
+// The host-staged bridge, for groups whose ranks are in several processes (the plugin's client
+// spans one process: the XLA CPU plugin has no cross-process collectives). A call is an item
+// on the communication stream, as on the plugin path: it waits for the stream the input came
+// from, copies the send view to host memory, runs the collective on the group's host
+// communicator (a duplicate of the group's: Open MPI across processes, shared memory inside
+// one) and copies the result into the recv view. Compute keeps running meanwhile; the
+// communicator checks that the ranks make the same calls and enforces the deadline.
+class PjrtBridgeDataPlane final : public DataPlane {
+ public:
+  PjrtBridgeDataPlane(PjrtBackend* backend, PjrtBackend::Impl* impl,
+                      std::unique_ptr<Communicator> comm, std::string name)
+      : DataPlane(backend, "pjrt bridge"),
+        backend_(backend),
+        impl_(impl),
+        comm_(std::move(comm)),
+        name_(std::move(name)) {}
+  ~PjrtBridgeDataPlane() override { backend_->Record(Stream::kComm).Wait().IgnoreError(); }
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  const std::string& name() const override { return name_; }
+  void Abort(const absl::Status& reason) override { comm_->Abort(reason); }
+
+ private:
+  absl::StatusOr<Event> EnqueueAllGather(View send, View recv, Stream after) override {
+    return Issue(CollectiveKind::kAllGather, ReduceOp::kSum, send, recv, after);
+  }
+  absl::StatusOr<Event> EnqueueReduceScatter(View send, View recv, ReduceOp op,
+                                             Stream after) override {
+    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after);
+  }
+  absl::StatusOr<Event> EnqueueAllReduce(View send, View recv, ReduceOp op,
+                                         Stream after) override {
+    return Issue(CollectiveKind::kAllReduce, op, send, recv, after);
+  }
+  absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) override {
+    return Issue(CollectiveKind::kAllToAll, ReduceOp::kSum, send, recv, after);
+  }
+
+  absl::Status ToHost(const View& v, void* dst) const {
+    if (v.count == 0) return absl::OkStatus();
+    Storage& from = *StorageOf(v);
+    std::lock_guard<std::mutex> lock(from.mu);
+    if (Whole(v)) return impl_->client->ToHost(from.buf.get(), dst, static_cast<size_t>(v.bytes()));
+    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer part, impl_->Slice(from, v.offset, v.bytes()));
+    return impl_->client->ToHost(part.get(), dst, static_cast<size_t>(v.bytes()));
+  }
+  absl::Status FromHost(const View& v, const void* src) const {
+    if (v.count == 0) return absl::OkStatus();
+    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer b,
+                          impl_->client->FromHost(src, v.bytes(), impl_->device));
+    Storage& to = *StorageOf(v);
+    std::lock_guard<std::mutex> lock(to.mu);
+    return impl_->Write(to, v.offset, v.bytes(), std::move(b));
+  }
+
+  absl::Status Run(CollectiveKind kind, ReduceOp op, const View& send, const View& recv) {
+    std::vector<uint8_t> in(static_cast<size_t>(send.bytes())), out(static_cast<size_t>(recv.bytes()));
+    FSDP_RETURN_IF_ERROR(ToHost(send, in.data()));
+    const ConstBufferView s{in.data(), send.count, send.dtype};
+    const BufferView r{out.data(), recv.count, recv.dtype};
+    switch (kind) {
+      case CollectiveKind::kAllGather: FSDP_RETURN_IF_ERROR(comm_->AllGather(s, r)); break;
+      case CollectiveKind::kReduceScatter: FSDP_RETURN_IF_ERROR(comm_->ReduceScatter(s, r, op)); break;
+      case CollectiveKind::kAllReduce: FSDP_RETURN_IF_ERROR(comm_->AllReduce(s, r, op)); break;
+      case CollectiveKind::kAllToAll: FSDP_RETURN_IF_ERROR(comm_->AllToAll(s, r)); break;
+      default: return absl::InternalError("pjrt bridge: not a data collective");
+    }
+    return FromHost(recv, out.data());
+  }
+
+  absl::StatusOr<Event> Issue(CollectiveKind kind, ReduceOp op, View send, View recv,
+                              Stream after) {
+    if (send.count == 0 && recv.count == 0) return Event();
+    const Event ready = backend_->Record(after);
+    auto done = std::make_shared<HostEvent>();
+    Queue* q = &impl_->stream(Stream::kComm);
+    q->Submit([this, kind, op, send, recv, ready, done, q] {
+      absl::Status s = ready.Wait();
+      if (!s.ok()) {
+        comm_->Abort(absl::AbortedError(absl::StrCat("rank ", rank(), " of group '", name_,
+                                                     "' failed before a collective: ",
+                                                     s.message())));
+      } else {
+        s = Run(kind, op, send, recv);
+      }
+      if (!s.ok()) {
+        s = absl::Status(s.code(), absl::StrCat("pjrt data plane '", name_, "' (bridge): ",
+                                                s.message()));
+        q->SetFailure(s);
+      }
+      done->Complete(s);
+    });
+    return Event(done);
+  }
+
+  PjrtBackend* backend_;
+  PjrtBackend::Impl* impl_;
+  std::unique_ptr<Communicator> comm_;
+  const std::string name_;
+};
+
 // What the ranks of a group share: the host transport of their agreement, and the launch ids
 // of their collective programs.
 struct SharedPlane {
@@ -374,8 +483,15 @@ PjrtBackend::PjrtBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
 }
 
 std::string PjrtBackend::description() const {
-  return absl::StrCat("pjrt backend, ", impl_->client->platform_name(), " device ", impl_->device,
-                      " of ", impl_->client->num_devices());
+  std::string d = absl::StrCat("pjrt backend, ", impl_->client->platform_name(), " device ",
+                               impl_->device, " of ", impl_->client->num_devices());
+  const auto paths = data_paths();
+  if (!paths.empty()) {
+    std::vector<std::string> each;
+    for (const auto& [group, path] : paths) each.push_back(absl::StrCat(group, " ", path));
+    absl::StrAppend(&d, "; data planes: ", absl::StrJoin(each, ", "));
+  }
+  return d;
 }
 
 PjrtBackend::~PjrtBackend() {
@@ -559,14 +675,38 @@ absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communic
                               static_cast<uint64_t>(impl_->client->device_id(impl_->device))}));
   std::vector<uint64_t> ids;
   std::vector<int64_t> devices;
+  // The choice, the same on every rank (all see the same table): the plugin's collectives when
+  // the ranks share this process's client, else the host-staged bridge.
+  bool one_client = true;
+  for (int r = 0; r < group.size(); ++r) {
+    const uint64_t* d = &all[4 * static_cast<size_t>(r)];
+    one_client = one_client && d[1] == all[1] && d[2] == all[2];
+  }
+  if (!one_client) {
+    const CrossProcess mode = impl_->options.cross_process;
+    if (mode == CrossProcess::kPlugin) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pjrt data plane of group '", group.name(), "': its ranks are in several processes, "
+          "and cross_process = plugin, but this process's PJRT client (platform ",
+          impl_->client->platform_name(), ", ", impl_->client->num_devices(),
+          " addressable devices) spans this process only: a plugin runs collectives across "
+          "processes only on a client created with node_id / num_nodes and a key-value store "
+          "(docs/pjrt.md); the XLA CPU plugin cannot at all. Set cross_process to auto or "
+          "bridge to move such groups through host memory"));
+    }
+    FSDP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> dup,
+                          group.Split(0, group.rank(), "pjrt_bridge"));
+    impl_->NotePath(group.name(), "bridge");
+    return std::unique_ptr<DataPlane>(
+        new PjrtBridgeDataPlane(this, impl_.get(), std::move(dup), group.name()));
+  }
   for (int r = 0; r < group.size(); ++r) {
     const uint64_t* d = &all[4 * static_cast<size_t>(r)];
     if (d[1] != static_cast<uint64_t>(getpid()) || d[2] != client_key) {
       return absl::FailedPreconditionError(absl::StrCat(
           "pjrt data plane of group '", group.name(), "': rank ", r,
-          " is another process or "
-          "uses another PJRT client; ranks must be threads of one process sharing one client "
-          "(multi-process PJRT is not implemented yet)"));
+          " uses another PJRT client of this process; the ranks of a process must share one "
+          "client (one per process)"));
     }
     const auto dev = static_cast<int64_t>(d[3]);
     if (std::find(devices.begin(), devices.end(), dev) != devices.end()) {
@@ -595,8 +735,18 @@ absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communic
             FSDP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, p->world->TakeRank(rank));
             return TakenPlane{std::move(comm), p->launch_base};
           }));
+  impl_->NotePath(group.name(), "plugin");
   return std::unique_ptr<DataPlane>(new PjrtDataPlane(this, impl_.get(), std::move(taken.comm),
                                                       std::move(devices), taken.launch_base));
+}
+
+}  // namespace fsdp
+
+namespace fsdp {
+
+std::vector<std::pair<std::string, std::string>> PjrtBackend::data_paths() const {
+  std::lock_guard<std::mutex> lock(impl_->paths_mu);
+  return impl_->paths;
 }
 
 }  // namespace fsdp

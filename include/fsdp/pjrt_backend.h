@@ -9,22 +9,39 @@
 //   event recorded on the stream completes once the PJRT completion events of everything
 //   launched before it have, and carries the first error. Copies and collectives wait for
 //   their own launch. The two streams of a rank run concurrently.
-// - Data plane: ranks as threads of one process, one device each: all_gather, reduce_scatter
+// - Data plane: a group whose ranks are threads of one process, one device each of its client:
+//   all_gather, reduce_scatter
 //   and all_reduce (sum, avg, max; f32, bf16, f16) are StableHLO collective programs over the
 //   group's replicas, compiled once per (collective, count, dtype, op, devices) and launched by
 //   each rank on its own device with a launch id shared by the ranks of a call.
+//   A group whose ranks are in several processes (CreateMpiThreadsWorld under mpirun): the
+//   host-staged bridge (PjrtBackendOptions::cross_process), reported by data_paths().
 // - Ops: each op of fsdp/ops.h is one StableHLO program (pjrt_ops.h) taking the allocations
 //   its views touch and the views' offsets, compiled once per shape; an error fails the
 //   stream with the op's name and the plugin's message.
 #pragma once
 
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/pjrt_client.h"
 #include "fsdp/backend.h"
 #include "fsdp/communicator.h"
 
 namespace fsdp {
+
+// How a group whose ranks are in several processes moves its data.
+enum class CrossProcess {
+  // The plugin's collectives when the client spans the processes, else the bridge.
+  kAuto,
+  // Always through host memory: device -> host, the group's host communicator (Open MPI
+  // across processes), host -> device, on the communication stream.
+  kBridge,
+  // The plugin's collectives only; a group the client cannot span is FailedPrecondition.
+  kPlugin,
+};
 
 struct PjrtBackendOptions {
   // The data plane's deadline for all ranks to arrive at a collective (the ranks agree on the
@@ -34,6 +51,9 @@ struct PjrtBackendOptions {
   // Bytes the backend may hold (0: what the device gives). Past it an allocation is a
   // RESOURCE_EXHAUSTED error, as on a device whose memory is full; the runtime names the buffer.
   int64_t memory_limit_bytes = 0;
+  // Groups that span processes (ranks as threads of several processes under mpirun:
+  // CreateMpiThreadsWorld). Groups inside one process always use the plugin's collectives.
+  CrossProcess cross_process = CrossProcess::kAuto;
 };
 
 class PjrtBackend final : public Backend {
@@ -63,6 +83,9 @@ class PjrtBackend final : public Backend {
 
   pjrt::Client& client() const;
   int device() const;
+  // The data path of each data plane made so far, in order: (group name, "plugin" or
+  // "bridge"), the same on every rank of a group.
+  std::vector<std::pair<std::string, std::string>> data_paths() const;
 
   struct Impl;
 

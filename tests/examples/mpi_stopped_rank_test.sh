@@ -4,9 +4,12 @@
 # the whole job must exit non-zero within the deadline plus a few seconds (it used to call
 # MPI_Finalize, which waited for the stopped peer forever).
 #
-# Usage: mpi_stopped_rank_test.sh MPIEXEC TRAIN_GPT
+# Usage: mpi_stopped_rank_test.sh MPIEXEC TRAIN_GPT [FLAGS...] (more flags for train_gpt: the
+# pjrt backend with 2 ranks per process, for one).
 set -uo pipefail
 mpiexec=$1 program=$2
+shift 2
+extra=("$@")
 dir=$(mktemp -d)
 cleanup() {
   pkill -CONT -f "^$program " 2>/dev/null; pkill -KILL -f "^$program " 2>/dev/null
@@ -17,7 +20,7 @@ log=$dir/out.txt
 export FSDP_COMM_TIMEOUT_S=5
 cmd=("$mpiexec" -np 2 --oversubscribe --bind-to none --allow-run-as-root --mca btl self,vader
      -x FSDP_COMM_TIMEOUT_S "$program" --steps 1000000 --log_every 1 --eval_every 0
-     --sample_tokens 0 --batch 4 --seq 32)
+     --sample_tokens 0 --batch 4 --seq 32 "${extra[@]}")
 echo "command: FSDP_COMM_TIMEOUT_S=5 ${cmd[*]}"
 "${cmd[@]}" >"$log" 2>&1 &
 job=$!
