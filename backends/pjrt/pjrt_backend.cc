@@ -684,6 +684,15 @@ absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communic
   }
   if (!one_client) {
     const CrossProcess mode = impl_->options.cross_process;
+    if (mode == CrossProcess::kPlugin &&
+        impl_->client->global_device_count() > impl_->client->num_devices()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "pjrt data plane of group '", group.name(), "': cross_process = plugin: this client "
+          "spans processes (", impl_->client->global_device_count(), " devices, ",
+          impl_->client->num_devices(), " of them here), but running the plugin's collectives "
+          "over a multi-process client is not implemented yet; set cross_process to auto or "
+          "bridge"));
+    }
     if (mode == CrossProcess::kPlugin) {
       return absl::FailedPreconditionError(absl::StrCat(
           "pjrt data plane of group '", group.name(), "': its ranks are in several processes, "

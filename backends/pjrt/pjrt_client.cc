@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,7 @@ namespace {
   X(PJRT_Error_Destroy) X(PJRT_Error_Message) X(PJRT_Error_GetCode) X(PJRT_Plugin_Initialize) \
   X(PJRT_Event_Destroy) X(PJRT_Event_Await) X(PJRT_Client_Create) X(PJRT_Client_Destroy) \
   X(PJRT_Client_PlatformName) X(PJRT_Client_AddressableDevices) X(PJRT_Client_Compile) \
+  X(PJRT_Client_Devices) \
   X(PJRT_Client_BufferFromHostBuffer) X(PJRT_Device_GetDescription) \
   X(PJRT_DeviceDescription_Id) X(PJRT_DeviceDescription_ToString) \
   X(PJRT_LoadedExecutable_Destroy) X(PJRT_LoadedExecutable_Execute) \
@@ -41,6 +43,46 @@ absl::Status CheckTable(const std::string& path, const PJRT_Api* api) {
   FSDP_PJRT_FUNCTIONS(FSDP_PJRT_CHECK_FN)
 #undef FSDP_PJRT_CHECK_FN
   return absl::OkStatus();
+}
+
+// The key-value callbacks of PJRT_Client_Create: user_arg is the KeyValueStore.
+PJRT_Error* KvError(PJRT_CallbackError* make, const absl::Status& s) {
+  PJRT_Error_Code code = PJRT_Error_Code_INTERNAL;
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound: code = PJRT_Error_Code_NOT_FOUND; break;
+    case absl::StatusCode::kDeadlineExceeded: code = PJRT_Error_Code_DEADLINE_EXCEEDED; break;
+    case absl::StatusCode::kAlreadyExists: code = PJRT_Error_Code_ALREADY_EXISTS; break;
+    case absl::StatusCode::kInvalidArgument: code = PJRT_Error_Code_INVALID_ARGUMENT; break;
+    default: break;
+  }
+  const std::string m(s.message());
+  return (*make)(code, m.data(), m.size());
+}
+void DeleteValue(char* v) { delete[] v; }
+template <typename Args>
+PJRT_Error* ReturnValue(Args* args, const absl::StatusOr<std::string>& v) {
+  if (!v.ok()) return KvError(args->callback_error, v.status());
+  args->value = new char[v->size() + 1];
+  std::memcpy(args->value, v->data(), v->size());
+  args->value[v->size()] = '\0';
+  args->value_size = v->size();
+  args->value_deleter_callback = &DeleteValue;
+  return nullptr;
+}
+PJRT_Error* KvGet(PJRT_KeyValueGetCallback_Args* args) {
+  auto* store = static_cast<KeyValueStore*>(args->user_arg);
+  return ReturnValue(args, store->Get(std::string(args->key, args->key_size),
+                                      absl::Milliseconds(args->timeout_in_ms)));
+}
+PJRT_Error* KvTryGet(PJRT_KeyValueTryGetCallback_Args* args) {
+  auto* store = static_cast<KeyValueStore*>(args->user_arg);
+  return ReturnValue(args, store->TryGet(std::string(args->key, args->key_size)));
+}
+PJRT_Error* KvPut(PJRT_KeyValuePutCallback_Args* args) {
+  auto* store = static_cast<KeyValueStore*>(args->user_arg);
+  const absl::Status s = store->Put(std::string(args->key, args->key_size),
+                                    std::string(args->value, args->value_size));
+  return s.ok() ? nullptr : KvError(args->callback_error, s);
 }
 
 std::mutex g_plugins_mu;
@@ -159,6 +201,29 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Create(PjrtClientOptions options
   if (path.empty()) {
     if (const char* env = std::getenv(kPluginEnv)) path = env;
   }
+  if (options.num_nodes < 0 || (options.num_nodes > 0 && (options.node_id < 0 ||
+                                                          options.node_id >= options.num_nodes))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PJRT client: node_id ", options.node_id, " is not in [0, num_nodes = ",
+        options.num_nodes, ")"));
+  }
+  if (options.num_nodes > 1 && options.kv_store == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PJRT client: num_nodes = ", options.num_nodes,
+        " needs a key-value store shared by the processes (PjrtClientOptions::kv_store, e.g. "
+        "CreateCommKeyValueStore over the mpi world)"));
+  }
+  if (options.num_nodes > 0) {
+    for (const char* name : {"node_id", "num_nodes"}) {
+      if (options.create_options.count(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PJRT client: the create option '", name,
+            "' is set from PjrtClientOptions::node_id / num_nodes; do not give it twice"));
+      }
+    }
+    options.create_options["node_id"] = int64_t{options.node_id};
+    options.create_options["num_nodes"] = int64_t{options.num_nodes};
+  }
   FSDP_ASSIGN_OR_RETURN(const Plugin* plugin, Plugin::Load(path));
   const PJRT_Api* api = plugin->api();
 
@@ -187,11 +252,20 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Create(PjrtClientOptions options
   cc.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
   cc.create_options = values.data();
   cc.num_options = values.size();
+  if (options.kv_store != nullptr) {
+    cc.kv_get_callback = &KvGet;
+    cc.kv_get_user_arg = options.kv_store.get();
+    cc.kv_try_get_callback = &KvTryGet;
+    cc.kv_try_get_user_arg = options.kv_store.get();
+    cc.kv_put_callback = &KvPut;
+    cc.kv_put_user_arg = options.kv_store.get();
+  }
   FSDP_RETURN_IF_ERROR(plugin->ToStatus(api->PJRT_Client_Create(&cc),
                                         absl::StrCat("PJRT_Client_Create (plugin '", path, "')")));
   std::shared_ptr<Client> c(new Client());
   c->plugin_ = plugin;
   c->client_ = cc.client;
+  c->kv_store_ = options.kv_store;
 
   PJRT_Client_PlatformName_Args pn{};
   pn.struct_size = PJRT_Client_PlatformName_Args_STRUCT_SIZE;
@@ -204,6 +278,11 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Create(PjrtClientOptions options
   ad.client = c->client_;
   FSDP_RETURN_IF_ERROR(
       c->ToStatus(api->PJRT_Client_AddressableDevices(&ad), "PJRT_Client_AddressableDevices"));
+  PJRT_Client_Devices_Args all{};
+  all.struct_size = PJRT_Client_Devices_Args_STRUCT_SIZE;
+  all.client = c->client_;
+  FSDP_RETURN_IF_ERROR(c->ToStatus(api->PJRT_Client_Devices(&all), "PJRT_Client_Devices"));
+  c->global_devices_ = static_cast<int>(all.num_devices);
   for (size_t i = 0; i < ad.num_addressable_devices; ++i) {
     PJRT_Device_GetDescription_Args g{};
     g.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "fsdp/communicator.h"
 #include "fsdp/status.h"
 
 // The C API's handles (pjrt_c_api.h, included by the implementation only).
@@ -54,6 +56,30 @@ class Plugin {
   const PJRT_Api* api_;
 };
 
+// A key-value store shared by the processes of a job, handed to a plugin when its client is
+// created (PJRT_Client_Create's kv_get, kv_try_get and kv_put callbacks): plugins whose clients
+// span processes (XLA's CUDA plugin; libtpu) exchange their topology and communicator ids
+// through it. Thread-safe: plugins call it from threads of their own.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  // Sets `key` (a key is set once; setting it again to another value is AlreadyExists).
+  virtual absl::Status Put(const std::string& key, const std::string& value) = 0;
+  // The value of `key`, waiting for it at most `timeout`: DeadlineExceeded naming the key.
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+  // The value of `key` now, or NotFound.
+  virtual absl::StatusOr<std::string> TryGet(const std::string& key) = 0;
+};
+
+// A store over the job's control plane: `comm` has one rank per process (the mpi world, or any
+// communicator). Every process holds every key: a thread exchanges the puts made since its last
+// round with the other processes (an all-gather every millisecond or so) until the store is
+// destroyed, which is collective: every process destroys its store, and the destructor returns
+// once all have (within the communicator's deadline). A failure of the communicator fails the
+// store: later calls return it.
+absl::StatusOr<std::shared_ptr<KeyValueStore>> CreateCommKeyValueStore(
+    std::unique_ptr<Communicator> comm);
+
 // A client creation option of the plugin (PJRT_NamedValue): int64, string or bool.
 using OptionValue = std::variant<int64_t, std::string, bool>;
 
@@ -63,6 +89,15 @@ struct PjrtClientOptions {
   // Plugin-specific create options, e.g. {"cpu_device_count", int64_t{4}} for the XLA CPU
   // plugin (which makes 4 devices when it is not given).
   std::map<std::string, OptionValue> create_options;
+  // A client that spans processes: this process's index and the number of processes. With
+  // num_nodes > 0 they are passed as the create options "node_id" and "num_nodes" (what XLA's
+  // CUDA plugin and JAX's convention for plugins read); 0 passes neither (plugins that reject
+  // names they do not know, such as newer CPU plugins, and libtpu, which reads its topology
+  // from its environment). num_nodes > 1 needs kv_store.
+  int node_id = 0;
+  int num_nodes = 0;
+  // Handed to the plugin's client creation when set (any num_nodes).
+  std::shared_ptr<KeyValueStore> kv_store;
 };
 
 class Client;
@@ -133,6 +168,9 @@ class Client {
   const std::string& platform_name() const { return platform_; }
   // The addressable devices, in the plugin's order, and their global ids.
   int num_devices() const { return static_cast<int>(devices_.size()); }
+  // Every device of the client, in all its processes (PJRT_Client_Devices): more than
+  // num_devices() when the client spans processes.
+  int global_device_count() const { return global_devices_; }
   PJRT_Device* device(int i) const { return devices_[i]; }
   int64_t device_id(int i) const { return device_ids_[i]; }
   const std::string& device_description(int i) const { return device_strings_[i]; }
@@ -177,6 +215,8 @@ class Client {
   std::vector<PJRT_Device*> devices_;
   std::vector<int64_t> device_ids_;
   std::vector<std::string> device_strings_;
+  int global_devices_ = 0;
+  std::shared_ptr<KeyValueStore> kv_store_;  // the plugin may call it while the client lives
 
   struct CacheEntry {
     std::mutex mu;  // held while compiling: other ranks asking for the same program wait

@@ -6,6 +6,7 @@
 // process. Skips (exit 77 from every process) when the plugin is absent.
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -166,6 +167,100 @@ TEST(PjrtAcrossProcesses, PluginOnlyIsRefusedWhenTheClientSpansOneProcess) {
     ASSERT_TRUE(inside.ok());
     EXPECT_TRUE((*backend)->CreateDataPlane(**inside).ok());
   });
+}
+
+// The key-value store over the processes' communicator: what one process puts, the other gets;
+// Get waits, and times out naming the key; TryGet of an absent key is NotFound; a key keeps its
+// first value.
+TEST(PjrtKeyValueStore, ProcessesSeeEachOthersPuts) {
+  auto comm = CreateMpiWorld();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const int me = (*comm)->rank(), n = (*comm)->size();
+  auto store = pjrt::CreateCommKeyValueStore(std::move(comm).value());
+  ASSERT_TRUE(store.ok()) << store.status();
+  pjrt::KeyValueStore& kv = **store;
+  ASSERT_TRUE(kv.Put("rank/" + std::to_string(me), std::string(3 + me, 'a' + me)).ok());
+  for (int q = 0; q < n; ++q) {
+    auto v = kv.Get("rank/" + std::to_string(q), absl::Seconds(20));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(*v, std::string(3 + q, 'a' + q));
+  }
+  EXPECT_TRUE(kv.Put("rank/" + std::to_string(me), std::string(3 + me, 'a' + me)).ok());
+  EXPECT_EQ(kv.Put("rank/" + std::to_string(me), "other").code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(kv.TryGet("never").status().code(), absl::StatusCode::kNotFound);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto late = kv.Get("never", absl::Milliseconds(200));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(late.status().message().find("'never'"), std::string::npos) << late.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // A value with every byte value, and a large one.
+  std::string bytes(300000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + me);
+  ASSERT_TRUE(kv.Put("bytes/" + std::to_string(me), bytes).ok());
+  auto other = kv.Get("bytes/" + std::to_string(1 - me), absl::Seconds(20));
+  ASSERT_TRUE(other.ok()) << other.status();
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + (1 - me));
+  EXPECT_EQ(*other, bytes);
+}
+
+// The multi-process client's plumbing, on the stub plugin (stub_plugin.cc): node_id and
+// num_nodes reach the plugin as create options and its key-value traffic goes through the
+// store, so each process sees the other's devices.
+TEST(PjrtMultiProcessClient, StubPluginGetsTheOptionsAndTheStore) {
+  const char* stub = std::getenv("FSDP_PJRT_STUB_PLUGIN");
+  if (stub == nullptr || !std::filesystem::exists(stub)) {
+    GTEST_SKIP() << "no stub plugin at $FSDP_PJRT_STUB_PLUGIN";
+  }
+  auto comm = CreateMpiWorld();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const int me = (*comm)->rank();
+  auto store = pjrt::CreateCommKeyValueStore(std::move(comm).value());
+  ASSERT_TRUE(store.ok());
+  pjrt::PjrtClientOptions o;
+  o.plugin_path = stub;
+  o.node_id = me;
+  o.num_nodes = 2;
+  o.kv_store = *store;
+  auto client = pjrt::Client::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->platform_name(),
+            "stub node " + std::to_string(me) + " of 2, peers 0:2 1:2");
+  EXPECT_EQ((*client)->num_devices(), 2);
+  EXPECT_EQ((*client)->global_device_count(), 4);
+  EXPECT_EQ((*client)->device_id(0), 2 * me);
+  // Misuse is refused before the plugin is called.
+  o.kv_store = nullptr;
+  auto no_store = pjrt::Client::Create(o);
+  EXPECT_EQ(no_store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_store.status().message().find("key-value store"), std::string::npos)
+      << no_store.status();
+  o.kv_store = *store;
+  o.node_id = 2;
+  EXPECT_EQ(pjrt::Client::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.node_id = me;
+  o.create_options["num_nodes"] = int64_t{2};
+  EXPECT_EQ(pjrt::Client::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The XLA CPU plugin takes the options and the store and ignores them (API 0.81): its client
+// spans this process only, which the data plane then reports for cross_process = plugin (the
+// case above, PluginOnlyIsRefusedWhenTheClientSpansOneProcess).
+TEST(PjrtMultiProcessClient, CpuPluginClientSpansOneProcess) {
+  auto comm = CreateMpiWorld();
+  ASSERT_TRUE(comm.ok());
+  const int me = (*comm)->rank();
+  auto store = pjrt::CreateCommKeyValueStore(std::move(comm).value());
+  ASSERT_TRUE(store.ok());
+  pjrt::PjrtClientOptions o;
+  o.node_id = me;
+  o.num_nodes = 2;
+  o.kv_store = *store;
+  o.create_options["cpu_device_count"] = int64_t{kThreads};
+  auto client = pjrt::Client::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->num_devices(), kThreads);
+  EXPECT_EQ((*client)->global_device_count(), kThreads);
 }
 
 }  // namespace
