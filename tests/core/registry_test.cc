@@ -145,7 +145,18 @@ TEST(RegistryTest, PjrtIsThereWhenBuiltAndSaysWhyNotOtherwise) {
   const absl::Status few = CheckBackend("pjrt", o, 3, true);
   EXPECT_EQ(few.code(), absl::StatusCode::kInvalidArgument) << few;
   EXPECT_NE(few.message().find("2 device(s), fewer than the 3 ranks"), std::string::npos) << few;
-  EXPECT_EQ(CheckBackend("pjrt", o, 2, false).code(), absl::StatusCode::kInvalidArgument);
+  // Processes (mpirun) may each hold a client: groups across them take the host-staged bridge.
+  EXPECT_TRUE(CheckBackend("pjrt", o, 2, false).ok());
+  // By default a rank takes device rank % devices: its thread under CreateMpiThreadsWorld.
+  absl::StatusOr<std::unique_ptr<Backend>> third = CreateBackend("pjrt", o, 3);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_NE((*third)->description().find("device 1 of 2"), std::string::npos)
+      << (*third)->description();
+  BackendOptions bad = o;
+  bad["cross_process"] = "sometimes";
+  const absl::Status cross = CreateBackend("pjrt", bad, 0).status();
+  EXPECT_EQ(cross.code(), absl::StatusCode::kInvalidArgument) << cross;
+  EXPECT_NE(cross.message().find("cross_process=sometimes"), std::string::npos) << cross;
 #endif
 }
 

@@ -11,8 +11,12 @@ Every YAML document is checked, strictly (an unknown field is an error, as with
     defaults of pkg/apis/kubeflow/v2beta1/default.go);
   - any other object with kubernetes_validate.validate(..., strict=True).
 With --project, an MPIJob must also launch train_gpt consistently: mpirun's -np is the
-workers' ranks (Worker replicas x slotsPerWorker), --map-by (when given) is
-ppr:<slotsPerWorker>:node, --hybrid_shard (when given) is slotsPerWorker, and the launcher sets FSDP_COMM_TIMEOUT_S and passes it on with -x.
+workers' processes (Worker replicas x slotsPerWorker), --map-by (when given) is
+ppr:<slotsPerWorker>:node, --hybrid_shard (when given) is the ranks of one worker
+(slotsPerWorker x --ranks_per_process, which is 1 unless given), the launcher sets
+FSDP_COMM_TIMEOUT_S, and every variable the launcher sets (but OMPI_*, which mpirun reads
+itself) is passed on to the ranks with -x; --backend pjrt names its plugin (--pjrt_plugin, or
+FSDP_PJRT_PLUGIN passed with -x).
 
 Usage: validate_manifests.py [--k8s-version 1.31] [--project] [--expect-invalid] FILE...
 Exit code 0 when every file is as expected (valid, or with --expect-invalid each file
@@ -185,17 +189,36 @@ def project_errors(job):
                     % (np_, workers, slots, workers * slots))
     map_by = value("--map-by")
     if map_by is not None and map_by != "ppr:%d:node" % slots:
-        errs.append("mpirun --map-by %s: a worker holds slotsPerWorker = %d ranks (ppr:%d:node)"
-                    % (map_by, slots, slots))
+        errs.append("mpirun --map-by %s: a worker holds slotsPerWorker = %d processes "
+                    "(ppr:%d:node)" % (map_by, slots, slots))
+    # Each process plays --ranks_per_process ranks as threads (train_gpt under mpirun).
+    per_process = value("--ranks_per_process")
+    threads = 1
+    if per_process is not None:
+        if per_process.isdigit() and int(per_process) >= 1:
+            threads = int(per_process)
+        else:
+            errs.append("--ranks_per_process %s: allowed: 1 or more" % per_process)
     hybrid = value("--hybrid_shard")
-    if hybrid is not None and (not hybrid.isdigit() or int(hybrid) != slots):
-        errs.append("--hybrid_shard %s: a shard group must be one worker, slotsPerWorker = %d"
-                    % (hybrid, slots))
+    if hybrid is not None and (not hybrid.isdigit() or int(hybrid) != slots * threads):
+        errs.append("--hybrid_shard %s: a shard group must be one worker, slotsPerWorker %d x "
+                    "--ranks_per_process %d = %d ranks" % (hybrid, slots, threads, slots * threads))
+    # -x NAME passes the launcher's NAME; -x NAME=VALUE sets it.
+    passed = {cmd[i + 1].split("=", 1)[0] for i, a in enumerate(cmd[:-1]) if a == "-x"}
     if not any(e.get("name") == "FSDP_COMM_TIMEOUT_S" for e in env):
         errs.append("the launcher does not set FSDP_COMM_TIMEOUT_S")
-    if not any(a == "-x" and cmd[i + 1] == "FSDP_COMM_TIMEOUT_S"
-               for i, a in enumerate(cmd[:-1])):
+    if "FSDP_COMM_TIMEOUT_S" not in passed:
         errs.append("mpirun does not pass FSDP_COMM_TIMEOUT_S on to the ranks (-x)")
+    for e in env:
+        name = e.get("name", "")
+        if name != "FSDP_COMM_TIMEOUT_S" and not name.startswith("OMPI_") and name not in passed:
+            errs.append("the launcher sets %s but mpirun does not pass it on to the ranks "
+                        "(-x %s): ssh starts them, the workers' environment does not reach them"
+                        % (name, name))
+    if value("--backend") == "pjrt" and value("--pjrt_plugin") is None and (
+            "FSDP_PJRT_PLUGIN" not in passed):
+        errs.append("--backend pjrt names no plugin: give --pjrt_plugin, or set FSDP_PJRT_PLUGIN "
+                    "in the launcher and pass it with -x")
     if not any("train_gpt" in a for a in cmd):
         errs.append("the launcher does not run train_gpt")
     return errs
