@@ -199,6 +199,23 @@ absl::Status CheckView(const PjrtBackend* backend, const View& v, const char* wh
 // the communication stream: it waits for the stream the input came from, agrees with the
 // other ranks on the call over the host transport (within the deadline), then launches the
 // collective program on this rank's device with the call's launch id.
+// Runs `body` as an item of the communication stream, in order with the other collectives; an
+// error (prefixed with `what`) fails the stream and the returned event.
+Event OnCommStream(PjrtBackend::Impl* impl, std::string what,
+                   std::function<absl::Status()> body) {
+  auto done = std::make_shared<HostEvent>();
+  Queue* q = &impl->stream(Stream::kComm);
+  q->Submit([done, q, what = std::move(what), body = std::move(body)] {
+    absl::Status s = body();
+    if (!s.ok()) {
+      s = absl::Status(s.code(), absl::StrCat(what, s.message()));
+      q->SetFailure(s);
+    }
+    done->Complete(s);
+  });
+  return Event(done);
+}
+
 class PjrtDataPlane final : public DataPlane {
  public:
   PjrtDataPlane(PjrtBackend* backend, PjrtBackend::Impl* impl, std::unique_ptr<Communicator> comm,
@@ -314,19 +331,13 @@ class PjrtDataPlane final : public DataPlane {
     call.dtype = send.dtype;
     call.op = op;
     std::string what = absl::StrCat("pjrt data plane '", name(), "' ", DescribeCall(call), ": ");
-    auto done = std::make_shared<HostEvent>();
-    Queue* q = &impl_->stream(Stream::kComm);
-    q->Submit([this, kind, op, send, recv, ready, done, q, launch_id, what = std::move(what),
-               program = std::move(program)] {
-      absl::Status s = Agree(kind, send, op, ready.Wait());
-      if (s.ok()) s = Run(program, send, recv, launch_id);
-      if (!s.ok()) {
-        s = absl::Status(s.code(), absl::StrCat(what, s.message()));
-        q->SetFailure(s);
-      }
-      done->Complete(s);
-    });
-    return Event(done);
+    return OnCommStream(impl_, std::move(what),
+                        [this, kind, op, send, recv, ready, launch_id,
+                         program = std::move(program)] {
+                          absl::Status s = Agree(kind, send, op, ready.Wait());
+                          if (s.ok()) s = Run(program, send, recv, launch_id);
+                          return s;
+                        });
   }
 
   PjrtBackend* backend_;
@@ -412,25 +423,17 @@ class PjrtBridgeDataPlane final : public DataPlane {
                               Stream after) {
     if (send.count == 0 && recv.count == 0) return Event();
     const Event ready = backend_->Record(after);
-    auto done = std::make_shared<HostEvent>();
-    Queue* q = &impl_->stream(Stream::kComm);
-    q->Submit([this, kind, op, send, recv, ready, done, q] {
-      absl::Status s = ready.Wait();
-      if (!s.ok()) {
-        comm_->Abort(absl::AbortedError(absl::StrCat("rank ", rank(), " of group '", name_,
-                                                     "' failed before a collective: ",
-                                                     s.message())));
-      } else {
-        s = Run(kind, op, send, recv);
-      }
-      if (!s.ok()) {
-        s = absl::Status(s.code(), absl::StrCat("pjrt data plane '", name_, "' (bridge): ",
-                                                s.message()));
-        q->SetFailure(s);
-      }
-      done->Complete(s);
-    });
-    return Event(done);
+    return OnCommStream(impl_, absl::StrCat("pjrt data plane '", name_, "' (bridge): "),
+                        [this, kind, op, send, recv, ready] {
+                          absl::Status s = ready.Wait();
+                          if (!s.ok()) {
+                            comm_->Abort(absl::AbortedError(
+                                absl::StrCat("rank ", rank(), " of group '", name_,
+                                             "' failed before a collective: ", s.message())));
+                            return s;
+                          }
+                          return Run(kind, op, send, recv);
+                        });
   }
 
   PjrtBackend* backend_;
