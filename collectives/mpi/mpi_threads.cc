@@ -72,6 +72,10 @@ struct Shared {
   std::unique_ptr<Communicator> mpi;  // one rank per process; used by the leader's worker only
   std::mutex mu;
   std::map<int64_t, std::shared_ptr<SplitOutcome>> splits;  // by the split's sequence number
+  // A failure every process found by itself (a schedule mismatch: all see the same headers),
+  // so not sent to the other processes (a late message could reach the next communicator
+  // that MPI builds on the same context id). Guarded by mu.
+  absl::Status failed;
 };
 
 // The process's ranks of a mixed group talk over two local communicators: `fast` (the
@@ -162,6 +166,10 @@ class ThreadsCommunicator final : public Communicator {
     if (shared_->mpi != nullptr) shared_->mpi->Abort(r);
   }
   absl::Status health() const override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      FSDP_RETURN_IF_ERROR(Detach(shared_->failed));
+    }
     FSDP_RETURN_IF_ERROR(local_->health());
     FSDP_RETURN_IF_ERROR(slow_->health());
     return shared_->mpi != nullptr ? shared_->mpi->health() : absl::OkStatus();
@@ -294,7 +302,25 @@ class ThreadsCommunicator final : public Communicator {
     return slow_->Broadcast(all->data(), l.size * bytes, DType::kU8, 0);
   }
 
+  // Fails the group in this process only (every process has found the same failure).
+  void FailHere(const absl::Status& s) {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      if (shared_->failed.ok()) shared_->failed = s;
+    }
+    local_->Abort(s);
+    slow_->Abort(s);
+  }
+
   absl::Status Run(const Task& t, std::shared_ptr<void>* payload) {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      if (!shared_->failed.ok()) {
+        return absl::Status(shared_->failed.code(),
+                            absl::StrCat("not run: the group had failed: ",
+                                         shared_->failed.message()));
+      }
+    }
     const int n = size();
     Header h;
     h.seq = t.seq;
@@ -336,7 +362,7 @@ class ThreadsCommunicator final : public Communicator {
         calls.push_back(std::move(d));
       }
       absl::Status s = ScheduleMismatch(t.seq, name(), calls, " (mpi_threads)");
-      Abort(s);
+      FailHere(s);
       return s;
     }
     const CollectiveCall& c = t.call;
