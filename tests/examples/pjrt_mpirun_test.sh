@@ -5,8 +5,8 @@
 # the plugin; the replicate group across: the bridge), on nano and llama-nano, must match the
 # single-rank CPU reference: the printed losses to their 4 digits, and every exported parameter
 # within 1e-4 (the PJRT tolerance of the parity suites). Then a checkpoint saved by the pjrt
-# processes resumes on 4 cpu ranks as threads, and the finished run's losses match the
-# reference's.
+# processes resumes on 4 cpu ranks as threads, and one of cpu threads on the pjrt processes:
+# the resumed steps' losses match the reference's.
 # Usage: pjrt_mpirun_test.sh MPIEXEC TRAIN_GPT PLUGIN. Exit 77 (skipped) without the plugin.
 set -u
 mpiexec=$1 bin=$2 plugin=$3
@@ -96,5 +96,17 @@ if [ -n "$got" ] && [ "$got" = "$want" ]; then
   echo "a checkpoint of the pjrt processes resumed on cpu threads: steps 7-12 as the reference's"
 else
   echo "FAILED: the resumed run's losses differ"; diff <(echo "$want") <(echo "$got"); failed=1
+fi
+# And back: a checkpoint of 4 cpu ranks as threads (after 6 steps) resumes on the pjrt processes.
+"$bin" --backend cpu --ranks 4 "${ckpt[@]}" "${hybrid[@]}" --checkpoint_dir "$dir/back" \
+  --steps 6 >"$dir/first.txt" 2>&1 || { echo "FAILED: the first half on cpu"; tail "$dir/first.txt"; exit 1; }
+"${mpi[@]}" "$bin" --backend pjrt --pjrt_plugin "$plugin" --ranks_per_process 2 "${ckpt[@]}" \
+  "${hybrid[@]}" --checkpoint_dir "$dir/back" >"$dir/second.txt" 2>&1 ||
+  { echo "FAILED: the resumed half on pjrt"; tail "$dir/second.txt"; exit 1; }
+got=$(losses "$dir/second.txt")
+if [ -n "$got" ] && [ "$got" = "$want" ]; then
+  echo "a checkpoint of cpu threads resumed on the pjrt processes: steps 7-12 as the reference's"
+else
+  echo "FAILED: the run resumed on pjrt differs"; diff <(echo "$want") <(echo "$got"); failed=1
 fi
 exit $failed
