@@ -367,6 +367,8 @@ class ThreadsCommunicator final : public Communicator {
     }
     const CollectiveCall& c = t.call;
     const auto es = static_cast<int64_t>(DTypeSize(c.dtype));
+    // No data: the header exchange was the whole call (every rank arrived and agreed).
+    if (c.kind != CollectiveKind::kSplit && c.count == 0) return absl::OkStatus();
     std::vector<uint8_t> all;
     switch (c.kind) {
       case CollectiveKind::kBarrier:
