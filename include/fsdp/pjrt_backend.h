@@ -9,9 +9,9 @@
 //   event recorded on the stream completes once the PJRT completion events of everything
 //   launched before it have, and carries the first error. Copies and collectives wait for
 //   their own launch. The two streams of a rank run concurrently.
-// - Data plane: a group whose ranks are threads of one process, one device each of its client:
-//   all_gather, reduce_scatter
-//   and all_reduce (sum, avg, max; f32, bf16, f16) are StableHLO collective programs over the
+// - Data plane: for a group whose ranks are threads of one process, one device each of its
+//   client, all_gather, reduce_scatter and all_reduce (sum, avg, max; f32, bf16, f16) are
+//   StableHLO collective programs over the
 //   group's replicas, compiled once per (collective, count, dtype, op, devices) and launched by
 //   each rank on its own device with a launch id shared by the ranks of a call.
 //   A group whose ranks are in several processes (CreateMpiThreadsWorld under mpirun): the
@@ -34,12 +34,14 @@ namespace fsdp {
 
 // How a group whose ranks are in several processes moves its data.
 enum class CrossProcess {
-  // The plugin's collectives when the client spans the processes, else the bridge.
+  // The bridge (the plugin's own collectives over a client that spans processes are not
+  // implemented yet; this will choose them where a client can).
   kAuto,
   // Always through host memory: device -> host, the group's host communicator (Open MPI
   // across processes), host -> device, on the communication stream.
   kBridge,
-  // The plugin's collectives only; a group the client cannot span is FailedPrecondition.
+  // The plugin's collectives only: a group across processes is FailedPrecondition on a client
+  // that spans one process, Unimplemented on one that spans several.
   kPlugin,
 };
 

@@ -73,8 +73,8 @@ class KeyValueStore {
 
 // A store over the job's control plane: `comm` has one rank per process (the mpi world, or any
 // communicator). Every process holds every key: a thread exchanges the puts made since its last
-// round with the other processes (an all-gather every millisecond or so) until the store is
-// destroyed, which is collective: every process destroys its store, and the destructor returns
+// round with the other processes (all-gather rounds, back to back while puts flow, at most
+// 10 ms apart when idle) until the store is destroyed, which is collective: every process destroys its store, and the destructor returns
 // once all have (within the communicator's deadline). A failure of the communicator fails the
 // store: later calls return it.
 absl::StatusOr<std::shared_ptr<KeyValueStore>> CreateCommKeyValueStore(
