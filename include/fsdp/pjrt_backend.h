@@ -11,9 +11,9 @@
 //   their own launch. The two streams of a rank run concurrently.
 // - Data plane: for a group whose ranks are threads of one process, one device each of its
 //   client, all_gather, reduce_scatter and all_reduce (sum, avg, max; f32, bf16, f16) are
-//   StableHLO collective programs over the
-//   group's replicas, compiled once per (collective, count, dtype, op, devices) and launched by
-//   each rank on its own device with a launch id shared by the ranks of a call.
+//   StableHLO collective programs over the group's replicas, compiled once per (collective,
+//   count, dtype, op, devices) and launched by each rank on its own device with a launch id
+//   shared by the ranks of a call.
 //   A group whose ranks are in several processes (CreateMpiThreadsWorld under mpirun): the
 //   host-staged bridge (PjrtBackendOptions::cross_process), reported by data_paths().
 // - Ops: each op of fsdp/ops.h is one StableHLO program (pjrt_ops.h) taking the allocations
