@@ -38,6 +38,7 @@ absl::Status MpiEngine::Start() {
           status = absl::InternalError("MPI_Init_thread failed: " + MpiErrorString(rc));
         } else {
           we_initialized_ = true;
+          thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
           // This thread initialized MPI and is the only one that calls it: FUNNELED suffices.
           if (provided < MPI_THREAD_FUNNELED) {
             status = absl::FailedPreconditionError(absl::StrFormat(
@@ -47,6 +48,7 @@ absl::Status MpiEngine::Start() {
       } else {
         int provided = MPI_THREAD_SINGLE;
         MPI_Query_thread(&provided);
+        thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
         if (provided < MPI_THREAD_SERIALIZED) {
           status = absl::FailedPreconditionError(absl::StrFormat(
               "MPI was initialized with thread level %d; libfsdp calls MPI from its own thread and "

@@ -62,8 +62,17 @@ struct MpiOp {
   std::vector<float> wide;   // f32 copy of a 16-bit reduction's data
   std::vector<char> scratch;  // output of an in-place f32 reduce_scatter
   bool use_shm = false;       // the data moves through the group's ShmChannel
+  // A split whose communicators are being made on a thread of their own.
+  std::shared_ptr<struct PendingSplit> split;
   ShmTransfer xfer;
   Clock::time_point deadline, data_start, issued;
+};
+
+// The communicators of a split made on a helper thread: `done` is set last.
+struct PendingSplit {
+  int rc = 0;
+  MPI_Comm comm = MPI_COMM_NULL, ctrl = MPI_COMM_NULL, diag = MPI_COMM_NULL;
+  std::atomic<bool> done{false};
 };
 
 // The split of a group: the new group, or null for a negative color.
@@ -127,6 +136,8 @@ class MpiGroup {
   void PollShm();
   void StartData(MpiOp& op, MpiEngine& engine);
   void FinishData(MpiOp& op);
+  // Completes a split once its communicators are made (op.split); before that, nothing.
+  void FinishSplit(MpiOp& op, MpiEngine& engine);
   void StartDiagnosis(const MpiOp& op, std::string why);
   void ContinueDiagnosis();
   void PollDiag();
@@ -181,6 +192,9 @@ class MpiEngine {
   // few seconds, on this one); mpirun then ends every rank. Never returns.
   [[noreturn]] void Abort(int code);
   // This process's rank in MPI_COMM_WORLD, once started (-1 before).
+  // MPI allows calls from several threads at once (MPI_THREAD_MULTIPLE): splits then run their
+  // blocking communicator creation on a thread of their own (MpiGroup::StartData).
+  bool thread_multiple() const { return thread_multiple_; }
   int world_rank() const { return world_rank_.load(); }
 
   // Engine thread only.
@@ -194,6 +208,7 @@ class MpiEngine {
                 std::function<void(absl::Status, MPI_Comm[3])> done);
 
  private:
+  bool thread_multiple_ = false;  // set before the loop starts
   MpiEngine() = default;
   void Loop();
   MpiGroup::Activity PollAll();

@@ -283,26 +283,27 @@ void MpiGroup::StartData(MpiOp& op, MpiEngine& engine) {
                          data_, &op.data_req);
       break;
     case CollectiveKind::kSplit: {
-      // Every rank has arrived (the fingerprints agreed), so these blocking calls return promptly.
-      MPI_Comm comm = MPI_COMM_NULL, ctrl = MPI_COMM_NULL, diag = MPI_COMM_NULL;
-      rc = MPI_Comm_split(data_, op.color >= 0 ? op.color : MPI_UNDEFINED, op.key, &comm);
-      auto payload = std::make_shared<MpiSplitPayload>();
-      if (rc == MPI_SUCCESS && comm != MPI_COMM_NULL) {
-        rc = MPI_Comm_dup(comm, &ctrl);
-        if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(comm, &diag);
-        if (rc == MPI_SUCCESS) {
-          payload->group = std::make_shared<MpiGroup>(
-              absl::StrFormat("%s/%s%d", name_, op.label.empty() ? "split" : op.label, op.color),
-              options_, comm, ctrl, diag);
-          engine.AddGroup(payload->group);
+      // Every rank has arrived (the fingerprints agreed), so these blocking calls return
+      // promptly, unless the same processes are making another group's communicators at the
+      // same time in another order (two groups of this process split from two threads, ranks
+      // as threads of CreateMpiThreadsWorld): with MPI_THREAD_MULTIPLE they run on a thread of
+      // their own, so that the engine goes on making the other group's.
+      auto split = std::make_shared<PendingSplit>();
+      auto make = [split, data = data_, color = op.color, key = op.key] {
+        split->rc = MPI_Comm_split(data, color >= 0 ? color : MPI_UNDEFINED, key, &split->comm);
+        if (split->rc == MPI_SUCCESS && split->comm != MPI_COMM_NULL) {
+          split->rc = MPI_Comm_dup(split->comm, &split->ctrl);
+          if (split->rc == MPI_SUCCESS) split->rc = MPI_Comm_dup(split->comm, &split->diag);
         }
+        split->done.store(true, std::memory_order_release);
+      };
+      op.split = split;
+      if (engine.thread_multiple()) {
+        std::thread(std::move(make)).detach();
+      } else {
+        make();
       }
-      if (rc == MPI_SUCCESS) {
-        op.work->payload = payload;
-        TraceOp(op, name_, size_, absl::OkStatus());
-        op.work->Complete(absl::OkStatus());
-        op.stage = MpiOp::Stage::kDone;
-      }
+      FinishSplit(op, engine);
       break;
     }
   }
@@ -311,6 +312,28 @@ void MpiGroup::StartData(MpiOp& op, MpiEngine& engine) {
                                              Header(c, op.seq), MpiErrorString(rc))),
          op.seq, true);
   }
+}
+
+void MpiGroup::FinishSplit(MpiOp& op, MpiEngine& engine) {
+  PendingSplit& s = *op.split;
+  if (!s.done.load(std::memory_order_acquire)) return;
+  if (s.rc != MPI_SUCCESS) {
+    Fail(absl::InternalError(absl::StrFormat("%s: making the new group's communicators failed: %s",
+                                             Header(op.call, op.seq), MpiErrorString(s.rc))),
+         op.seq, true);
+    return;
+  }
+  auto payload = std::make_shared<MpiSplitPayload>();
+  if (s.comm != MPI_COMM_NULL) {
+    payload->group = std::make_shared<MpiGroup>(
+        absl::StrFormat("%s/%s%d", name_, op.label.empty() ? "split" : op.label, op.color),
+        options_, s.comm, s.ctrl, s.diag);
+    engine.AddGroup(payload->group);
+  }
+  op.work->payload = payload;
+  TraceOp(op, name_, size_, absl::OkStatus());
+  op.work->Complete(absl::OkStatus());
+  op.stage = MpiOp::Stage::kDone;
 }
 
 void MpiGroup::FinishData(MpiOp& op) {
@@ -374,15 +397,22 @@ MpiGroup::Activity MpiGroup::Poll(MpiEngine& engine) {
     if (flag) Verify(*op);
   }
   // Data collectives start in sequence order, behind any call whose fingerprint is pending.
+  // A split in flight holds back the later calls: its communicator creation and their
+  // collectives use the same communicator, and must be issued in the same order everywhere.
   for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
     const std::shared_ptr<MpiOp> op = ops_[i];
     if (op->stage == MpiOp::Stage::kFingerprint) break;
     if (op->stage == MpiOp::Stage::kReady) StartData(*op, engine);
+    if (op->stage == MpiOp::Stage::kData && op->split != nullptr) break;
   }
   PollShm();
   for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
     const std::shared_ptr<MpiOp> op = ops_[i];
     if (op->stage != MpiOp::Stage::kData || op->use_shm) continue;
+    if (op->split != nullptr) {
+      FinishSplit(*op, engine);
+      continue;
+    }
     int flag = 0;
     MPI_Test(&op->data_req, &flag, MPI_STATUS_IGNORE);
     if (flag) FinishData(*op);

@@ -2,6 +2,7 @@
 // processes x threads ranks, run by CTest under `mpirun -np 2` and `-np 3` with 2 ranks per
 // process ($FSDP_TEST_THREADS), plus what only it has: which transport each kind of split
 // group gets, and a process that never arrives.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -114,6 +115,29 @@ TEST(MpiThreadsWorld, RanksAreProcessMajorAndGroupsGetTheirTransport) {
       for (int q = 1; q < c.size(); ++q) expect += q % 2 == c.rank() % 2;
       EXPECT_EQ(n, static_cast<float>(expect));
     }
+  });
+}
+
+// Two mpi groups of the same processes split from two threads in opposite orders: process 0
+// splits the group of its thread 0 first, the others that of their thread 1 first. The MPI
+// engine makes each split's communicators on a thread of its own, so neither waits for the
+// other (made on the engine thread, the two blocking creations waited for each other forever).
+TEST(MpiThreadsWorld, GroupsSplitFromTwoThreadsInOppositeOrders) {
+  auto comms = MakeOrDie({});
+  const int threads = Threads();
+  OnThreads(comms, [&](Communicator& c) {
+    const int t = c.rank() % threads, p = c.rank() / threads;
+    auto mine = c.Split(t, c.rank(), "column");  // one rank per process: an mpi communicator
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    if (c.size() == threads) return;  // one process: nothing crosses
+    ASSERT_EQ((*mine)->backend(), "mpi");
+    const bool first = (p == 0) == (t == 0);
+    if (!first) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto sub = (*mine)->Split(0, (*mine)->rank(), "again");
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    float one = 1, n = 0;
+    ASSERT_TRUE((*sub)->AllReduce(&one, &n, 1, DType::kF32, ReduceOp::kSum).ok());
+    EXPECT_EQ(n, static_cast<float>(c.size() / threads));
   });
 }
 
