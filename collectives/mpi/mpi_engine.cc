@@ -137,7 +137,7 @@ void MpiEngine::AddGroup(std::shared_ptr<MpiGroup> group) {
 }
 
 void MpiEngine::DupAsync(MPI_Comm parent, absl::Duration timeout,
-                         std::function<void(absl::Status, MPI_Comm[3])> done) {
+                         std::function<void(absl::Status, MPI_Comm[3], uint64_t)> done) {
   auto d = std::make_unique<PendingDup>();
   d->parent = parent;
   d->until = Clock::now() + absl::ToChronoNanoseconds(timeout);
@@ -150,10 +150,18 @@ void MpiEngine::DupAsync(MPI_Comm parent, absl::Duration timeout,
 
 bool MpiEngine::StartNextDup(PendingDup& d) {
   const int i = d.next++;
-  const int rc = MPI_Comm_idup(d.parent, &d.comms[i], &d.reqs[i]);
+  int rc = MPI_SUCCESS;
+  if (i < 3) {
+    rc = MPI_Comm_idup(d.parent, &d.comms[i], &d.reqs[i]);
+  } else {
+    d.epoch_mine = NewToken();
+    rc = MPI_Iallreduce(&d.epoch_mine, &d.epoch, 1, MPI_UINT64_T, MPI_BXOR, d.comms[0], &d.reqs[i]);
+  }
   if (rc == MPI_SUCCESS) return true;
-  for (int j = 0; j < i; ++j) MPI_Comm_free(&d.comms[j]);
-  d.done(absl::InternalError("MPI_Comm_idup failed: " + MpiErrorString(rc)), d.comms);
+  for (int j = 0; j < std::min(i, 3); ++j) MPI_Comm_free(&d.comms[j]);
+  d.done(absl::InternalError(absl::StrCat(i < 3 ? "MPI_Comm_idup" : "MPI_Iallreduce",
+                                          " failed: ", MpiErrorString(rc))),
+         d.comms, 0);
   return false;
 }
 
@@ -169,12 +177,12 @@ MpiGroup::Activity MpiEngine::PollAll() {
     }
     int flag = 0;
     MPI_Test(&d.reqs[d.next - 1], &flag, MPI_STATUS_IGNORE);
-    if (flag && d.next < 3) {
+    if (flag && d.next < 4) {
       if (!StartNextDup(d)) dups_.pop_front();
       continue;
     }
     if (flag) {
-      d.done(absl::OkStatus(), d.comms);
+      d.done(absl::OkStatus(), d.comms, d.epoch);
       dups_.pop_front();
       continue;
     }
@@ -182,7 +190,7 @@ MpiGroup::Activity MpiEngine::PollAll() {
       d.done(absl::DeadlineExceededError(absl::StrFormat(
                  "CreateMpiWorld: not every process of MPI_COMM_WORLD joined within %s",
                  absl::FormatDuration(d.timeout))),
-             d.comms);
+             d.comms, 0);
       dup_orphans_.push_back(std::move(dups_.front()));
       dups_.pop_front();
       continue;

@@ -72,6 +72,7 @@ struct MpiOp {
 struct PendingSplit {
   int rc = 0;
   MPI_Comm comm = MPI_COMM_NULL, ctrl = MPI_COMM_NULL, diag = MPI_COMM_NULL;
+  uint64_t epoch = 0;  // agreed by the new group's ranks (MpiGroup::epoch_)
   std::atomic<bool> done{false};
 };
 
@@ -88,7 +89,10 @@ class MpiGroup {
   // (calls waiting for peers for a while), kWaiting every 50 us, kBusy without sleeping.
   enum class Activity { kIdle, kStalled, kWaiting, kBusy };
 
-  MpiGroup(std::string name, CommOptions options, MPI_Comm data, MPI_Comm ctrl, MPI_Comm diag);
+  // `epoch`: the same on every rank of the group and, with high probability, different from
+  // every earlier group's (see epoch_).
+  MpiGroup(std::string name, CommOptions options, MPI_Comm data, MPI_Comm ctrl, MPI_Comm diag,
+           uint64_t epoch);
 
   // Any thread.
   const std::string& name() const { return name_; }
@@ -119,7 +123,8 @@ class MpiGroup {
  private:
   struct DiagMsg {
     int64_t type, seq, issued, code;
-    char text[480];
+    uint64_t epoch;
+    char text[472];
   };
   struct Diagnosis {
     int64_t seq;
@@ -151,6 +156,11 @@ class MpiGroup {
   int rank_ = 0, size_ = 1;
   std::atomic<int64_t> issued_{0};
   const uint64_t token_;
+  // Tags this group's diagnostic messages. An abort sent as a peer closes its group can arrive
+  // after that: Open MPI then hands it to the next communicator made on the same context id,
+  // another group, which would fail for no reason of its own; it drops messages of another
+  // epoch.
+  const uint64_t epoch_;
 
   mutable std::mutex mu_;  // guards failure_ (read by any thread)
   absl::Status failure_;
@@ -203,9 +213,10 @@ class MpiEngine {
   // communicators, or with an error if not every rank joined within `timeout`. The
   // duplications run one at a time, also across calls: Open MPI 4 can leave one rank's
   // MPI_Comm_idup unfinished for good when several are in flight on the same communicator
-  // (open-mpi/ompi#2025), which made a join time out now and then.
+  // (open-mpi/ompi#2025), which made a join time out now and then. Then the processes agree on
+  // the new group's epoch (an all-reduce of random draws), passed to done.
   void DupAsync(MPI_Comm parent, absl::Duration timeout,
-                std::function<void(absl::Status, MPI_Comm[3])> done);
+                std::function<void(absl::Status, MPI_Comm[3], uint64_t)> done);
 
  private:
   bool thread_multiple_ = false;  // set before the loop starts
@@ -227,12 +238,15 @@ class MpiEngine {
   std::vector<std::shared_ptr<MpiGroup>> groups_;
   struct PendingDup {
     MPI_Comm parent = MPI_COMM_NULL;
-    int next = 0;  // the duplication to start next; reqs[next - 1] is the one in flight
-    MPI_Request reqs[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    // The step to start next: 0..2 the duplications, 3 the epoch's all-reduce;
+    // reqs[next - 1] is the one in flight.
+    int next = 0;
+    MPI_Request reqs[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     MPI_Comm comms[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+    uint64_t epoch_mine = 0, epoch = 0;  // this process's draw; their XOR over the processes
     Clock::time_point until;
     absl::Duration timeout;
-    std::function<void(absl::Status, MPI_Comm[3])> done;
+    std::function<void(absl::Status, MPI_Comm[3], uint64_t)> done;
   };
   std::deque<std::unique_ptr<PendingDup>> dups_, dup_orphans_;
   // Starts d's next duplication, or finishes d with the error of a failed start; false then.
@@ -243,6 +257,9 @@ class MpiEngine {
 
 // The message of an MPI error code.
 std::string MpiErrorString(int code);
+
+// A random 64-bit draw (random_device, clock, pid, a counter).
+uint64_t NewToken();
 
 // Tests the requests MPI still holds for a failed call; true once none is left.
 bool TestOrphan(MpiOp& op);

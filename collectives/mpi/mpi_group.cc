@@ -62,13 +62,6 @@ void TraceOp(const MpiOp& op, const std::string& group, int size, const absl::St
                        tracer.ToTraceNs(now), waited, status);
 }
 
-uint64_t NewToken() {
-  static std::atomic<uint64_t> counter{0};
-  std::random_device rd;
-  const uint64_t t = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
-  return (static_cast<uint64_t>(rd()) << 32 ^ rd()) ^ (t * 0x9E3779B97F4A7C15ULL) ^
-         (static_cast<uint64_t>(getpid()) << 40) ^ counter.fetch_add(1);
-}
 
 bool ShmKind(CollectiveKind k) {
   return k == CollectiveKind::kAllGather || k == CollectiveKind::kReduceScatter ||
@@ -89,6 +82,14 @@ bool TestOrphan(MpiOp& op) {
   return a && b;
 }
 
+uint64_t NewToken() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const uint64_t t = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  return (static_cast<uint64_t>(rd()) << 32 ^ rd()) ^ (t * 0x9E3779B97F4A7C15ULL) ^
+         (static_cast<uint64_t>(getpid()) << 40) ^ counter.fetch_add(1);
+}
+
 std::string MpiErrorString(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -99,13 +100,14 @@ std::string MpiErrorString(int code) {
 // ------------------------------------------------------------------------------ MpiGroup
 
 MpiGroup::MpiGroup(std::string name, CommOptions options, MPI_Comm data, MPI_Comm ctrl,
-                   MPI_Comm diag)
+                   MPI_Comm diag, uint64_t epoch)
     : name_(std::move(name)),
       options_(options),
       data_(data),
       ctrl_(ctrl),
       diag_(diag),
-      token_(NewToken()) {
+      token_(NewToken()),
+      epoch_(epoch) {
   MPI_Comm_rank(data_, &rank_);
   MPI_Comm_size(data_, &size_);
   for (MPI_Comm c : {data_, ctrl_, diag_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
@@ -294,6 +296,10 @@ void MpiGroup::StartData(MpiOp& op, MpiEngine& engine) {
         if (split->rc == MPI_SUCCESS && split->comm != MPI_COMM_NULL) {
           split->rc = MPI_Comm_dup(split->comm, &split->ctrl);
           if (split->rc == MPI_SUCCESS) split->rc = MPI_Comm_dup(split->comm, &split->diag);
+          const uint64_t mine = NewToken();
+          if (split->rc == MPI_SUCCESS) {
+            split->rc = MPI_Allreduce(&mine, &split->epoch, 1, MPI_UINT64_T, MPI_BXOR, split->comm);
+          }
         }
         split->done.store(true, std::memory_order_release);
       };
@@ -327,7 +333,7 @@ void MpiGroup::FinishSplit(MpiOp& op, MpiEngine& engine) {
   if (s.comm != MPI_COMM_NULL) {
     payload->group = std::make_shared<MpiGroup>(
         absl::StrFormat("%s/%s%d", name_, op.label.empty() ? "split" : op.label, op.color),
-        options_, s.comm, s.ctrl, s.diag);
+        options_, s.comm, s.ctrl, s.diag, s.epoch);
     engine.AddGroup(payload->group);
   }
   op.work->payload = payload;
@@ -386,7 +392,6 @@ void MpiGroup::PollShm() {
 }
 
 MpiGroup::Activity MpiGroup::Poll(MpiEngine& engine) {
-  PollDiag();
   // Fingerprints that have arrived.
   // (Each loop holds its op: failing the group clears ops_.)
   for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
@@ -417,6 +422,10 @@ MpiGroup::Activity MpiGroup::Poll(MpiEngine& engine) {
     MPI_Test(&op->data_req, &flag, MPI_STATUS_IGNORE);
     if (flag) FinishData(*op);
   }
+  // Diagnostics after the completions: a call that MPI has completed here is reported as
+  // done even when a peer's abort came in meanwhile (the peer may have aborted right after
+  // completing it).
+  PollDiag();
   // Deadlines.
   const auto now = Clock::now();
   for (size_t i = 0; i < ops_.size() && failure_.ok(); ++i) {
@@ -480,7 +489,7 @@ void MpiGroup::StartDiagnosis(const MpiOp& op, std::string why) {
                          .issued = std::vector<int64_t>(size_, -1)};
   diagnosis_->issued[rank_] = issued_.load(std::memory_order_relaxed);
   for (int q = 0; q < size_; ++q) {
-    if (q != rank_) SendDiag(q, DiagMsg{.type = kQuery, .seq = op.seq, .issued = 0, .code = 0, .text = {}});
+    if (q != rank_) SendDiag(q, DiagMsg{.type = kQuery, .seq = op.seq, .issued = 0, .code = 0, .epoch = 0, .text = {}});
   }
 }
 
@@ -509,6 +518,7 @@ void MpiGroup::ContinueDiagnosis() {
 
 void MpiGroup::SendDiag(int to, const DiagMsg& msg) {
   auto buf = std::make_unique<DiagMsg>(msg);
+  buf->epoch = epoch_;
   MPI_Request req = MPI_REQUEST_NULL;
   if (MPI_Isend(buf.get(), sizeof(DiagMsg), MPI_BYTE, to, kDiagTag, diag_, &req) == MPI_SUCCESS) {
     diag_sends_.emplace_back(req, std::move(buf));
@@ -525,10 +535,11 @@ void MpiGroup::PollDiag() {
     const DiagMsg m = diag_in_;
     const int from = st.MPI_SOURCE;
     Open();  // the next message
+    if (m.epoch != epoch_) continue;  // meant for an earlier group on the same context id
     switch (m.type) {
       case kQuery:
         SendDiag(from, DiagMsg{.type = kReply, .seq = m.seq,
-                               .issued = issued_.load(std::memory_order_relaxed), .code = 0, .text = {}});
+                               .issued = issued_.load(std::memory_order_relaxed), .code = 0, .epoch = 0, .text = {}});
         break;
       case kReply:
         if (diagnosis_ && diagnosis_->seq == m.seq) diagnosis_->issued[from] = m.issued;
@@ -575,7 +586,7 @@ void MpiGroup::Fail(absl::Status reason, int64_t seq, bool tell_peers) {
   ops_.clear();
   diagnosis_.reset();
   if (first && tell_peers) {
-    DiagMsg m{.type = kAbort, .seq = seq, .issued = 0, .code = static_cast<int64_t>(reason.code()), .text = {}};
+    DiagMsg m{.type = kAbort, .seq = seq, .issued = 0, .code = static_cast<int64_t>(reason.code()), .epoch = 0, .text = {}};
     std::snprintf(m.text, sizeof(m.text), "%s", std::string(reason.message()).c_str());
     for (int q = 0; q < size_; ++q) {
       if (q != rank_) SendDiag(q, m);

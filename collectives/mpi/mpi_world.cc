@@ -114,12 +114,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateOver(MPI_Comm base, CommOpti
   auto result = std::make_shared<std::promise<absl::StatusOr<std::shared_ptr<internal::MpiGroup>>>>();
   auto f = result->get_future();
   const bool posted = engine.Post([&engine, base, options, result] {
-    engine.DupAsync(base, options.timeout, [&engine, options, result](absl::Status s, MPI_Comm c[3]) {
+    engine.DupAsync(base, options.timeout, [&engine, options, result](absl::Status s, MPI_Comm c[3],
+                                                           uint64_t epoch) {
       if (!s.ok()) {
         result->set_value(std::move(s));
         return;
       }
-      auto g = std::make_shared<internal::MpiGroup>("world", options, c[0], c[1], c[2]);
+      auto g = std::make_shared<internal::MpiGroup>("world", options, c[0], c[1], c[2],
+                                                    epoch);
       engine.AddGroup(g);
       result->set_value(std::move(g));
     });

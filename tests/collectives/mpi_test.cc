@@ -1,5 +1,6 @@
 // The mpi communicator: the conformance suite with one rank per process, run by CTest under
 // `mpirun -np 2` and `-np 3` (main() from tests/mpi_test_main.h).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -125,6 +126,39 @@ TEST(MpiWorldJoin, JoinsFromTwoThreadsAtOnceBothSucceed) {
         EXPECT_EQ(sums[t], static_cast<float>(sizes[t]));
       }
     }
+  }
+}
+
+// An abort can arrive after the peer it was sent to has closed its group; Open MPI then hands
+// it to the next communicator made on the same context id. That group must not fail for it:
+// the groups' diagnostic messages carry an epoch the group's ranks agreed on.
+TEST(MpiWorldJoin, AnAbortThatArrivesAfterItsGroupClosedLeavesTheNextGroupAlone) {
+  constexpr int kRounds = 5;
+  for (int i = 0; i < kRounds; ++i) {
+    ASSERT_TRUE(SideComm()->Barrier().ok());
+    auto first = CreateMpiWorld(CommOptions{.timeout = absl::Seconds(20)});
+    ASSERT_TRUE(first.ok()) << first.status();
+    const int rank = (*first)->rank();
+    float x = 1.0f;
+    ASSERT_TRUE((*first)->AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum).ok());
+    if (rank != 0) first->reset();  // closed before rank 0's abort is sent
+    ASSERT_TRUE(SideComm()->Barrier().ok());
+    if (rank == 0) {
+      (*first)->Abort(absl::CancelledError("an abort of the closed group"));
+      first->reset();
+    }
+    ASSERT_TRUE(SideComm()->Barrier().ok());
+    auto next = CreateMpiWorld(CommOptions{.timeout = absl::Seconds(10)});
+    ASSERT_TRUE(next.ok()) << "round " << i << ": " << next.status();
+    ASSERT_TRUE(SideComm()->Barrier().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for the late message
+    for (int k = 0; k < 3; ++k) {
+      float y = 1.0f;
+      const absl::Status s = (*next)->AllReduce(&y, &y, 1, DType::kF32, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << "round " << i << ", call " << k << ": " << s;
+      EXPECT_EQ(y, static_cast<float>((*next)->size()));
+    }
+    EXPECT_TRUE((*next)->health().ok()) << (*next)->health();
   }
 }
 

@@ -159,21 +159,27 @@ TEST(MpiThreadsWorld, DifferentThreadCountsAreRefused) {
 
 std::vector<int> TestWorldSizes() { return {0}; }
 
+// A barrier of every rank over the side world (none before it exists).
+static void SideBarrierAll() {
+  std::vector<std::thread> ts;
+  for (auto& c : SideComms()) {
+    ts.emplace_back([&c] {
+      const absl::Status s = c->Barrier();
+      if (!s.ok()) std::fprintf(stderr, "side barrier: %s\n", s.ToString().c_str());
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
 std::unique_ptr<TestWorld> MakeTestWorld(int size, const CommOptions& options) {
   (void)size;
-  // The processes start the world's creation together (see mpi_test.cc).
-  if (!SideComms().empty()) {
-    std::vector<std::unique_ptr<Communicator>>& side = SideComms();
-    std::vector<std::thread> ts;
-    for (auto& c : side) {
-      ts.emplace_back([&c] {
-        const absl::Status s = c->Barrier();
-        if (!s.ok()) std::fprintf(stderr, "side barrier: %s\n", s.ToString().c_str());
-      });
-    }
-    for (auto& t : ts) t.join();
-  }
-  return std::make_unique<ThreadsTestWorld>(MakeOrDie(options));
+  // The processes start the world's creation together (see mpi_test.cc) ...
+  SideBarrierAll();
+  auto world = std::make_unique<ThreadsTestWorld>(MakeOrDie(options));
+  // ... and end it together: a test that aborts its world at once (FaultTest) must not fail a
+  // process that has not yet seen the join's last call complete.
+  SideBarrierAll();
+  return world;
 }
 
 }  // namespace fsdp::testing
