@@ -62,7 +62,9 @@ BackendRegistration PjrtRegistration() {
             {"cross_process", "groups that span processes: auto (default), bridge (through host "
                               "memory and the host communicator), plugin (refused unless the "
                               "client spans the processes)"},
-            {"memory_limit_bytes", "allocations past it fail as on a full device (0: none)"}};
+            {"memory_limit_bytes", "allocations past it fail as on a full device (0: none)"},
+            {"max_fused_ops", "the ops issued back to back on a stream run as one program of "
+                              "at most this many (default 512; 1: a program per op)"}};
   r.unavailable = [](const BackendOptions& o) -> std::string {
     const std::string path = PluginPath(o);
     if (path.empty()) {
@@ -92,9 +94,13 @@ BackendRegistration PjrtRegistration() {
         BackendOptionInt("pjrt", o, "device", rank % std::max(1, client->num_devices()), 0));
     FSDP_ASSIGN_OR_RETURN(const int64_t limit,
                           BackendOptionInt("pjrt", o, "memory_limit_bytes", 0, 0));
+    FSDP_ASSIGN_OR_RETURN(const int64_t fused,
+                          BackendOptionInt("pjrt", o, "max_fused_ops", 512, 1));
     const std::string cross = BackendOptionText(o, "cross_process", "auto");
     PjrtBackendOptions po;
     po.memory_limit_bytes = limit;
+    po.fuse_ops = fused > 1;
+    po.max_fused_ops = static_cast<int>(std::min<int64_t>(fused, 1 << 20));
     if (cross == "auto") {
       po.cross_process = CrossProcess::kAuto;
     } else if (cross == "bridge") {

@@ -1,17 +1,22 @@
 // PJRT benchmark: what running through a PJRT plugin costs next to the CPU backend.
 //
 //   pjrt_bench [--plugin PATH] [--models nano,mini] [--ranks N] [--steps S] [--launches K]
+//              [--max_fused_ops M]
 //
 // 1. Per-launch overhead: K launches of the smallest op (Scale of one f32) on one device,
 //    (a) each waited for (issue, run, event: the latency a dependent op sees) and (b) issued
-//    back to back and waited for once (the rate of a stream), in an allocation of 4 KiB and of
+//    back to back and waited for once (the rate of a stream: a launch per op with a program
+//    per op, "pjrt per-op"; the K ops as programs of up to --max_fused_ops ops, "pjrt fused",
+//    compiled before the timed run), in an allocation of 4 KiB and of
 //    64 MiB (an op writes into its allocation's buffer, donated to the program: if the plugin
 //    copied the buffer instead, the 64 MiB row would show it). The CPU backend's rows are the
 //    same ops on the host.
 // 2. Per model: FULL_SHARD training on N ranks as threads (a device of the plugin each, or the
 //    CPU backend), batch 4 x 64 per rank: the first step (it compiles every program of the
 //    model: the client's compile count and seconds are printed), then the median of S steps,
-//    and the ratio pjrt / cpu.
+//    and the ratio pjrt / cpu; with the ops of a stream fused into programs (the default) and
+//    with a program per op (fuse_ops = false), and the launches per step of rank 0: programs
+//    of every kind, op programs, and programs per unit per micro-batch.
 // The plugin is --plugin or $FSDP_PJRT_PLUGIN. Exit status 1 on an error, 2 on bad flags.
 #include <algorithm>
 #include <array>
@@ -43,12 +48,13 @@ struct Params {
   std::string plugin;
   std::vector<std::string> models = {"nano", "mini"};
   int ranks = 2, steps = 5, launches = 200;
+  int max_fused_ops = fsdp::PjrtBackendOptions{}.max_fused_ops;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
   std::fprintf(stderr,
                "pjrt_bench: %s\nusage: pjrt_bench [--plugin PATH] [--models nano,mini] "
-               "[--ranks N] [--steps S] [--launches K]\n",
+               "[--ranks N] [--steps S] [--launches K] [--max_fused_ops M]\n",
                why.c_str());
   std::exit(2);
 }
@@ -79,6 +85,8 @@ Params Parse(int argc, char** argv) {
       p.steps = count(1, 1000);
     } else if (a == "--launches") {
       p.launches = count(1, 100000);
+    } else if (a == "--max_fused_ops") {
+      p.max_fused_ops = count(1, 1000000);
     } else {
       Usage("unknown flag " + a);
     }
@@ -114,6 +122,9 @@ std::pair<double, double> LaunchCost(fsdp::Backend* b, size_t bytes, int launche
     Check(b->Record(fsdp::Stream::kCompute).Wait(), "launch");
     each.push_back(Seconds(t0, Clock::now()));
   }
+  // Back to back: once to compile what a fused backend makes of them, then timed.
+  for (int i = 0; i < launches; ++i) b->ops().Scale(fsdp::Stream::kCompute, one, 1.0f);
+  Check(b->Record(fsdp::Stream::kCompute).Wait(), "launches");
   const auto t0 = Clock::now();
   for (int i = 0; i < launches; ++i) b->ops().Scale(fsdp::Stream::kCompute, one, 1.0f);
   Check(b->Record(fsdp::Stream::kCompute).Wait(), "launches");
@@ -144,10 +155,11 @@ struct ModelRun {
   int64_t compiles = 0;
   double compile_s = 0;
   float loss = 0;
+  double programs = 0, op_programs = 0, ops = 0;  // per step (rank 0, after the first)
 };
 
 ModelRun Train(const Params& p, const std::string& model,
-               const std::shared_ptr<fsdp::pjrt::Client>& client) {
+               const std::shared_ptr<fsdp::pjrt::Client>& client, bool fuse = true) {
   const auto config = Check(fsdp::nn::ModelConfig::FromName(model), "model");
   const auto data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
   ModelRun r;
@@ -158,7 +170,10 @@ ModelRun Train(const Params& p, const std::string& model,
   Check(fsdp::LocalWorld::Run(p.ranks, {}, [&](fsdp::Communicator& world) -> absl::Status {
           std::unique_ptr<fsdp::Backend> backend;
           if (client) {
-            FSDP_ASSIGN_OR_RETURN(backend, fsdp::PjrtBackend::Create(client, world.rank()));
+            fsdp::PjrtBackendOptions bo;
+            bo.fuse_ops = fuse;
+            bo.max_fused_ops = p.max_fused_ops;
+            FSDP_ASSIGN_OR_RETURN(backend, fsdp::PjrtBackend::Create(client, world.rank(), bo));
           } else {
             FSDP_ASSIGN_OR_RETURN(auto cpu, fsdp::CpuBackend::Create({.num_threads = threads}));
             cpu->BindCurrentThread();
@@ -174,8 +189,11 @@ ModelRun Train(const Params& p, const std::string& model,
                                 fsdp::nn::DataLoader::Create(
                                     &data, {.batch_size = 4, .seq_len = 64,
                                             .rank = world.rank(), .world_size = world.size()}));
+          auto* pj = dynamic_cast<fsdp::PjrtBackend*>(backend.get());
+          fsdp::PjrtLaunchStats after_first;
           for (int step = 0; step <= p.steps; ++step) {
             FSDP_RETURN_IF_ERROR(world.Barrier());
+            if (step == 1 && pj != nullptr) after_first = pj->launch_stats();
             const auto t0 = Clock::now();
             const fsdp::nn::Batch b = loader.Next();
             FSDP_ASSIGN_OR_RETURN(float loss, m->ForwardBackward(b.inputs.data(), b.targets.data()));
@@ -190,6 +208,15 @@ ModelRun Train(const Params& p, const std::string& model,
               }
               r.loss = loss;
             }
+          }
+          if (pj != nullptr && world.rank() == 0 && p.steps > 0) {
+            // Every item of both streams has run: the counts are final.
+            FSDP_RETURN_IF_ERROR(backend->Record(fsdp::Stream::kCompute).Wait());
+            FSDP_RETURN_IF_ERROR(backend->Record(fsdp::Stream::kComm).Wait());
+            const fsdp::PjrtLaunchStats end = pj->launch_stats();
+            r.programs = static_cast<double>(end.programs - after_first.programs) / p.steps;
+            r.op_programs = static_cast<double>(end.op_programs - after_first.op_programs) / p.steps;
+            r.ops = static_cast<double>(end.ops - after_first.ops) / p.steps;
           }
           return absl::OkStatus();
         }),
@@ -215,17 +242,24 @@ int main(int argc, char** argv) {
 
   std::printf("\n# per-launch overhead: Scale of one f32, %d launches (median us per launch)\n",
               p.launches);
-  std::printf("%-8s %12s %14s %16s\n", "backend", "allocation", "waited each", "back to back");
+  std::printf("%-12s %12s %14s %16s\n", "backend", "allocation", "waited each", "back to back");
   {
-    auto pj = Check(fsdp::PjrtBackend::Create(client, 0), "pjrt backend");
+    fsdp::PjrtBackendOptions per_op;
+    per_op.fuse_ops = false;
+    fsdp::PjrtBackendOptions fused;
+    fused.max_fused_ops = p.max_fused_ops;
+    auto pj = Check(fsdp::PjrtBackend::Create(client, 0, per_op), "pjrt backend");
+    auto pf = Check(fsdp::PjrtBackend::Create(client, 0, fused), "pjrt backend");
     auto cpu = Check(fsdp::CpuBackend::Create({.num_threads = 1}), "cpu backend");
     cpu->BindCurrentThread();
     for (size_t bytes : {size_t{4096}, size_t{64} << 20}) {
       const char* size = bytes == 4096 ? "4 KiB" : "64 MiB";
       const auto [pw, pb] = LaunchCost(pj.get(), bytes, p.launches);
-      std::printf("%-8s %12s %14.1f %16.1f\n", "pjrt", size, pw, pb);
+      std::printf("%-12s %12s %14.1f %16.1f\n", "pjrt per-op", size, pw, pb);
+      const auto [fw, fb] = LaunchCost(pf.get(), bytes, p.launches);
+      std::printf("%-12s %12s %14.1f %16.1f\n", "pjrt fused", size, fw, fb);
       const auto [cw, cb] = LaunchCost(cpu.get(), bytes, p.launches);
-      std::printf("%-8s %12s %14.1f %16.1f\n", "cpu", size, cw, cb);
+      std::printf("%-12s %12s %14.1f %16.1f\n", "cpu", size, cw, cb);
     }
   }
 
@@ -248,14 +282,21 @@ int main(int argc, char** argv) {
   std::printf("\n# FULL_SHARD on %d ranks (threads), batch 4 x 64 per rank: first step (compiles), "
               "median of %d steps\n",
               p.ranks, p.steps);
-  std::printf("%-6s %12s %10s %14s %14s %14s %8s\n", "model", "compiles", "compile s",
-              "pjrt first s", "pjrt step ms", "cpu step ms", "ratio");
+  std::printf("%-6s %-7s %9s %9s %12s %12s %11s %6s %10s %10s %8s %10s\n", "model", "ops",
+              "compiles", "compile s", "pjrt first s", "pjrt step ms", "cpu step ms", "ratio",
+              "launches", "op progs", "ops", "/unit/mb");
   for (const std::string& m : p.models) {
-    const ModelRun pj = Train(p, m, client);
     const ModelRun cpu = Train(p, m, nullptr);
-    std::printf("%-6s %12lld %10.2f %14.2f %14.1f %14.1f %7.1fx   (loss %.4f pjrt, %.4f cpu)\n",
-                m.c_str(), static_cast<long long>(pj.compiles), pj.compile_s, pj.first_s,
-                pj.step_s * 1e3, cpu.step_s * 1e3, pj.step_s / cpu.step_s, pj.loss, cpu.loss);
+    const int units = Check(fsdp::nn::ModelConfig::FromName(m), "model").num_units();
+    for (const bool fuse : {true, false}) {
+      const ModelRun pj = Train(p, m, client, fuse);
+      std::printf("%-6s %-7s %9lld %9.2f %12.2f %12.1f %11.1f %5.2fx %10.0f %10.0f %8.0f %10.1f"
+                  "   (loss %.4f pjrt, %.4f cpu)\n",
+                  m.c_str(), fuse ? "fused" : "per-op", static_cast<long long>(pj.compiles),
+                  pj.compile_s, pj.first_s, pj.step_s * 1e3, cpu.step_s * 1e3,
+                  pj.step_s / cpu.step_s, pj.programs, pj.op_programs, pj.ops,
+                  pj.programs / units, pj.loss, cpu.loss);
+    }
   }
   return 0;
 }

@@ -33,10 +33,28 @@ using HostEvent = backend_kit::HostEvent;
 // A stream: a host thread running submitted items in order (backends/common), and the
 // completion events of the programs it launched. The first error of an item is sticky: events
 // recorded after it carry it.
+// Ops are held back (AddOp) until another item is submitted, max_ops of them are held, or the
+// queue is destroyed; then they run as one item (RunOps: one program), in their place in the
+// queue's order.
 class Queue {
  public:
-  Queue() : worker_({"", nullptr, [this] { Drain(); }}) {}
-  void Submit(std::function<void()> fn) { worker_.Submit(nullptr, std::move(fn)); }
+  using RunOps = std::function<void(Queue&, const std::vector<pjrt::OpBuilder>&)>;
+  Queue(RunOps run, int max_ops)
+      : run_(std::move(run)), max_ops_(std::max(1, max_ops)), worker_({"", nullptr, [this] { Drain(); }}) {}
+  ~Queue() {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    FlushLocked();
+  }
+  void Submit(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    FlushLocked();
+    worker_.Submit(nullptr, std::move(fn));
+  }
+  void AddOp(pjrt::OpBuilder op) {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    ops_.push_back(std::move(op));
+    if (static_cast<int>(ops_.size()) >= max_ops_) FlushLocked();
+  }
   void SetFailure(const absl::Status& s) { worker_.SetFailure(s); }
   absl::Status failure() { return worker_.failure(); }
   // On the worker thread only: the completion events of the programs launched and not yet
@@ -54,7 +72,19 @@ class Queue {
   }
 
  private:
+  void FlushLocked() {
+    if (ops_.empty()) return;
+    worker_.Submit(nullptr, [this, ops = std::move(ops_)] {
+      if (failure().ok()) run_(*this, ops);
+    });
+    ops_.clear();
+  }
+
   static constexpr size_t kMaxPending = 32;  // launches in flight before the queue waits
+  const RunOps run_;
+  const int max_ops_;
+  std::mutex ops_mu_;
+  std::vector<pjrt::OpBuilder> ops_;  // held back, not yet submitted
   std::vector<pjrt::DeviceEvent> pending_;
   backend_kit::WorkerStream worker_;  // last: its thread drains pending_ when it stops
 };
@@ -106,9 +136,28 @@ struct PjrtBackend::Impl {
   // allocations' buffers replaced by the outputs (the old ones were donated). It does not wait
   // for the program: the plugin orders later launches that use the outputs after it, and the
   // queue waits for its completion event at the next event recorded on the stream.
-  absl::Status RunProgram(const pjrt::Program& p, Queue& q) const {
+  //
+  // The program of `ops`: built dry (arguments, run-time values and its key, no text), found
+  // in the client's cache by its key, and built as text only to be compiled the first time.
+  absl::Status RunOps(const std::vector<pjrt::OpBuilder>& ops, Queue& q) {
+    const std::string name = ops.size() == 1 ? std::string(ops[0].name) : std::string("ops");
+    pjrt::Program p(name, /*dry=*/true);
+    for (const pjrt::OpBuilder& op : ops) {
+      p.BeginOp(op.name);
+      op.build(&p);
+    }
     FSDP_RETURN_IF_ERROR(p.CheckViews(backend));
-    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe, Program(p.name(), p.Text()));
+    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
+                          client->CompileKeyed(p.Key(), name, [&] {
+                            pjrt::Program full(name);
+                            for (const pjrt::OpBuilder& op : ops) {
+                              full.BeginOp(op.name);
+                              op.build(&full);
+                            }
+                            return full.Text();
+                          }, pjrt::PortableCompileOptions()));
+    op_programs.fetch_add(1, std::memory_order_relaxed);
+    op_count.fetch_add(static_cast<int64_t>(ops.size()), std::memory_order_relaxed);
     std::vector<Storage*> order;
     for (const pjrt::Program::Arg& a : p.args()) order.push_back(static_cast<Storage*>(a.storage));
     std::sort(order.begin(), order.end());
@@ -126,6 +175,7 @@ struct PjrtBackend::Impl {
     pjrt::DeviceEvent done;
     FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
                           client->Launch(*exe, device, args, &done));
+    programs.fetch_add(1, std::memory_order_relaxed);
     q.AddPending(std::move(done));
     size_t j = 0;
     for (const pjrt::Program::Arg& a : p.args()) {
@@ -133,18 +183,30 @@ struct PjrtBackend::Impl {
     }
     return absl::OkStatus();
   }
-  // Queues an op's program on a stream. After a failure on the stream, later ops do not run.
-  void Launch(Stream s, std::shared_ptr<pjrt::Program> p) {
-    Queue* q = &stream(s);
-    q->Submit([this, q, p = std::move(p)] {
-      if (!q->failure().ok()) return;
-      absl::Status st = RunProgram(*p, *q);
-      if (!st.ok()) {
-        q->SetFailure(absl::Status(
-            st.code(), absl::StrCat("pjrt backend: op ", p->name(), ": ", st.message())));
+  // Runs held-back ops on their queue's thread. After a failure on the stream, later ops do
+  // not run.
+  void RunOnQueue(Queue& q, const std::vector<pjrt::OpBuilder>& ops) {
+    absl::Status st = RunOps(ops, q);
+    if (st.ok()) return;
+    std::string what;
+    if (ops.size() == 1) {
+      what = absl::StrCat("op ", ops[0].name);
+    } else {
+      std::vector<std::string> names;
+      for (const pjrt::OpBuilder& op : ops) {
+        if (names.size() == 12) {
+          names.push_back("...");
+          break;
+        }
+        names.push_back(op.name);
       }
-    });
+      what = absl::StrCat("a program of ", ops.size(), " ops (", absl::StrJoin(names, ", "), ")");
+    }
+    q.SetFailure(absl::Status(st.code(), absl::StrCat("pjrt backend: ", what, ": ", st.message())));
   }
+
+  // What has been launched (launch_stats).
+  mutable std::atomic<int64_t> programs{0}, op_programs{0}, op_count{0};
 
   absl::StatusOr<pjrt::DeviceBuffer> Offset(int64_t offset) const {
     return client->Scalar(offset, device);
@@ -160,6 +222,7 @@ struct PjrtBackend::Impl {
     FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, Offset(offset));
     FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
                           client->Execute(*exe, device, {st.buf.get(), off.get()}));
+    programs.fetch_add(1, std::memory_order_relaxed);
     return std::move(out[0]);
   }
   // Writes `src` (ui8[k]) into `st` at `offset` (the caller holds st.mu).
@@ -173,6 +236,7 @@ struct PjrtBackend::Impl {
     FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, Offset(offset));
     FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
                           client->Execute(*exe, device, {st.buf.get(), src.get(), off.get()}));
+    programs.fetch_add(1, std::memory_order_relaxed);
     st.buf = std::move(out[0]);  // the old buffer was donated to the program
     return absl::OkStatus();
   }
@@ -237,22 +301,24 @@ class PjrtDataPlane final : public DataPlane {
  private:
   absl::StatusOr<Event> EnqueueAllGather(View send, View recv, Stream after) override {
     return Issue(CollectiveKind::kAllGather, ReduceOp::kSum, send, recv, after,
-                 pjrt::AllGatherProgram(size(), send.count, send.dtype));
+                 [n = size(), send] { return pjrt::AllGatherProgram(n, send.count, send.dtype); });
   }
   absl::StatusOr<Event> EnqueueReduceScatter(View send, View recv, ReduceOp op,
                                              Stream after) override {
-    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after,
-                 pjrt::ReduceScatterProgram(size(), send.count, send.dtype, op));
+    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after, [n = size(), send, op] {
+      return pjrt::ReduceScatterProgram(n, send.count, send.dtype, op);
+    });
   }
   absl::StatusOr<Event> EnqueueAllReduce(View send, View recv, ReduceOp op,
                                          Stream after) override {
-    return Issue(CollectiveKind::kAllReduce, op, send, recv, after,
-                 pjrt::AllReduceProgram(size(), send.count, send.dtype, op));
+    return Issue(CollectiveKind::kAllReduce, op, send, recv, after, [n = size(), send, op] {
+      return pjrt::AllReduceProgram(n, send.count, send.dtype, op);
+    });
   }
 
   absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) override {
     return Issue(CollectiveKind::kAllToAll, ReduceOp::kSum, send, recv, after,
-                 pjrt::AllToAllProgram(size(), send.count, send.dtype));
+                 [n = size(), send] { return pjrt::AllToAllProgram(n, send.count, send.dtype); });
   }
 
   // The other ranks make the same call: all pass (kind, count, dtype, op, ok) and compare.
@@ -294,31 +360,44 @@ class PjrtDataPlane final : public DataPlane {
     return s;
   }
 
-  absl::Status Run(const std::string& program, const View& send, const View& recv, int launch_id) {
+  // One launch: the collective reads send's bytes from its allocation and writes its result
+  // into recv's (pjrt::OnAllocations), found in the cache by its shape, not its text.
+  absl::Status Run(CollectiveKind kind, ReduceOp op, const std::function<std::string()>& program,
+                   const View& send, const View& recv, int launch_id) {
     pjrt::Client& client = *impl_->client;
-    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
-                          client.Compile("collective", program, pjrt::CompileOptions(device_ids_)));
     Storage* ss = StorageOf(send);
     Storage* rs = StorageOf(recv);
+    const bool same = ss == rs;
+    const std::string key = absl::StrCat("collective:", static_cast<int>(kind), ":",
+                                         static_cast<int>(op), ":", static_cast<int>(send.dtype),
+                                         ":", send.count, ":", recv.bytes(), ":", ss->bytes, ":",
+                                         rs->bytes, ":", same);
+    FSDP_ASSIGN_OR_RETURN(
+        const pjrt::Executable* exe,
+        client.CompileKeyed(key, "collective", [&] {
+          return pjrt::OnAllocations(program(), send.bytes(), recv.bytes(), ss->bytes, rs->bytes,
+                                     same);
+        }, pjrt::CompileOptions(device_ids_)));
     std::unique_lock<std::mutex> lock_s(ss->mu, std::defer_lock), lock_r(rs->mu, std::defer_lock);
     if (ss == rs) {
       lock_s.lock();
     } else {
       std::lock(lock_s, lock_r);
     }
-    pjrt::DeviceBuffer staged;
-    PJRT_Buffer* in = ss->buf.get();
-    if (!Whole(send)) {
-      FSDP_ASSIGN_OR_RETURN(staged, impl_->Slice(*ss, send.offset, send.bytes()));
-      in = staged.get();
-    }
+    const int64_t offsets[2] = {send.offset, recv.offset};
+    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, client.I64Array(offsets, 2, impl_->device));
+    std::vector<PJRT_Buffer*> args = {ss->buf.get()};
+    if (!same) args.push_back(rs->buf.get());
+    args.push_back(off.get());
     FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
-                          client.Execute(*exe, impl_->device, {in}, launch_id));
-    return impl_->Write(*rs, recv.offset, recv.bytes(), std::move(out[0]));
+                          client.Execute(*exe, impl_->device, args, launch_id));
+    impl_->programs.fetch_add(1, std::memory_order_relaxed);
+    rs->buf = std::move(out[0]);  // the old buffer was donated to the program
+    return absl::OkStatus();
   }
 
   absl::StatusOr<Event> Issue(CollectiveKind kind, ReduceOp op, View send, View recv, Stream after,
-                              std::string program) {
+                              std::function<std::string()> program) {
     if (send.count == 0 && recv.count == 0) return Event();
     const Event ready = backend_->Record(after);
     // All ranks issue the same calls in the same order: the sequence number names the call.
@@ -335,7 +414,7 @@ class PjrtDataPlane final : public DataPlane {
                         [this, kind, op, send, recv, ready, launch_id,
                          program = std::move(program)] {
                           absl::Status s = Agree(kind, send, op, ready.Wait());
-                          if (s.ok()) s = Run(program, send, recv, launch_id);
+                          if (s.ok()) s = Run(kind, op, program, send, recv, launch_id);
                           return s;
                         });
   }
@@ -473,11 +552,16 @@ absl::StatusOr<std::unique_ptr<PjrtBackend>> PjrtBackend::Create(
   impl->device = device;
   impl->options = std::move(options);
   impl->memory.set_limit(impl->options.memory_limit_bytes);
-  impl->compute = std::make_unique<Queue>();
-  impl->comm = std::make_unique<Queue>();
   Impl* m = impl.get();
-  impl->ops = pjrt::MakeOps(
-      [m](Stream s, std::shared_ptr<pjrt::Program> p) { m->Launch(s, std::move(p)); });
+  const int max_ops = impl->options.fuse_ops ? impl->options.max_fused_ops : 1;
+  if (max_ops < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PjrtBackend: max_fused_ops must be >= 1, got ", impl->options.max_fused_ops));
+  }
+  auto run = [m](Queue& q, const std::vector<pjrt::OpBuilder>& ops) { m->RunOnQueue(q, ops); };
+  impl->compute = std::make_unique<Queue>(run, max_ops);
+  impl->comm = std::make_unique<Queue>(run, max_ops);
+  impl->ops = pjrt::MakeOps([m](Stream s, pjrt::OpBuilder op) { m->stream(s).AddOp(std::move(op)); });
   return std::unique_ptr<PjrtBackend>(new PjrtBackend(std::move(impl)));
 }
 
@@ -602,45 +686,22 @@ absl::Status PjrtBackend::Copy(View dst, View src, Stream s) {
         absl::StrCat("PjrtBackend::Copy: ", src.bytes(), " bytes into ", dst.bytes()));
   }
   if (dst.count == 0) return absl::OkStatus();
-  Impl* m = impl_.get();
-  Queue* q = &m->stream(s);
-  q->Submit([m, q, dst, src] {
-    Storage* from = StorageOf(src);
-    Storage* to = StorageOf(dst);
-    std::unique_lock<std::mutex> lf(from->mu, std::defer_lock), lt(to->mu, std::defer_lock);
-    if (from == to) {
-      lf.lock();
-    } else {
-      std::lock(lf, lt);
-    }
-    absl::StatusOr<pjrt::DeviceBuffer> part = m->Slice(*from, src.offset, src.bytes());
-    absl::Status st =
-        part.ok() ? m->Write(*to, dst.offset, dst.bytes(), *std::move(part)) : part.status();
-    if (!st.ok()) q->SetFailure(st);
-  });
+  // An op: it joins the program of the ops around it.
+  const View to = dst.As(DType::kU8), from = src.As(DType::kU8);
+  impl_->stream(s).AddOp({"copy", [to, from](pjrt::Program* p) {
+                            p->Store(to, p->Load(from, {from.count}));
+                          }});
   return absl::OkStatus();
 }
 
 absl::Status PjrtBackend::Memset(View dst, int byte, Stream s) {
   FSDP_RETURN_IF_ERROR(CheckView(this, dst, "destination"));
   if (dst.count == 0) return absl::OkStatus();
-  Impl* m = impl_.get();
-  Queue* q = &m->stream(s);
-  q->Submit([m, q, dst, byte] {
-    Storage& to = *StorageOf(dst);
-    std::lock_guard<std::mutex> lock(to.mu);
-    absl::Status st = [&]() -> absl::Status {
-      FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
-                            m->Program("memset", pjrt::MemsetProgram(to.bytes, dst.bytes(),
-                                                                     static_cast<uint8_t>(byte))));
-      FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, m->Offset(dst.offset));
-      FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
-                            m->client->Execute(*exe, m->device, {to.buf.get(), off.get()}));
-      to.buf = std::move(out[0]);
-      return absl::OkStatus();
-    }();
-    if (!st.ok()) q->SetFailure(st);
-  });
+  const View to = dst.As(DType::kU8);
+  const auto value = static_cast<double>(static_cast<uint8_t>(byte));
+  impl_->stream(s).AddOp({"memset", [to, value](pjrt::Program* p) {
+                            p->Store(to, p->Constant(value, "ui8", {to.count}));
+                          }});
   return absl::OkStatus();
 }
 
@@ -755,6 +816,10 @@ absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communic
 }  // namespace fsdp
 
 namespace fsdp {
+
+PjrtLaunchStats PjrtBackend::launch_stats() const {
+  return {impl_->programs.load(), impl_->op_programs.load(), impl_->op_count.load()};
+}
 
 std::vector<std::pair<std::string, std::string>> PjrtBackend::data_paths() const {
   std::lock_guard<std::mutex> lock(impl_->paths_mu);

@@ -323,6 +323,39 @@ Client::~Client() {
 
 double Client::compile_seconds() const { return static_cast<double>(compile_ns_.load()) * 1e-9; }
 
+absl::StatusOr<const Executable*> Client::CompileKeyed(const std::string& key,
+                                                       const std::string& name,
+                                                       const std::function<std::string()>& text,
+                                                       const std::string& compile_options) {
+  static const bool check = [] {
+    const char* v = std::getenv("FSDP_PJRT_CHECK_KEYS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  const std::string full_key = absl::StrCat(compile_options.size(), ":", compile_options, key);
+  {
+    std::lock_guard<std::mutex> lock(keyed_mu_);
+    auto it = keyed_.find(full_key);
+    if (it != keyed_.end()) {
+      if (check) {
+        if (std::string t = text(); t != it->second.text) {
+          return absl::InternalError(absl::StrCat(
+              "PJRT program '", name, "': two programs of different text have the same key (",
+              key.size(), " bytes); the key misses part of the structure. First text:\n",
+              it->second.text, "\nThis text:\n", t));
+        }
+      }
+      return it->second.exe;
+    }
+  }
+  std::string mlir = text();
+  FSDP_ASSIGN_OR_RETURN(const Executable* exe, Compile(name, mlir, compile_options));
+  std::lock_guard<std::mutex> lock(keyed_mu_);
+  KeyedEntry& e = keyed_[full_key];
+  e.exe = exe;
+  if (check) e.text = std::move(mlir);
+  return exe;
+}
+
 absl::StatusOr<const Executable*> Client::Compile(const std::string& name, const std::string& mlir,
                                                   const std::string& compile_options) {
   if (compile_options.empty()) {

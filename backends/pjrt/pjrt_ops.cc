@@ -194,253 +194,253 @@ class PjrtOps final : public Ops {
 
   void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
                      int64_t N) override {
-    auto p = New("matmul_forward");
-    const DType dt = weight.dtype;
-    const Value x = p->RoundTo(p->Load(inp, {M, K}), dt);
-    const Value w = p->Load(weight, {N, K});
-    Value y = p->Dot(x, w, {}, {}, {1}, {1});
-    if (!bias.empty()) y = p->Add(y, Cols(*p, p->Load(bias, {N}), {M, N}));
-    p->Store(out, y);
-    launch_(s, std::move(p));
+    Run(s, "matmul_forward", [=](Program* p) {
+      const DType dt = weight.dtype;
+      const Value x = p->RoundTo(p->Load(inp, {M, K}), dt);
+      const Value w = p->Load(weight, {N, K});
+      Value y = p->Dot(x, w, {}, {}, {1}, {1});
+      if (!bias.empty()) y = p->Add(y, Cols(*p, p->Load(bias, {N}), {M, N}));
+      p->Store(out, y);
+    });
   }
   void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
                       View weight, int64_t M, int64_t K, int64_t N) override {
     if (dinp.empty() && dweight.empty() && dbias.empty()) return;
-    auto p = New("matmul_backward");
-    const DType dt = weight.dtype;
-    const Value d = p->Load(dout, {M, N});
-    const Value dr = p->RoundTo(d, dt);
-    if (!dinp.empty()) {
-      Accumulate(*p, dinp, p->Dot(dr, p->Load(weight, {N, K}), {}, {}, {1}, {0}));
-    }
-    if (!dweight.empty()) {
-      const Value x = p->RoundTo(p->Load(inp, {M, K}), dt);
-      Accumulate(*p, dweight, p->Dot(dr, x, {}, {}, {0}, {0}));
-    }
-    if (!dbias.empty()) Accumulate(*p, dbias, p->Reduce(d, {0}));
-    launch_(s, std::move(p));
+    Run(s, "matmul_backward", [=](Program* p) {
+      const DType dt = weight.dtype;
+      const Value d = p->Load(dout, {M, N});
+      const Value dr = p->RoundTo(d, dt);
+      if (!dinp.empty()) {
+        Accumulate(*p, dinp, p->Dot(dr, p->Load(weight, {N, K}), {}, {}, {1}, {0}));
+      }
+      if (!dweight.empty()) {
+        const Value x = p->RoundTo(p->Load(inp, {M, K}), dt);
+        Accumulate(*p, dweight, p->Dot(dr, x, {}, {}, {0}, {0}));
+      }
+      if (!dbias.empty()) Accumulate(*p, dbias, p->Reduce(d, {0}));
+    });
   }
 
   void LayernormForward(Stream s, View out, View mean, View rstd, View inp, View weight, View bias,
                         int64_t N, int64_t C, float eps) override {
-    auto p = New("layernorm_forward");
-    const Value x = p->Load(inp, {N, C});
-    const Value m = p->Div(p->Reduce(x, {1}), p->Constant(static_cast<float>(C), "f32", {N}));
-    const Value dev = p->Sub(x, Rows(*p, m, {N, C}));
-    const Value var =
-        p->Div(p->Reduce(p->Mul(dev, dev), {1}), p->Constant(static_cast<float>(C), "f32", {N}));
-    const Value r = p->Div(p->Constant(1.0, "f32", {N}), p->Unary("sqrt", AddC(*p, var, eps)));
-    const Value y = p->Add(p->Mul(p->Mul(dev, Rows(*p, r, {N, C})), Cols(*p, p->Load(weight, {C}), {N, C})),
-                           Cols(*p, p->Load(bias, {C}), {N, C}));
-    p->Store(out, y);
-    p->Store(mean, m);
-    p->Store(rstd, r);
-    launch_(s, std::move(p));
+    Run(s, "layernorm_forward", [=](Program* p) {
+      const Value x = p->Load(inp, {N, C});
+      const Value m = p->Div(p->Reduce(x, {1}), p->Constant(static_cast<float>(C), "f32", {N}));
+      const Value dev = p->Sub(x, Rows(*p, m, {N, C}));
+      const Value var =
+          p->Div(p->Reduce(p->Mul(dev, dev), {1}), p->Constant(static_cast<float>(C), "f32", {N}));
+      const Value r = p->Div(p->Constant(1.0, "f32", {N}), p->Unary("sqrt", AddC(*p, var, eps)));
+      const Value y = p->Add(p->Mul(p->Mul(dev, Rows(*p, r, {N, C})), Cols(*p, p->Load(weight, {C}), {N, C})),
+                             Cols(*p, p->Load(bias, {C}), {N, C}));
+      p->Store(out, y);
+      p->Store(mean, m);
+      p->Store(rstd, r);
+    });
   }
   void LayernormBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
                          View weight, View mean, View rstd, int64_t N, int64_t C) override {
     if (dinp.empty() && dweight.empty() && dbias.empty()) return;
-    auto p = New("layernorm_backward");
-    const std::vector<int64_t> nc = {N, C};
-    const Value x = p->Load(inp, nc);
-    const Value dy = p->Load(dout, nc);
-    const Value m = Rows(*p, p->Load(mean, {N}), nc);
-    const Value r = Rows(*p, p->Load(rstd, {N}), nc);
-    const Value xhat = p->Mul(p->Sub(x, m), r);
-    if (!dinp.empty()) {
-      const Value g = p->Mul(dy, Cols(*p, p->Load(weight, {C}), nc));
-      const Value cn = p->Constant(static_cast<float>(C), "f32", {N});
-      const Value g_mean = Rows(*p, p->Div(p->Reduce(g, {1}), cn), nc);
-      const Value gx_mean = Rows(*p, p->Div(p->Reduce(p->Mul(g, xhat), {1}), cn), nc);
-      Accumulate(*p, dinp, p->Mul(r, p->Sub(p->Sub(g, g_mean), p->Mul(xhat, gx_mean))));
-    }
-    if (!dweight.empty()) Accumulate(*p, dweight, p->Reduce(p->Mul(dy, xhat), {0}));
-    if (!dbias.empty()) Accumulate(*p, dbias, p->Reduce(dy, {0}));
-    launch_(s, std::move(p));
+    Run(s, "layernorm_backward", [=](Program* p) {
+      const std::vector<int64_t> nc = {N, C};
+      const Value x = p->Load(inp, nc);
+      const Value dy = p->Load(dout, nc);
+      const Value m = Rows(*p, p->Load(mean, {N}), nc);
+      const Value r = Rows(*p, p->Load(rstd, {N}), nc);
+      const Value xhat = p->Mul(p->Sub(x, m), r);
+      if (!dinp.empty()) {
+        const Value g = p->Mul(dy, Cols(*p, p->Load(weight, {C}), nc));
+        const Value cn = p->Constant(static_cast<float>(C), "f32", {N});
+        const Value g_mean = Rows(*p, p->Div(p->Reduce(g, {1}), cn), nc);
+        const Value gx_mean = Rows(*p, p->Div(p->Reduce(p->Mul(g, xhat), {1}), cn), nc);
+        Accumulate(*p, dinp, p->Mul(r, p->Sub(p->Sub(g, g_mean), p->Mul(xhat, gx_mean))));
+      }
+      if (!dweight.empty()) Accumulate(*p, dweight, p->Reduce(p->Mul(dy, xhat), {0}));
+      if (!dbias.empty()) Accumulate(*p, dbias, p->Reduce(dy, {0}));
+    });
   }
 
   void GeluForward(Stream s, View out, View inp) override {
-    auto p = New("gelu_forward");
-    const Value x = p->Load(inp, {inp.count});
-    p->Store(out, p->Div(x, AddC(*p, GeluExp(*p, x), 1.0)));
-    launch_(s, std::move(p));
+    Run(s, "gelu_forward", [=](Program* p) {
+      const Value x = p->Load(inp, {inp.count});
+      p->Store(out, p->Div(x, AddC(*p, GeluExp(*p, x), 1.0)));
+    });
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
-    auto p = New("gelu_backward");
-    const Value x = p->Load(inp, {inp.count});
-    const Value e = GeluExp(*p, x);
-    const Value sg = p->Div(Splat(*p, 1.0, x), AddC(*p, e, 1.0));
-    const Value du =
-        MulC(*p, AddC(*p, p->Mul(MulC(*p, x, 3.0f * kGeluCubic), x), 1.0), kSqrt2OverPi);
-    const Value t = p->Mul(p->Mul(p->Mul(MulC(*p, x, 2.0), sg), p->Mul(e, sg)), du);
-    Accumulate(*p, dinp, p->Mul(p->Load(dout, {inp.count}), p->Add(sg, t)));
-    launch_(s, std::move(p));
+    Run(s, "gelu_backward", [=](Program* p) {
+      const Value x = p->Load(inp, {inp.count});
+      const Value e = GeluExp(*p, x);
+      const Value sg = p->Div(Splat(*p, 1.0, x), AddC(*p, e, 1.0));
+      const Value du =
+          MulC(*p, AddC(*p, p->Mul(MulC(*p, x, 3.0f * kGeluCubic), x), 1.0), kSqrt2OverPi);
+      const Value t = p->Mul(p->Mul(p->Mul(MulC(*p, x, 2.0), sg), p->Mul(e, sg)), du);
+      Accumulate(*p, dinp, p->Mul(p->Load(dout, {inp.count}), p->Add(sg, t)));
+    });
   }
 
   void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
-    auto p = New("attention_forward");
-    AttentionForwardProgram(*p, out, lse, qkv, B, T, NH, NH, C / NH);
-    launch_(s, std::move(p));
+    Run(s, "attention_forward", [=](Program* p) {
+      AttentionForwardProgram(*p, out, lse, qkv, B, T, NH, NH, C / NH);
+    });
   }
   void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
-    auto p = New("attention_backward");
-    AttentionBackwardProgram(*p, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH);
-    launch_(s, std::move(p));
+    Run(s, "attention_backward", [=](Program* p) {
+      AttentionBackwardProgram(*p, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH);
+    });
   }
   void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t NH,
                            int64_t NKV, int64_t D) override {
-    auto p = New("gqa_attention_forward");
-    AttentionForwardProgram(*p, out, lse, qkv, B, T, NH, NKV, D);
-    launch_(s, std::move(p));
+    Run(s, "gqa_attention_forward", [=](Program* p) {
+      AttentionForwardProgram(*p, out, lse, qkv, B, T, NH, NKV, D);
+    });
   }
   void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
-    auto p = New("gqa_attention_backward");
-    AttentionBackwardProgram(*p, dqkv, dout, qkv, out, lse, B, T, NH, NKV, D);
-    launch_(s, std::move(p));
+    Run(s, "gqa_attention_backward", [=](Program* p) {
+      AttentionBackwardProgram(*p, dqkv, dout, qkv, out, lse, B, T, NH, NKV, D);
+    });
   }
 
   void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N, int64_t C,
                       float eps) override {
-    auto p = New("rmsnorm_forward");
-    const Value x = p->Load(inp, {N, C});
-    const Value ms =
-        p->Div(p->Reduce(p->Mul(x, x), {1}), p->Constant(static_cast<float>(C), "f32", {N}));
-    const Value r = p->Div(p->Constant(1.0, "f32", {N}), p->Unary("sqrt", AddC(*p, ms, eps)));
-    p->Store(out, p->Mul(p->Mul(x, Rows(*p, r, {N, C})), Cols(*p, p->Load(weight, {C}), {N, C})));
-    p->Store(rstd, r);
-    launch_(s, std::move(p));
+    Run(s, "rmsnorm_forward", [=](Program* p) {
+      const Value x = p->Load(inp, {N, C});
+      const Value ms =
+          p->Div(p->Reduce(p->Mul(x, x), {1}), p->Constant(static_cast<float>(C), "f32", {N}));
+      const Value r = p->Div(p->Constant(1.0, "f32", {N}), p->Unary("sqrt", AddC(*p, ms, eps)));
+      p->Store(out, p->Mul(p->Mul(x, Rows(*p, r, {N, C})), Cols(*p, p->Load(weight, {C}), {N, C})));
+      p->Store(rstd, r);
+    });
   }
   void RmsnormBackward(Stream s, View dinp, View dweight, View dout, View inp, View weight,
                        View rstd, int64_t N, int64_t C) override {
     if (dinp.empty() && dweight.empty()) return;
-    auto p = New("rmsnorm_backward");
-    const std::vector<int64_t> nc = {N, C};
-    const Value x = p->Load(inp, nc);
-    const Value dy = p->Load(dout, nc);
-    const Value r = Rows(*p, p->Load(rstd, {N}), nc);
-    const Value xs = p->Mul(x, r);
-    if (!dinp.empty()) {
-      const Value g = p->Mul(dy, Cols(*p, p->Load(weight, {C}), nc));
-      const Value gx_mean = Rows(
-          *p,
-          p->Div(p->Reduce(p->Mul(g, xs), {1}), p->Constant(static_cast<float>(C), "f32", {N})),
-          nc);
-      Accumulate(*p, dinp, p->Mul(r, p->Sub(g, p->Mul(xs, gx_mean))));
-    }
-    if (!dweight.empty()) Accumulate(*p, dweight, p->Reduce(p->Mul(dy, xs), {0}));
-    launch_(s, std::move(p));
+    Run(s, "rmsnorm_backward", [=](Program* p) {
+      const std::vector<int64_t> nc = {N, C};
+      const Value x = p->Load(inp, nc);
+      const Value dy = p->Load(dout, nc);
+      const Value r = Rows(*p, p->Load(rstd, {N}), nc);
+      const Value xs = p->Mul(x, r);
+      if (!dinp.empty()) {
+        const Value g = p->Mul(dy, Cols(*p, p->Load(weight, {C}), nc));
+        const Value gx_mean = Rows(
+            *p,
+            p->Div(p->Reduce(p->Mul(g, xs), {1}), p->Constant(static_cast<float>(C), "f32", {N})),
+            nc);
+        Accumulate(*p, dinp, p->Mul(r, p->Sub(g, p->Mul(xs, gx_mean))));
+      }
+      if (!dweight.empty()) Accumulate(*p, dweight, p->Reduce(p->Mul(dy, xs), {0}));
+    });
   }
   void RopeForward(Stream s, View x, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
                    float theta) override {
-    auto p = New("rope_forward");
-    RopeProgram(*p, x, B, T, W, NH, D, theta, 1.0f);
-    launch_(s, std::move(p));
+    Run(s, "rope_forward", [=](Program* p) {
+      RopeProgram(*p, x, B, T, W, NH, D, theta, 1.0f);
+    });
   }
   void RopeBackward(Stream s, View dx, int64_t B, int64_t T, int64_t W, int64_t NH, int64_t D,
                     float theta) override {
-    auto p = New("rope_backward");
-    RopeProgram(*p, dx, B, T, W, NH, D, theta, -1.0f);
-    launch_(s, std::move(p));
+    Run(s, "rope_backward", [=](Program* p) {
+      RopeProgram(*p, dx, B, T, W, NH, D, theta, -1.0f);
+    });
   }
   void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
-    auto p = New("swiglu_forward");
-    const Value x = p->Load(gu, {N, 2 * F});
-    const Value g = p->Slice(x, {0, 0}, {N, F});
-    const Value u = p->Slice(x, {0, F}, {N, 2 * F});
-    p->Store(out, p->Mul(p->Div(g, AddC(*p, ExpNeg(*p, g), 1.0)), u));
-    launch_(s, std::move(p));
+    Run(s, "swiglu_forward", [=](Program* p) {
+      const Value x = p->Load(gu, {N, 2 * F});
+      const Value g = p->Slice(x, {0, 0}, {N, F});
+      const Value u = p->Slice(x, {0, F}, {N, 2 * F});
+      p->Store(out, p->Mul(p->Div(g, AddC(*p, ExpNeg(*p, g), 1.0)), u));
+    });
   }
   void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
-    auto p = New("swiglu_backward");
-    const Value x = p->Load(gu, {N, 2 * F});
-    const Value g = p->Slice(x, {0, 0}, {N, F});
-    const Value u = p->Slice(x, {0, F}, {N, 2 * F});
-    const Value dy = p->Load(dout, {N, F});
-    const Value e = ExpNeg(*p, g);
-    const Value one_e = AddC(*p, e, 1.0);
-    const Value sg = p->Div(Splat(*p, 1.0, g), one_e);
-    const Value dg =
-        p->Mul(p->Mul(dy, u), p->Mul(sg, AddC(*p, p->Mul(g, p->Mul(e, sg)), 1.0)));
-    const Value du = p->Mul(dy, p->Div(g, one_e));
-    Accumulate(*p, dgu, p->Concat({dg, du}, 1));
-    launch_(s, std::move(p));
+    Run(s, "swiglu_backward", [=](Program* p) {
+      const Value x = p->Load(gu, {N, 2 * F});
+      const Value g = p->Slice(x, {0, 0}, {N, F});
+      const Value u = p->Slice(x, {0, F}, {N, 2 * F});
+      const Value dy = p->Load(dout, {N, F});
+      const Value e = ExpNeg(*p, g);
+      const Value one_e = AddC(*p, e, 1.0);
+      const Value sg = p->Div(Splat(*p, 1.0, g), one_e);
+      const Value dg =
+          p->Mul(p->Mul(dy, u), p->Mul(sg, AddC(*p, p->Mul(g, p->Mul(e, sg)), 1.0)));
+      const Value du = p->Mul(dy, p->Div(g, one_e));
+      Accumulate(*p, dgu, p->Concat({dg, du}, 1));
+    });
   }
 
   void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits, View targets,
                                   int64_t N, int64_t V) override {
-    auto p = New("softmax_crossentropy_forward");
-    const std::vector<int64_t> nv = {N, V};
-    const Value x = p->Load(logits, nv);
-    const Value t = p->Load(targets, {N});
-    const Value mx = p->Reduce(x, {1}, "maximum");
-    const Value e = p->Unary("exponential", p->Sub(x, Rows(*p, mx, nv)));
-    const Value sum = p->Reduce(p->Convert(e, "f64"), {1});
-    const Value inv = p->Convert(p->Div(p->Constant(1.0, "f64", {N}), sum), "f32");
-    p->Store(probs, p->Mul(e, Rows(*p, inv, nv)));
-    const Value xt =
-        p->Reduce(p->Select(TargetHit(*p, t, nv), x, p->Constant(0.0, "f32", nv)), {1});
-    const Value loss = p->Sub(p->Add(mx, p->Unary("log", p->Convert(sum, "f32"))), xt);
-    p->Store(losses, p->Select(Ignored(*p, t), p->Constant(0.0, "f32", {N}), loss));
-    launch_(s, std::move(p));
+    Run(s, "softmax_crossentropy_forward", [=](Program* p) {
+      const std::vector<int64_t> nv = {N, V};
+      const Value x = p->Load(logits, nv);
+      const Value t = p->Load(targets, {N});
+      const Value mx = p->Reduce(x, {1}, "maximum");
+      const Value e = p->Unary("exponential", p->Sub(x, Rows(*p, mx, nv)));
+      const Value sum = p->Reduce(p->Convert(e, "f64"), {1});
+      const Value inv = p->Convert(p->Div(p->Constant(1.0, "f64", {N}), sum), "f32");
+      p->Store(probs, p->Mul(e, Rows(*p, inv, nv)));
+      const Value xt =
+          p->Reduce(p->Select(TargetHit(*p, t, nv), x, p->Constant(0.0, "f32", nv)), {1});
+      const Value loss = p->Sub(p->Add(mx, p->Unary("log", p->Convert(sum, "f32"))), xt);
+      p->Store(losses, p->Select(Ignored(*p, t), p->Constant(0.0, "f32", {N}), loss));
+    });
   }
   void SoftmaxCrossEntropyBackward(Stream s, View dlogits, View probs, View targets, float dloss,
                                    int64_t N, int64_t V) override {
-    auto p = New("softmax_crossentropy_backward");
-    const std::vector<int64_t> nv = {N, V};
-    const Value d = p->Load(dlogits, nv);
-    const Value t = p->Load(targets, {N});
-    const Value dl = Bcast(*p, p->Scalar(dloss), d);
-    Value acc = p->Add(d, p->Mul(dl, p->Load(probs, nv)));
-    acc = p->Select(TargetHit(*p, t, nv), p->Sub(acc, dl), acc);
-    p->Store(dlogits, p->Select(Rows(*p, Ignored(*p, t), nv), d, acc));
-    launch_(s, std::move(p));
+    Run(s, "softmax_crossentropy_backward", [=](Program* p) {
+      const std::vector<int64_t> nv = {N, V};
+      const Value d = p->Load(dlogits, nv);
+      const Value t = p->Load(targets, {N});
+      const Value dl = Bcast(*p, p->Scalar(dloss), d);
+      Value acc = p->Add(d, p->Mul(dl, p->Load(probs, nv)));
+      acc = p->Select(TargetHit(*p, t, nv), p->Sub(acc, dl), acc);
+      p->Store(dlogits, p->Select(Rows(*p, Ignored(*p, t), nv), d, acc));
+    });
   }
 
   void EmbeddingForward(Stream s, View out, View idx, View table, int64_t N, int64_t C) override {
-    auto p = New("embedding_forward");
-    const Value tab = p->Load(table, {table.count / C, C});
-    p->Store(out, p->Gather(tab, p->Load(idx, {N})));
-    launch_(s, std::move(p));
+    Run(s, "embedding_forward", [=](Program* p) {
+      const Value tab = p->Load(table, {table.count / C, C});
+      p->Store(out, p->Gather(tab, p->Load(idx, {N})));
+    });
   }
   void EmbeddingBackward(Stream s, View dtable, View dout, View idx, int64_t N,
                          int64_t C) override {
-    auto p = New("embedding_backward");
-    const Value tab = p->Load(dtable, {dtable.count / C, C});
-    p->Store(dtable, p->ScatterAdd(tab, p->Load(idx, {N}), p->Load(dout, {N, C})));
-    launch_(s, std::move(p));
+    Run(s, "embedding_backward", [=](Program* p) {
+      const Value tab = p->Load(dtable, {dtable.count / C, C});
+      p->Store(dtable, p->ScatterAdd(tab, p->Load(idx, {N}), p->Load(dout, {N, C})));
+    });
   }
 
   void Add(Stream s, View out, View a, View b) override {
     const int64_t n = out.count;
     if (n == 0) return;
-    auto p = New("add");
-    p->Store(out, p->Add(p->Load(a.Slice(0, n), {n}), p->Load(b.Slice(0, n), {n})));
-    launch_(s, std::move(p));
+    Run(s, "add", [=](Program* p) {
+      p->Store(out, p->Add(p->Load(a.Slice(0, n), {n}), p->Load(b.Slice(0, n), {n})));
+    });
   }
   void AddBackward(Stream s, View da, View db, View dout) override {
     if (da.empty() && db.empty()) return;
-    auto p = New("add_backward");
-    const int64_t n = da.empty() ? db.count : da.count;
-    const Value d = p->Load(dout.Slice(0, n), {n});
-    if (!da.empty()) Accumulate(*p, da, d);
-    if (!db.empty()) Accumulate(*p, db, d);
-    launch_(s, std::move(p));
+    Run(s, "add_backward", [=](Program* p) {
+      const int64_t n = da.empty() ? db.count : da.count;
+      const Value d = p->Load(dout.Slice(0, n), {n});
+      if (!da.empty()) Accumulate(*p, da, d);
+      if (!db.empty()) Accumulate(*p, db, d);
+    });
   }
   void Cast(Stream s, View out, View in) override {
     if (in.count == 0) return;
-    auto p = New("cast");
-    p->Store(out, p->Load(in, {in.count}));
-    launch_(s, std::move(p));
+    Run(s, "cast", [=](Program* p) {
+      p->Store(out, p->Load(in, {in.count}));
+    });
   }
   void Scale(Stream s, View x, float factor) override {
     if (x.count == 0) return;
-    auto p = New("scale");
-    const Value v = p->Load(x, {x.count});
-    p->Store(x, p->Mul(v, Bcast(*p, p->Scalar(factor), v)));
-    launch_(s, std::move(p));
+    Run(s, "scale", [=](Program* p) {
+      const Value v = p->Load(x, {x.count});
+      p->Store(x, p->Mul(v, Bcast(*p, p->Scalar(factor), v)));
+    });
   }
   // Block quantization (fsdp/wire_format.h), as the CPU kernels compute it bit for bit: the
   // shard padded with zeros to whole blocks, each block's largest magnitude (a NaN poisons it),
@@ -455,45 +455,45 @@ class PjrtOps final : public Ops {
     if (n == 0) return;
     const int64_t blocks = (n + block - 1) / block, padded = blocks * block;
     const bool int8 = format == WireFormat::kInt8;
-    auto p = New(int8 ? "quantize_int8" : "quantize_fp8");
-    Value v = p->Load(x.Slice(0, n), {n});
-    if (padded > n) v = p->Concat({v, p->Constant(0.0, "f32", {padded - n})}, 0);
-    const Value grid = p->Reshape(v, {blocks, block});
-    const Value amax = p->Reduce(p->Unary("abs", grid), {1}, "maximum");
-    // The plugin's maximum may drop NaNs (XLA CPU's fast min/max): a NaN poisons its block's
-    // scale as it does on the CPU, found apart.
-    const Value nan_in_block = p->Reduce(
-        p->Convert(p->Compare("NE", grid, grid), "f32"), {1}, "maximum");
-    const Value zero = p->Constant(0.0, "f32", {blocks});
-    const Value scale =
-        p->Select(p->Compare("GT", nan_in_block, zero), p->Constant(std::nan(""), "f32", {blocks}),
-                  // A run-time divisor: a constant one may be compiled as a product with its
-                  // reciprocal, which rounds differently from the CPU's division.
-                  p->Div(amax, p->Broadcast(p->Scalar(int8 ? 127.0 : 448.0), {blocks}, {})));
-    p->Store(scales.Slice(0, blocks), scale);
-    const Value usable = p->Binary("and", p->Compare("GT", scale, zero),
-                                   p->Compare("EQ", p->Sub(scale, scale), zero));
-    const Value divisor = p->Select(usable, scale, p->Constant(1.0, "f32", {blocks}));
-    const Value q = p->Div(grid, p->Broadcast(divisor, {blocks, block}, {0}));
-    const Value keep = p->Broadcast(usable, {blocks, block}, {0});
-    const double limit = int8 ? 127.0 : 448.0;
-    const Value clamped =
-        p->Binary("minimum", p->Max(int8 ? p->Unary("round_nearest_even", q) : q,
-                                    p->Constant(-limit, "f32", {blocks, block})),
-                  p->Constant(limit, "f32", {blocks, block}));
-    Value bytes;
-    if (int8) {
-      const Value c = p->Convert(clamped, "i32");
-      const Value zi = p->Constant(0.0, "i32", {blocks, block});
-      const Value twos =
-          p->Select(p->Compare("LT", c, zi), p->Add(c, p->Constant(256.0, "i32", {blocks, block})), c);
-      bytes = p->Select(keep, twos, zi);
-    } else {
-      const Value c = p->Bitcast(p->Convert(clamped, "f8E4M3FN"), "ui8");
-      bytes = p->Select(keep, c, p->Constant(0.0, "ui8", {blocks, block}));
-    }
-    p->Store(codes.Slice(0, n), p->Slice(p->Reshape(bytes, {padded}), {0}, {n}));
-    launch_(s, std::move(p));
+    Run(s, int8 ? "quantize_int8" : "quantize_fp8", [=](Program* p) {
+      Value v = p->Load(x.Slice(0, n), {n});
+      if (padded > n) v = p->Concat({v, p->Constant(0.0, "f32", {padded - n})}, 0);
+      const Value grid = p->Reshape(v, {blocks, block});
+      const Value amax = p->Reduce(p->Unary("abs", grid), {1}, "maximum");
+      // The plugin's maximum may drop NaNs (XLA CPU's fast min/max): a NaN poisons its block's
+      // scale as it does on the CPU, found apart.
+      const Value nan_in_block = p->Reduce(
+          p->Convert(p->Compare("NE", grid, grid), "f32"), {1}, "maximum");
+      const Value zero = p->Constant(0.0, "f32", {blocks});
+      const Value scale =
+          p->Select(p->Compare("GT", nan_in_block, zero), p->Constant(std::nan(""), "f32", {blocks}),
+                    // A run-time divisor: a constant one may be compiled as a product with its
+                    // reciprocal, which rounds differently from the CPU's division.
+                    p->Div(amax, p->Broadcast(p->Scalar(int8 ? 127.0 : 448.0), {blocks}, {})));
+      p->Store(scales.Slice(0, blocks), scale);
+      const Value usable = p->Binary("and", p->Compare("GT", scale, zero),
+                                     p->Compare("EQ", p->Sub(scale, scale), zero));
+      const Value divisor = p->Select(usable, scale, p->Constant(1.0, "f32", {blocks}));
+      const Value q = p->Div(grid, p->Broadcast(divisor, {blocks, block}, {0}));
+      const Value keep = p->Broadcast(usable, {blocks, block}, {0});
+      const double limit = int8 ? 127.0 : 448.0;
+      const Value clamped =
+          p->Binary("minimum", p->Max(int8 ? p->Unary("round_nearest_even", q) : q,
+                                      p->Constant(-limit, "f32", {blocks, block})),
+                    p->Constant(limit, "f32", {blocks, block}));
+      Value bytes;
+      if (int8) {
+        const Value c = p->Convert(clamped, "i32");
+        const Value zi = p->Constant(0.0, "i32", {blocks, block});
+        const Value twos =
+            p->Select(p->Compare("LT", c, zi), p->Add(c, p->Constant(256.0, "i32", {blocks, block})), c);
+        bytes = p->Select(keep, twos, zi);
+      } else {
+        const Value c = p->Bitcast(p->Convert(clamped, "f8E4M3FN"), "ui8");
+        bytes = p->Select(keep, c, p->Constant(0.0, "ui8", {blocks, block}));
+      }
+      p->Store(codes.Slice(0, n), p->Slice(p->Reshape(bytes, {padded}), {0}, {n}));
+    });
   }
   void DequantizeBlocks(Stream s, View out, View codes, View scales, int64_t block,
                         WireFormat format) override {
@@ -501,151 +501,152 @@ class PjrtOps final : public Ops {
     if (n == 0) return;
     const int64_t blocks = (n + block - 1) / block, padded = blocks * block;
     const bool int8 = format == WireFormat::kInt8;
-    auto p = New(int8 ? "dequantize_int8" : "dequantize_fp8");
-    Value c;
-    if (int8) {
-      const Value u = p->Load(codes.Slice(0, n), {n}, "i32");
-      const Value signed_code = p->Select(p->Compare("GE", u, p->Constant(128.0, "i32", {n})),
-                                          p->Sub(u, p->Constant(256.0, "i32", {n})), u);
-      c = p->Convert(signed_code, "f32");
-    } else {
-      c = p->Convert(p->Bitcast(p->Load(codes.Slice(0, n), {n}, "ui8"), "f8E4M3FN"), "f32");
-    }
-    if (padded > n) c = p->Concat({c, p->Constant(0.0, "f32", {padded - n})}, 0);
-    const Value scale = p->Load(scales.Slice(0, blocks), {blocks});
-    const Value zero = p->Constant(0.0, "f32", {blocks});
-    // A scale that is not finite decodes to NaN, never to a finite value.
-    const Value finite = p->Compare("EQ", p->Sub(scale, scale), zero);
-    const Value s_used = p->Select(finite, scale, p->Constant(std::nan(""), "f32", {blocks}));
-    const Value y = p->Mul(p->Reshape(c, {blocks, block}), p->Broadcast(s_used, {blocks, block}, {0}));
-    p->Store(out, p->Slice(p->Reshape(y, {padded}), {0}, {n}));
-    launch_(s, std::move(p));
+    Run(s, int8 ? "dequantize_int8" : "dequantize_fp8", [=](Program* p) {
+      Value c;
+      if (int8) {
+        const Value u = p->Load(codes.Slice(0, n), {n}, "i32");
+        const Value signed_code = p->Select(p->Compare("GE", u, p->Constant(128.0, "i32", {n})),
+                                            p->Sub(u, p->Constant(256.0, "i32", {n})), u);
+        c = p->Convert(signed_code, "f32");
+      } else {
+        c = p->Convert(p->Bitcast(p->Load(codes.Slice(0, n), {n}, "ui8"), "f8E4M3FN"), "f32");
+      }
+      if (padded > n) c = p->Concat({c, p->Constant(0.0, "f32", {padded - n})}, 0);
+      const Value scale = p->Load(scales.Slice(0, blocks), {blocks});
+      const Value zero = p->Constant(0.0, "f32", {blocks});
+      // A scale that is not finite decodes to NaN, never to a finite value.
+      const Value finite = p->Compare("EQ", p->Sub(scale, scale), zero);
+      const Value s_used = p->Select(finite, scale, p->Constant(std::nan(""), "f32", {blocks}));
+      const Value y = p->Mul(p->Reshape(c, {blocks, block}), p->Broadcast(s_used, {blocks, block}, {0}));
+      p->Store(out, p->Slice(p->Reshape(y, {padded}), {0}, {n}));
+    });
   }
 
   void ScaleBy(Stream s, View x, View factor) override {
     if (x.count == 0) return;
-    auto p = New("scale_by");
-    const Value v = p->Load(x, {x.count});
-    const Value f = p->Reshape(p->Load(factor.Slice(0, 1), {1}), {});
-    p->Store(x, p->Mul(v, Bcast(*p, f, v)));
-    launch_(s, std::move(p));
+    Run(s, "scale_by", [=](Program* p) {
+      const Value v = p->Load(x, {x.count});
+      const Value f = p->Reshape(p->Load(factor.Slice(0, 1), {1}), {});
+      p->Store(x, p->Mul(v, Bcast(*p, f, v)));
+    });
   }
   void Reduce(Stream s, View out, std::span<const View> ins, ReduceOp op) override {
     const int64_t n = out.count;
     if (n == 0 || ins.empty()) return;
-    auto p = New("reduce");
-    Value acc = p->Load(ins[0].Slice(0, n), {n}, "f32");
-    for (size_t i = 1; i < ins.size(); ++i) {
-      const Value x = p->Load(ins[i].Slice(0, n), {n}, "f32");
-      acc = op == ReduceOp::kMax ? p->Max(acc, x) : p->Add(acc, x);
-    }
-    if (op == ReduceOp::kAvg) acc = p->Div(acc, Splat(*p, static_cast<float>(ins.size()), acc));
-    p->Store(out, acc);
-    launch_(s, std::move(p));
+    std::vector<View> all(ins.begin(), ins.end());  // the builder outlives the span
+    Run(s, "reduce", [=](Program* p) {
+      Value acc = p->Load(all[0].Slice(0, n), {n}, "f32");
+      for (size_t i = 1; i < all.size(); ++i) {
+        const Value x = p->Load(all[i].Slice(0, n), {n}, "f32");
+        acc = op == ReduceOp::kMax ? p->Max(acc, x) : p->Add(acc, x);
+      }
+      if (op == ReduceOp::kAvg) acc = p->Div(acc, Splat(*p, static_cast<float>(all.size()), acc));
+      p->Store(out, acc);
+    });
   }
 
   void AdamW(Stream s, View param, View grad, View m, View v, const AdamWScalars& k) override {
     const int64_t n = param.count;
     if (n == 0) return;
-    auto p = New("adamw");
-    const Value g = p->Load(grad, {n});
-    const auto S = [&](float x) { return Bcast(*p, p->Scalar(x), g); };
-    const Value mi =
-        p->Add(p->Mul(S(k.beta1), p->Load(m, {n})), p->Mul(S(k.one_minus_beta1), g));
-    const Value vi =
-        p->Add(p->Mul(S(k.beta2), p->Load(v, {n})), p->Mul(p->Mul(S(k.one_minus_beta2), g), g));
-    const Value denom = p->Add(p->Mul(p->Unary("sqrt", vi), S(k.inv_bc2_sqrt)), S(k.eps));
-    const Value np = p->Sub(p->Mul(p->Load(param, {n}), S(k.decay)),
-                            p->Div(p->Mul(S(k.step_size), mi), denom));
-    p->Store(m, mi);
-    p->Store(v, vi);
-    p->Store(param, np);
-    launch_(s, std::move(p));
+    Run(s, "adamw", [=](Program* p) {
+      const Value g = p->Load(grad, {n});
+      const auto S = [&](float x) { return Bcast(*p, p->Scalar(x), g); };
+      const Value mi =
+          p->Add(p->Mul(S(k.beta1), p->Load(m, {n})), p->Mul(S(k.one_minus_beta1), g));
+      const Value vi =
+          p->Add(p->Mul(S(k.beta2), p->Load(v, {n})), p->Mul(p->Mul(S(k.one_minus_beta2), g), g));
+      const Value denom = p->Add(p->Mul(p->Unary("sqrt", vi), S(k.inv_bc2_sqrt)), S(k.eps));
+      const Value np = p->Sub(p->Mul(p->Load(param, {n}), S(k.decay)),
+                              p->Div(p->Mul(S(k.step_size), mi), denom));
+      p->Store(m, mi);
+      p->Store(v, vi);
+      p->Store(param, np);
+    });
   }
   void Sgd(Stream s, View param, View grad, View momentum_buf, float lr, float momentum,
            float dampening, float weight_decay, bool nesterov, bool first_step) override {
     const int64_t n = param.count;
     if (n == 0) return;
-    auto p = New("sgd");
-    const Value x = p->Load(param, {n});
-    const auto S = [&](float f) { return Bcast(*p, p->Scalar(f), x); };
-    if (momentum == 0.0f) {
-      p->Store(param,
-               p->Sub(x, p->Mul(S(lr), p->Add(p->Load(grad, {n}), p->Mul(S(weight_decay), x)))));
-    } else {
-      const Value g = p->Add(p->Load(grad, {n}), p->Mul(S(weight_decay), x));
-      const Value buf =
-          first_step ? g
-                     : p->Add(p->Mul(S(momentum), p->Load(momentum_buf, {n})),
-                              p->Mul(S(1.0f - dampening), g));
-      p->Store(momentum_buf, buf);
-      const Value d = nesterov ? p->Add(g, p->Mul(S(momentum), buf)) : buf;
-      p->Store(param, p->Sub(x, p->Mul(S(lr), d)));
-    }
-    launch_(s, std::move(p));
+    Run(s, "sgd", [=](Program* p) {
+      const Value x = p->Load(param, {n});
+      const auto S = [&](float f) { return Bcast(*p, p->Scalar(f), x); };
+      if (momentum == 0.0f) {
+        p->Store(param,
+                 p->Sub(x, p->Mul(S(lr), p->Add(p->Load(grad, {n}), p->Mul(S(weight_decay), x)))));
+      } else {
+        const Value g = p->Add(p->Load(grad, {n}), p->Mul(S(weight_decay), x));
+        const Value buf =
+            first_step ? g
+                       : p->Add(p->Mul(S(momentum), p->Load(momentum_buf, {n})),
+                                p->Mul(S(1.0f - dampening), g));
+        p->Store(momentum_buf, buf);
+        const Value d = nesterov ? p->Add(g, p->Mul(S(momentum), buf)) : buf;
+        p->Store(param, p->Sub(x, p->Mul(S(lr), d)));
+      }
+    });
   }
 
   void SumSquares(Stream s, View out, View x) override {
-    auto p = New("sum_squares");
-    const View o = out.Slice(0, 1);
-    Value acc = p->Reshape(p->Load(o, {1}), {});
-    if (x.count > 0) {
-      const Value w = p->Convert(p->Load(x, {x.count}), "f64");
-      acc = p->Add(acc, p->Reduce(p->Mul(w, w), {0}));
-    }
-    p->Store(o, acc);
-    launch_(s, std::move(p));
+    Run(s, "sum_squares", [=](Program* p) {
+      const View o = out.Slice(0, 1);
+      Value acc = p->Reshape(p->Load(o, {1}), {});
+      if (x.count > 0) {
+        const Value w = p->Convert(p->Load(x, {x.count}), "f64");
+        acc = p->Add(acc, p->Reduce(p->Mul(w, w), {0}));
+      }
+      p->Store(o, acc);
+    });
   }
   void SplitF64(Stream s, View out, View in) override {
-    auto p = New("split_f64");
-    const Value v = p->Reshape(p->Load(in.Slice(0, 1), {1}), {});
-    const Value hi = p->Convert(v, "f32");
-    const Value lo = p->Convert(p->Sub(v, p->Convert(hi, "f64")), "f32");
-    p->Store(out.Slice(0, 2),
-             p->Concat({p->Reshape(hi, {1}), p->Reshape(lo, {1})}, 0));
-    launch_(s, std::move(p));
+    Run(s, "split_f64", [=](Program* p) {
+      const Value v = p->Reshape(p->Load(in.Slice(0, 1), {1}), {});
+      const Value hi = p->Convert(v, "f32");
+      const Value lo = p->Convert(p->Sub(v, p->Convert(hi, "f64")), "f32");
+      p->Store(out.Slice(0, 2),
+               p->Concat({p->Reshape(hi, {1}), p->Reshape(lo, {1})}, 0));
+    });
   }
   void GlobalNormClip(Stream s, View total_sq, View factor, View partials, double k,
                       float max_norm) override {
-    auto p = New("global_norm_clip");
-    const bool wide = partials.dtype == DType::kF64;
-    const int64_t n = wide ? partials.count : partials.count / 2;
-    Value sum = p->Constant(0.0, "f64");
-    if (n > 0) {
-      const Value parts = wide ? p->Load(partials.Slice(0, n), {n, 1})
-                               : p->Convert(p->Load(partials.Slice(0, 2 * n), {n, 2}), "f64");
-      // In rank order, as the CPU sums them.
-      for (int64_t r = 0; r < n; ++r) {
-        Value term = p->Reshape(p->Slice(parts, {r, 0}, {r + 1, 1}), {});
-        if (!wide) term = p->Add(term, p->Reshape(p->Slice(parts, {r, 1}, {r + 1, 2}), {}));
-        sum = p->Add(sum, term);
+    Run(s, "global_norm_clip", [=](Program* p) {
+      const bool wide = partials.dtype == DType::kF64;
+      const int64_t n = wide ? partials.count : partials.count / 2;
+      Value sum = p->Constant(0.0, "f64");
+      if (n > 0) {
+        const Value parts = wide ? p->Load(partials.Slice(0, n), {n, 1})
+                                 : p->Convert(p->Load(partials.Slice(0, 2 * n), {n, 2}), "f64");
+        // In rank order, as the CPU sums them.
+        for (int64_t r = 0; r < n; ++r) {
+          Value term = p->Reshape(p->Slice(parts, {r, 0}, {r + 1, 1}), {});
+          if (!wide) term = p->Add(term, p->Reshape(p->Slice(parts, {r, 1}, {r + 1, 2}), {}));
+          sum = p->Add(sum, term);
+        }
       }
-    }
-    p->Store(total_sq.Slice(0, 1), sum);
-    // ClipCoefficient(sqrt(sum) / k, max_norm) / k (fsdp/optim_scalars.h).
-    const Value kk = p->Scalar(k, "f64");
-    const Value mn = p->Scalar(max_norm, "f64");
-    const Value norm = p->Div(p->Unary("sqrt", sum), kk);
-    const Value clip =
-        p->Convert(p->Convert(p->Div(mn, p->Add(norm, p->Constant(1e-6, "f64"))), "f32"), "f64");
-    const Value clips = p->Binary("and", p->Compare("GT", mn, p->Constant(0.0, "f64")),
-                                  p->Compare("GT", norm, mn));
-    const Value coef = p->Select(clips, clip, p->Constant(1.0, "f64"));
-    p->Store(factor.Slice(0, 1), p->Convert(p->Div(coef, kk), "f32"));
-    launch_(s, std::move(p));
+      p->Store(total_sq.Slice(0, 1), sum);
+      // ClipCoefficient(sqrt(sum) / k, max_norm) / k (fsdp/optim_scalars.h).
+      const Value kk = p->Scalar(k, "f64");
+      const Value mn = p->Scalar(max_norm, "f64");
+      const Value norm = p->Div(p->Unary("sqrt", sum), kk);
+      const Value clip =
+          p->Convert(p->Convert(p->Div(mn, p->Add(norm, p->Constant(1e-6, "f64"))), "f32"), "f64");
+      const Value clips = p->Binary("and", p->Compare("GT", mn, p->Constant(0.0, "f64")),
+                                    p->Compare("GT", norm, mn));
+      const Value coef = p->Select(clips, clip, p->Constant(1.0, "f64"));
+      p->Store(factor.Slice(0, 1), p->Convert(p->Div(coef, kk), "f32"));
+    });
   }
   void Mean(Stream s, View out, View x) override {
-    auto p = New("mean");
-    const Value sum = x.count == 0 ? p->Constant(0.0, "f64")
-                                   : p->Reduce(p->Convert(p->Load(x, {x.count}), "f64"), {0});
-    p->Store(out.Slice(0, 1),
-             p->Convert(p->Div(sum, p->Constant(static_cast<double>(x.count), "f64")), "f32"));
-    launch_(s, std::move(p));
+    Run(s, "mean", [=](Program* p) {
+      const Value sum = x.count == 0 ? p->Constant(0.0, "f64")
+                                     : p->Reduce(p->Convert(p->Load(x, {x.count}), "f64"), {0});
+      p->Store(out.Slice(0, 1),
+               p->Convert(p->Div(sum, p->Constant(static_cast<double>(x.count), "f64")), "f32"));
+    });
   }
 
  private:
-  static std::shared_ptr<Program> New(const char* name) {
-    return std::make_shared<Program>(name);
+  void Run(Stream s, const char* name, std::function<void(Program*)> build) {
+    launch_(s, OpBuilder{name, std::move(build)});
   }
   LaunchFn launch_;
 };

@@ -1,6 +1,7 @@
-// The op table of the PJRT backend: each op is one StableHLO program (program.h) built from its
-// views and sizes, compiled once per shape by the client's cache, and launched in stream
-// order by the backend.
+// The op table of the PJRT backend: each op is a builder of StableHLO (program.h) over its
+// views and sizes, handed to the backend, which runs it into a program of its own or into one
+// program with the ops issued after it on the same stream (PjrtBackendOptions::fuse_ops),
+// compiled once per structure by the client's cache and launched in stream order.
 #pragma once
 
 #include <functional>
@@ -11,8 +12,15 @@
 
 namespace fsdp::pjrt {
 
-// Queues a program on a stream of the backend.
-using LaunchFn = std::function<void(Stream, std::shared_ptr<Program>)>;
+// An op: `build` adds its nodes to a program. It holds copies of the op's arguments and may
+// be run more than once (a dry run for the program's key, then a full one to compile it).
+struct OpBuilder {
+  const char* name;  // a literal
+  std::function<void(Program*)> build;
+};
+
+// Queues an op on a stream of the backend.
+using LaunchFn = std::function<void(Stream, OpBuilder)>;
 
 std::unique_ptr<Ops> MakeOps(LaunchFn launch);
 

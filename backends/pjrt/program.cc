@@ -65,18 +65,49 @@ std::string Value::tensor() const { return Tensor(dims, type); }
 std::string Program::Fresh() { return absl::StrCat("%v", next_++); }
 
 Value Program::Emit(const std::string& rhs, std::vector<int64_t> dims, const std::string& type) {
-  Value v{Fresh(), std::move(dims), type};
+  const int64_t num = next_;
+  Value v{Fresh(), std::move(dims), type, num};
   absl::StrAppend(&body_, "    ", v.id, " = ", rhs, "\n");
   return v;
 }
 
+void Program::Put(const char* s) {
+  // FNV-1a of the bytes, and the length.
+  uint64_t h = 14695981039346656037ULL;
+  int64_t n = 0;
+  for (; s[n] != 0; ++n) h = (h ^ static_cast<uint8_t>(s[n])) * 1099511628211ULL;
+  key_.push_back(n);
+  key_.push_back(static_cast<int64_t>(h));
+}
+
+void Program::Put(const std::vector<int64_t>& v) {
+  key_.push_back(static_cast<int64_t>(v.size()));
+  key_.insert(key_.end(), v.begin(), v.end());
+}
+
+void Program::Put(const std::vector<Value>& vs) {
+  key_.push_back(static_cast<int64_t>(vs.size()));
+  for (const Value& v : vs) key_.push_back(v.num);
+}
+
+template <typename... T>
+Value Program::Node(std::vector<int64_t> dims, const std::string& type, int64_t code,
+                    const T&... parts) {
+  key_.push_back(code);
+  (Put(parts), ...);
+  Put(dims);
+  Put(type);
+  return Value{std::string(), std::move(dims), type, next_++};
+}
+
 void Program::NoteView(const View& v, const char* role) {
-  view_backends_.push_back(v.backend);
+  view_backends_.push_back({v.backend, op_});
   if (!bad_view_.empty()) return;
+  const std::string of = op_ == nullptr ? std::string() : absl::StrCat(" of op ", op_);
   if (v.count <= 0 || v.allocation.storage == nullptr) {
-    bad_view_ = absl::StrCat("an empty ", role, " view");
+    bad_view_ = absl::StrCat("an empty ", role, " view", of);
   } else if (v.offset < 0 || v.offset + v.bytes() > static_cast<int64_t>(v.allocation.bytes)) {
-    bad_view_ = absl::StrCat("a ", role, " view (offset ", v.offset, ", ", v.bytes(),
+    bad_view_ = absl::StrCat("a ", role, " view", of, " (offset ", v.offset, ", ", v.bytes(),
                              " bytes) that does not fit in its allocation of ",
                              v.allocation.bytes, " bytes");
   }
@@ -85,9 +116,10 @@ void Program::NoteView(const View& v, const char* role) {
 absl::Status Program::CheckViews(const Backend* backend) const {
   std::string why = bad_view_;
   if (why.empty()) {
-    for (const Backend* b : view_backends_) {
+    for (const auto& [b, op] : view_backends_) {
       if (b != backend) {
-        why = "a view that is not memory of this backend";
+        why = absl::StrCat("a view", op == nullptr ? "" : absl::StrCat(" of op ", op),
+                           " that is not memory of this backend");
         break;
       }
     }
@@ -101,11 +133,19 @@ int Program::ArgIndex(const View& v) {
     if (args_[i].storage == v.allocation.storage) return static_cast<int>(i);
   }
   args_.push_back(Arg{v.allocation.storage, static_cast<int64_t>(v.allocation.bytes)});
-  current_.push_back(absl::StrCat("%a", args_.size() - 1));
+  if (dry_) {
+    current_num_.push_back(-1 - static_cast<int64_t>(args_.size() - 1));  // the argument
+  } else {
+    current_.push_back(absl::StrCat("%a", args_.size() - 1));
+  }
   return static_cast<int>(args_.size() - 1);
 }
 
 Value Program::Param(int64_t index, const std::string& type) {
+  if (dry_) {
+    const Value s = Node({}, "i64", 'P', index);
+    return type == "i64" ? s : Convert(Node({}, "f64", 'p', s), type);
+  }
   Value one = Emit(absl::StrCat("\"stablehlo.slice\"(%params) {start_indices = array<i64: ", index,
                                 ">, limit_indices = array<i64: ", index + 1,
                                 ">, strides = array<i64: 1>} : (", kParamsType,
@@ -133,6 +173,7 @@ Value Program::HostF32(const std::vector<float>& values, std::vector<int64_t> di
     std::memcpy(&bits, &f, 4);
     params_.push_back(bits);  // sign-extended: converts back to i32 exactly
   }
+  if (dry_) return Node(std::move(dims), "f32", 'H', start, k);
   Value part = Emit(absl::StrCat("\"stablehlo.slice\"(%params) {start_indices = array<i64: ", start,
                                  ">, limit_indices = array<i64: ", start + k,
                                  ">, strides = array<i64: 1>} : (", kParamsType, ") -> ",
@@ -153,7 +194,14 @@ Value Program::Load(const View& v, std::vector<int64_t> dims, const std::string&
   const int64_t bytes = v.bytes();
   const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
   const std::string dt = ElementTypeOf(v.dtype);
-  Value raw = Emit(absl::StrCat("stablehlo.dynamic_slice %a", a, ", ", off.id, ", sizes = [", bytes,
+  if (dry_) {
+    // The argument's latest value (after the stores of earlier ops of the program).
+    Value typed = Node({v.count}, dt, 'L', current_num_[a], off, bytes, args_[a].bytes, dt);
+    std::string want = as;
+    if (want.empty()) want = (dt == "bf16" || dt == "f16") ? "f32" : dt;
+    return Reshape(Convert(typed, want), std::move(dims));
+  }
+  Value raw = Emit(absl::StrCat("stablehlo.dynamic_slice ", current_[a], ", ", off.id, ", sizes = [", bytes,
                                 "] : (", Tensor({args_[a].bytes}, "ui8"), ", tensor<i64>) -> ",
                                 Tensor({bytes}, "ui8")),
                    {bytes}, "ui8");
@@ -177,6 +225,11 @@ void Program::Store(const View& v, const Value& x) {
   const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
   const std::string dt = ElementTypeOf(v.dtype);
   Value flat = Convert(Reshape(x, {v.count}), dt);
+  if (dry_) {
+    current_num_[a] = Node({args_[a].bytes}, "ui8", 'S', current_num_[a], flat, off).num;
+    args_[a].written = true;
+    return;
+  }
   Value bytes = flat;
   if (es > 1) {
     Value b = Emit(absl::StrCat("stablehlo.bitcast_convert ", flat.id, " : (", flat.tensor(),
@@ -194,32 +247,42 @@ void Program::Store(const View& v, const Value& x) {
 }
 
 Value Program::Constant(double value, const std::string& type, std::vector<int64_t> dims) {
+  if (dry_) {
+    int64_t bits;
+    std::memcpy(&bits, &value, 8);
+    return Node(std::move(dims), type, 'C', bits);
+  }
   const std::string t = Tensor(dims, type);
   return Emit(absl::StrCat("stablehlo.constant dense<", Literal(value, type), "> : ", t),
               std::move(dims), type);
 }
 
 Value Program::Iota(std::vector<int64_t> dims, int64_t dim, const std::string& type) {
+  if (dry_) return Node(std::move(dims), type, 'I', dim);
   const std::string t = Tensor(dims, type);
   return Emit(absl::StrCat("stablehlo.iota dim = ", dim, " : ", t), std::move(dims), type);
 }
 
 Value Program::Unary(const char* op, const Value& a) {
+  if (dry_) return Node(a.dims, a.type, 'u', op, a);
   return Emit(absl::StrCat("stablehlo.", op, " ", a.id, " : ", a.tensor()), a.dims, a.type);
 }
 
 Value Program::Binary(const char* op, const Value& a, const Value& b) {
+  if (dry_) return Node(a.dims, a.type, 'b', op, a, b);
   return Emit(absl::StrCat("stablehlo.", op, " ", a.id, ", ", b.id, " : ", a.tensor()), a.dims,
               a.type);
 }
 
 Value Program::Compare(const char* direction, const Value& a, const Value& b) {
+  if (dry_) return Node(a.dims, "i1", 'c', direction, a, b);
   return Emit(absl::StrCat("stablehlo.compare  ", direction, ", ", a.id, ", ", b.id, " : (",
                            a.tensor(), ", ", b.tensor(), ") -> ", Tensor(a.dims, "i1")),
               a.dims, "i1");
 }
 
 Value Program::Select(const Value& pred, const Value& a, const Value& b) {
+  if (dry_) return Node(a.dims, a.type, 's', pred, a, b);
   return Emit(absl::StrCat("\"stablehlo.select\"(", pred.id, ", ", a.id, ", ", b.id, ") : (",
                            pred.tensor(), ", ", a.tensor(), ", ", b.tensor(), ") -> ", a.tensor()),
               a.dims, a.type);
@@ -227,12 +290,14 @@ Value Program::Select(const Value& pred, const Value& a, const Value& b) {
 
 Value Program::Convert(const Value& a, const std::string& type) {
   if (a.type == type) return a;
+  if (dry_) return Node(a.dims, type, 'v', a);
   return Emit(absl::StrCat("stablehlo.convert ", a.id, " : (", a.tensor(), ") -> ",
                            Tensor(a.dims, type)),
               a.dims, type);
 }
 
 Value Program::Bitcast(const Value& a, const std::string& type) {
+  if (dry_) return Node(a.dims, type, 'B', a);
   return Emit(absl::StrCat("stablehlo.bitcast_convert ", a.id, " : (", a.tensor(), ") -> ",
                            Tensor(a.dims, type)),
               a.dims, type);
@@ -245,12 +310,14 @@ Value Program::RoundTo(const Value& a, DType d) {
 
 Value Program::Reshape(const Value& a, std::vector<int64_t> dims) {
   if (a.dims == dims) return a;
+  if (dry_) return Node(std::move(dims), a.type, 'r', a);
   return Emit(absl::StrCat("stablehlo.reshape ", a.id, " : (", a.tensor(), ") -> ",
                            Tensor(dims, a.type)),
               dims, a.type);
 }
 
 Value Program::Broadcast(const Value& a, std::vector<int64_t> dims, std::vector<int64_t> map) {
+  if (dry_) return Node(std::move(dims), a.type, 'x', a, map);
   return Emit(absl::StrCat("stablehlo.broadcast_in_dim ", a.id, ", dims = [", List(map), "] : (",
                            a.tensor(), ") -> ", Tensor(dims, a.type)),
               dims, a.type);
@@ -266,6 +333,7 @@ Value Program::BroadcastPrefix(const Value& a, const std::vector<int64_t>& dims)
 Value Program::Transpose(const Value& a, std::vector<int64_t> perm) {
   std::vector<int64_t> dims(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) dims[i] = a.dims[perm[i]];
+  if (dry_) return Node(std::move(dims), a.type, 't', a, perm);
   return Emit(absl::StrCat("stablehlo.transpose ", a.id, ", dims = [", List(perm), "] : (",
                            a.tensor(), ") -> ", Tensor(dims, a.type)),
               dims, a.type);
@@ -275,6 +343,7 @@ Value Program::Slice(const Value& a, std::vector<int64_t> start, std::vector<int
   std::vector<int64_t> dims(start.size()), strides(start.size(), 1);
   for (size_t i = 0; i < start.size(); ++i) dims[i] = limit[i] - start[i];
   if (dims == a.dims) return a;
+  if (dry_) return Node(std::move(dims), a.type, 'l', a, start, limit);
   return Emit(absl::StrCat("\"stablehlo.slice\"(", a.id, ") {start_indices = array<i64: ",
                            List(start), ">, limit_indices = array<i64: ", List(limit),
                            ">, strides = array<i64: ", List(strides), ">} : (", a.tensor(),
@@ -286,9 +355,10 @@ Value Program::Concat(const std::vector<Value>& parts, int64_t dim) {
   if (parts.size() == 1) return parts[0];
   std::vector<int64_t> dims = parts[0].dims;
   dims[dim] = 0;
+  for (const Value& p : parts) dims[dim] += p.dims[dim];
+  if (dry_) return Node(std::move(dims), parts[0].type, 'k', parts, dim);
   std::vector<std::string> ids, types;
   for (const Value& p : parts) {
-    dims[dim] += p.dims[dim];
     ids.push_back(p.id);
     types.push_back(p.tensor());
   }
@@ -307,6 +377,7 @@ Value Program::Reduce(const Value& a, std::vector<int64_t> dims, const char* op)
     for (int64_t d : dims) reduced |= d == static_cast<int64_t>(i);
     if (!reduced) out.push_back(a.dims[i]);
   }
+  if (dry_) return Node(std::move(out), a.type, 'R', op, a, init, dims);
   return Emit(absl::StrCat("stablehlo.reduce(", a.id, " init: ", init.id, ") applies stablehlo.",
                            op, " across dimensions = [", List(dims), "] : (", a.tensor(), ", ",
                            init.tensor(), ") -> ", Tensor(out, a.type)),
@@ -332,6 +403,7 @@ Value Program::Dot(const Value& a, const Value& b, std::vector<int64_t> batch_a,
     const auto d = static_cast<int64_t>(i);
     if (!in(batch_b, d) && !in(contract_b, d)) dims.push_back(b.dims[i]);
   }
+  if (dry_) return Node(std::move(dims), a.type, 'D', a, b, batch_a, batch_b, contract_a, contract_b);
   std::string rhs = absl::StrCat("stablehlo.dot_general ", a.id, ", ", b.id, ", ");
   if (!batch_a.empty()) {
     absl::StrAppend(&rhs, "batching_dims = [", List(batch_a), "] x [", List(batch_b), "], ");
@@ -345,6 +417,7 @@ Value Program::Dot(const Value& a, const Value& b, std::vector<int64_t> batch_a,
 Value Program::Gather(const Value& table, const Value& idx) {
   const int64_t N = idx.numel(), C = table.dims[1];
   const Value i2 = Reshape(idx, {N, 1});
+  if (dry_) return Node({N, C}, table.type, 'G', table, i2);
   return Emit(absl::StrCat("\"stablehlo.gather\"(", table.id, ", ", i2.id,
                            ") {dimension_numbers = #stablehlo.gather<offset_dims = [1], "
                            "collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = "
@@ -357,6 +430,7 @@ Value Program::Gather(const Value& table, const Value& idx) {
 Value Program::ScatterAdd(const Value& table, const Value& idx, const Value& upd) {
   const int64_t N = idx.numel();
   const Value i2 = Reshape(idx, {N, 1});
+  if (dry_) return Node(table.dims, table.type, 'A', table, i2, upd);
   const std::string s = Tensor({}, table.type);
   return Emit(absl::StrCat("\"stablehlo.scatter\"(", table.id, ", ", i2.id, ", ", upd.id,
                            ") ({\n    ^bb0(%x: ", s, ", %y: ", s, "):\n      %z = stablehlo.add "
@@ -368,6 +442,18 @@ Value Program::ScatterAdd(const Value& table, const Value& idx, const Value& upd
                            table.tensor(), ", ", i2.tensor(), ", ", upd.tensor(), ") -> ",
                            table.tensor()),
               table.dims, table.type);
+}
+
+std::string Program::Key() const {
+  std::vector<int64_t> k = key_;
+  k.push_back(static_cast<int64_t>(params_.size()));
+  for (size_t i = 0; i < args_.size(); ++i) {
+    k.push_back(args_[i].bytes);
+    k.push_back(args_[i].written ? current_num_[i] : -2);
+  }
+  std::string out = absl::StrCat(name_, ":");
+  out.append(reinterpret_cast<const char*>(k.data()), k.size() * sizeof(int64_t));
+  return out;
 }
 
 std::string Program::Text() const {

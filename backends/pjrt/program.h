@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/backend.h"
@@ -29,16 +30,23 @@ std::string ElementTypeOf(DType d);
 
 // An SSA value: its name and tensor type.
 struct Value {
-  std::string id;
+  std::string id;  // empty in a dry program
   std::vector<int64_t> dims;
   std::string type;  // element type
+  int64_t num = -1;  // its number in the program
   int64_t numel() const;
   std::string tensor() const;  // e.g. "tensor<4x8xf32>"
 };
 
 class Program {
  public:
-  explicit Program(std::string name) : name_(std::move(name)) {}
+  // A dry program builds no text: it records its arguments and run-time values, and its
+  // structure as integers (Key()), which is all a launch of a program compiled before needs.
+  explicit Program(std::string name, bool dry = false) : name_(std::move(name)), dry_(dry) {}
+
+  // Names the op whose views come next (for the message of a bad view in a program of
+  // several ops).
+  void BeginOp(const char* op) { op_ = op; }
 
   // ---- memory ------------------------------------------------------------------------------
   // The view's elements as a tensor of `dims` (their product must be the view's count),
@@ -90,9 +98,13 @@ class Program {
   Value ScatterAdd(const Value& table, const Value& idx, const Value& upd);
 
   // ---- the program ---------------------------------------------------------------------------
-  // The module text (one function @main(args..., params) -> written args).
+  // The module text (one function @main(args..., params) -> written args). Not of a dry
+  // program.
   std::string Text() const;
-  // A key naming the program: its text.
+  // The program's structure: every node with its operands, attributes, shapes and types, the
+  // arguments' sizes and which are written, the number of run-time values; two programs with
+  // the same key have the same text, whatever their offsets and scalars. Of a dry program.
+  std::string Key() const;
   struct Arg {
     void* storage;      // Allocation::storage
     int64_t bytes;      // the allocation's size
@@ -108,14 +120,27 @@ class Program {
  private:
   std::string Fresh();
   Value Emit(const std::string& rhs, std::vector<int64_t> dims, const std::string& type);
+  // A node of a dry program: a code, then its operands and attributes, into key_.
+  template <typename... T>
+  Value Node(std::vector<int64_t> dims, const std::string& type, int64_t code, const T&... parts);
+  void Put(int64_t x) { key_.push_back(x); }
+  void Put(const char* s);
+  void Put(const std::string& s) { Put(s.c_str()); }
+  void Put(const std::vector<int64_t>& v);
+  void Put(const Value& v) { key_.push_back(v.num); }
+  void Put(const std::vector<Value>& vs);
   int ArgIndex(const View& v);
   Value Param(int64_t index, const std::string& type);  // params[index] as a scalar
 
   void NoteView(const View& v, const char* role);
 
   std::string name_;
+  const bool dry_;
+  const char* op_ = nullptr;
+  std::vector<int64_t> key_;            // a dry program's structure
+  std::vector<int64_t> current_num_;    // a dry program's current_
   std::vector<Arg> args_;
-  std::vector<const Backend*> view_backends_;
+  std::vector<std::pair<const Backend*, const char*>> view_backends_;  // and the op
   std::string bad_view_;
   std::vector<std::string> current_;  // each argument's latest value (after stores)
   std::vector<int64_t> params_;

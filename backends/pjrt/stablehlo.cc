@@ -128,6 +128,34 @@ std::string PortableCompileOptions() {
   return options.bytes;
 }
 
+std::string OnAllocations(const std::string& program, int64_t in_bytes, int64_t out_bytes,
+                          int64_t send_bytes, int64_t recv_bytes, bool same) {
+  // program: "module ... @main(%in: <in>) -> <out> {\n" BODY "    return %out : <out>\n  }\n}\n"
+  const std::string open = "func.func public @main(";
+  const size_t head_end = program.find(open);
+  const size_t body_start = program.find(" {\n", head_end) + 3;
+  const size_t body_end = program.rfind("    return %out");
+  const std::string head = program.substr(0, head_end + open.size());
+  const std::string body = program.substr(body_start, body_end - body_start);
+  const std::string S = Bytes(send_bytes), R = Bytes(same ? send_bytes : recv_bytes);
+  std::string sig = same ? absl::StrCat("%s: ", S, " {tf.aliasing_output = 0 : i32}")
+                         : absl::StrCat("%s: ", S, ", %d: ", R, " {tf.aliasing_output = 0 : i32}");
+  absl::StrAppend(&sig, ", %off: tensor<2xi64>) -> ", R);
+  std::string pre;
+  for (int i = 0; i < 2; ++i) {
+    absl::StrAppend(&pre, "    %o", i, "s = \"stablehlo.slice\"(%off) {start_indices = array<i64: ", i,
+                    ">, limit_indices = array<i64: ", i + 1,
+                    ">, strides = array<i64: 1>} : (tensor<2xi64>) -> tensor<1xi64>\n", "    %o", i,
+                    " = stablehlo.reshape %o", i, "s : (tensor<1xi64>) -> tensor<i64>\n");
+  }
+  absl::StrAppend(&pre, "    %in = stablehlo.dynamic_slice %s, %o0, sizes = [", in_bytes, "] : (", S,
+                  ", tensor<i64>) -> ", Bytes(in_bytes), "\n");
+  const std::string post = absl::StrCat(
+      "    %res = stablehlo.dynamic_update_slice ", same ? "%s" : "%d", ", %out, %o1 : (", R, ", ",
+      Bytes(out_bytes), ", tensor<i64>) -> ", R, "\n    return %res : ", R, "\n");
+  return absl::StrCat(head, sig, " {\n", pre, body, post, "  }\n}\n");
+}
+
 std::string SliceProgram(int64_t n, int64_t k) {
   return Module(
       "fsdp_slice", 1, absl::StrCat("%src: ", Bytes(n), ", %off: tensor<i64>) -> ", Bytes(k)),

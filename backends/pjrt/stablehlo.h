@@ -42,4 +42,11 @@ std::string AllReduceProgram(int ranks, int64_t count, DType dtype, ReduceOp op)
 // input lands in chunk q of rank d's output; moves bytes, any dtype).
 std::string AllToAllProgram(int ranks, int64_t count, DType dtype);
 
+// A collective program above (text), applied in place on allocations: (send: ui8[send_bytes],
+// recv: ui8[recv_bytes] donated (left out when `same`: send's allocation is written), offsets:
+// i64[2]) -> the recv allocation with the output's out_bytes at offsets[1], the input being
+// send's in_bytes at offsets[0]. One launch instead of a slice, the collective and an update.
+std::string OnAllocations(const std::string& program, int64_t in_bytes, int64_t out_bytes,
+                          int64_t send_bytes, int64_t recv_bytes, bool same);
+
 }  // namespace fsdp::pjrt

@@ -16,9 +16,13 @@
 //   shared by the ranks of a call.
 //   A group whose ranks are in several processes (CreateMpiThreadsWorld under mpirun): the
 //   host-staged bridge (PjrtBackendOptions::cross_process), reported by data_paths().
-// - Ops: each op of fsdp/ops.h is one StableHLO program (pjrt_ops.h) taking the allocations
-//   its views touch and the views' offsets, compiled once per shape; an error fails the
-//   stream with the op's name and the plugin's message.
+// - Ops: the ops of fsdp/ops.h issued on a stream between two other items of it (an event
+//   recorded or waited for, a copy to or from the host, a collective) run as ONE program
+//   (fuse_ops): a block's forward, its backward, the head with the loss, a unit's optimizer
+//   update. Device-to-device copies and memsets join it. The program takes the allocations
+//   its ops' views touch and the views' offsets and scalars at run time; it is compiled once
+//   per structure, found in the client's cache by a key of integers built without its text.
+//   An error fails the stream with the ops' names and the plugin's message.
 #pragma once
 
 #include <memory>
@@ -56,6 +60,18 @@ struct PjrtBackendOptions {
   // Groups that span processes (ranks as threads of several processes under mpirun:
   // CreateMpiThreadsWorld). Groups inside one process always use the plugin's collectives.
   CrossProcess cross_process = CrossProcess::kAuto;
+  // Ops issued back to back on a stream run as one program (at most max_fused_ops ops each);
+  // false: a program per op (the fallback, and the reference the fused programs are tested
+  // against).
+  bool fuse_ops = true;
+  int max_fused_ops = 512;
+};
+
+// What a backend has launched (PjrtBackend::launch_stats).
+struct PjrtLaunchStats {
+  int64_t programs = 0;  // launches of every kind
+  int64_t op_programs = 0;  // of them, programs of ops (one per fused run of ops)
+  int64_t ops = 0;  // ops (and device-to-device copies and memsets) in those programs
 };
 
 class PjrtBackend final : public Backend {
@@ -88,6 +104,9 @@ class PjrtBackend final : public Backend {
   // The data path of each data plane made so far, in order: (group name, "plugin" or
   // "bridge"), the same on every rank of a group.
   std::vector<std::pair<std::string, std::string>> data_paths() const;
+  // Launches so far (counted when issued to the plugin, on the streams' threads: read them
+  // after a Record(...).Wait() of each stream).
+  PjrtLaunchStats launch_stats() const;
 
   struct Impl;
 

@@ -9,9 +9,11 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -179,6 +181,14 @@ class Client {
   // stablehlo.h), or returns the cached executable of the same text and options.
   absl::StatusOr<const Executable*> Compile(const std::string& name, const std::string& mlir,
                                             const std::string& compile_options);
+  // The executable of the program whose structure is `key` (pjrt::Program::Key, built without
+  // text): compiled from text() the first time the key is seen (through Compile's cache),
+  // found by the key alone after that. With the environment variable FSDP_PJRT_CHECK_KEYS=1
+  // every call also builds the text and fails (INTERNAL) where it differs from the text
+  // compiled under the key: a key that misses part of a program's structure.
+  absl::StatusOr<const Executable*> CompileKeyed(const std::string& key, const std::string& name,
+                                                 const std::function<std::string()>& text,
+                                                 const std::string& compile_options);
   // Programs compiled so far (cache misses) and their total compile time.
   int64_t compile_count() const { return compiles_.load(); }
   double compile_seconds() const;
@@ -226,6 +236,12 @@ class Client {
   };
   std::mutex cache_mu_;
   std::map<std::string, std::shared_ptr<CacheEntry>> cache_;
+  struct KeyedEntry {
+    const Executable* exe = nullptr;
+    std::string text;  // with FSDP_PJRT_CHECK_KEYS=1 only
+  };
+  std::mutex keyed_mu_;
+  std::unordered_map<std::string, KeyedEntry> keyed_;
   std::atomic<int64_t> compiles_{0};
   std::atomic<int64_t> compile_ns_{0};
 };

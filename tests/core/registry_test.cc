@@ -157,6 +157,15 @@ TEST(RegistryTest, PjrtIsThereWhenBuiltAndSaysWhyNotOtherwise) {
   const absl::Status cross = CreateBackend("pjrt", bad, 0).status();
   EXPECT_EQ(cross.code(), absl::StatusCode::kInvalidArgument) << cross;
   EXPECT_NE(cross.message().find("cross_process=sometimes"), std::string::npos) << cross;
+  // The ops of a stream run as programs of at most max_fused_ops ops (1: a program per op).
+  BackendOptions one = o;
+  one["max_fused_ops"] = "1";
+  EXPECT_TRUE(CreateBackend("pjrt", one, 0).ok());
+  BackendOptions zero = o;
+  zero["max_fused_ops"] = "0";
+  const absl::Status fused = CreateBackend("pjrt", zero, 0).status();
+  EXPECT_EQ(fused.code(), absl::StatusCode::kInvalidArgument) << fused;
+  EXPECT_NE(fused.message().find("max_fused_ops"), std::string::npos) << fused;
 #endif
 }
 

@@ -382,6 +382,62 @@ TEST(PjrtOps, BadViewsFailTheirStreamNamingTheOp) {
   }
 }
 
+// The ops issued on a stream between two other items of it run as one program (fuse_ops, the
+// default), at most max_fused_ops each; with fuse_ops = false, a program per op. Same values
+// either way; device-to-device copies and memsets join the program.
+TEST(PjrtOps, OpsBetweenEventsRunAsOneProgram) {
+  SKIP_WITHOUT_PLUGIN();
+  absl::StatusOr<std::shared_ptr<pjrt::Client>> c = CpuClient(1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  struct Case {
+    bool fuse;
+    int max_ops;
+    int64_t programs;  // op programs expected
+  };
+  constexpr int kScales = 10;  // then a copy and a memset: 12 ops
+  for (const Case& k : {Case{true, 512, 1}, Case{true, 5, 3}, Case{false, 512, 12}}) {
+    SCOPED_TRACE(absl::StrCat("fuse_ops ", k.fuse, ", max_fused_ops ", k.max_ops));
+    PjrtBackendOptions o;
+    o.fuse_ops = k.fuse;
+    o.max_fused_ops = k.max_ops;
+    absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0, o);
+    ASSERT_TRUE(be.ok()) << be.status();
+    PjrtBackend& b = **be;
+    absl::StatusOr<Buffer> x = Buffer::Create(&b, 16 * sizeof(float));
+    absl::StatusOr<Buffer> y = Buffer::Create(&b, 32 * sizeof(float));
+    ASSERT_TRUE(x.ok() && y.ok());
+    std::vector<float> v(16);
+    for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i) - 4.5f;
+    ASSERT_TRUE(b.CopyFromHost(x->view(), v.data()).ok());
+    ASSERT_TRUE(b.Sync(b.Record(Stream::kCompute)).ok());
+    const PjrtLaunchStats before = b.launch_stats();
+    for (int i = 0; i < kScales; ++i) b.ops().Scale(Stream::kCompute, x->view(), 1.5f);
+    ASSERT_TRUE(b.Copy(y->view().Slice(8, 16), x->view()).ok());
+    ASSERT_TRUE(b.Memset(y->view().Slice(0, 8), 0).ok());
+    EXPECT_EQ(b.launch_stats().op_programs, before.op_programs)
+        << "ops ran before anything else was issued on the stream";
+    ASSERT_TRUE(b.Sync(b.Record(Stream::kCompute)).ok());
+    const PjrtLaunchStats after = b.launch_stats();
+    EXPECT_EQ(after.op_programs - before.op_programs, k.programs);
+    EXPECT_EQ(after.ops - before.ops, kScales + 2);
+    EXPECT_EQ(after.programs - before.programs, k.programs);
+    std::vector<float> got(32);
+    ASSERT_TRUE(b.CopyToHost(got.data(), y->view()).ok());
+    for (int i = 0; i < 16; ++i) {
+      float want = v[i];
+      for (int r = 0; r < kScales; ++r) want *= 1.5f;
+      EXPECT_EQ(got[8 + i], want) << i;
+    }
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(got[i], 0.0f) << i;
+    for (int i = 24; i < 32; ++i) EXPECT_EQ(got[i], 0.0f) << i;
+  }
+  PjrtBackendOptions bad;
+  bad.max_fused_ops = 0;
+  absl::StatusOr<std::unique_ptr<PjrtBackend>> refused = PjrtBackend::Create(*c, 0, bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("max_fused_ops"));
+}
+
 // ---- the data plane: ranks as threads, one device each ------------------------------------
 
 float Round(float v, DType d) {
