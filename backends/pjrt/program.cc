@@ -201,9 +201,9 @@ Value Program::Load(const View& v, std::vector<int64_t> dims, const std::string&
     if (want.empty()) want = (dt == "bf16" || dt == "f16") ? "f32" : dt;
     return Reshape(Convert(typed, want), std::move(dims));
   }
-  Value raw = Emit(absl::StrCat("stablehlo.dynamic_slice ", current_[a], ", ", off.id, ", sizes = [", bytes,
-                                "] : (", Tensor({args_[a].bytes}, "ui8"), ", tensor<i64>) -> ",
-                                Tensor({bytes}, "ui8")),
+  Value raw = Emit(absl::StrCat("stablehlo.dynamic_slice ", current_[a], ", ", off.id,
+                                ", sizes = [", bytes, "] : (", Tensor({args_[a].bytes}, "ui8"),
+                                ", tensor<i64>) -> ", Tensor({bytes}, "ui8")),
                    {bytes}, "ui8");
   Value typed = raw;
   if (es > 1) {
