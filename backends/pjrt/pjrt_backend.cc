@@ -40,7 +40,9 @@ class Queue {
  public:
   using RunOps = std::function<void(Queue&, const std::vector<pjrt::OpBuilder>&)>;
   Queue(RunOps run, int max_ops)
-      : run_(std::move(run)), max_ops_(std::max(1, max_ops)), worker_({"", nullptr, [this] { Drain(); }}) {}
+      : run_(std::move(run)),
+        max_ops_(std::max(1, max_ops)),
+        worker_({"", nullptr, [this] { Drain(); }}) {}
   ~Queue() {
     std::lock_guard<std::mutex> lock(ops_mu_);
     FlushLocked();

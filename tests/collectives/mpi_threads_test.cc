@@ -194,14 +194,7 @@ int main(int argc, char** argv) {
         return absl::OkStatus();
       },
       [](fsdp::Communicator&) {
-        std::vector<std::thread> ts;
-        for (auto& c : SideComms()) {
-          ts.emplace_back([&c] {
-            const absl::Status s = c->Barrier();
-            if (!s.ok()) std::fprintf(stderr, "final barrier: %s\n", s.ToString().c_str());
-          });
-        }
-        for (auto& t : ts) t.join();
+        fsdp::testing::SideBarrierAll();
         fsdp::testing::ResetSharedTestWorlds();
         SideComms().clear();
       });
