@@ -1,16 +1,20 @@
-// Builds one StableHLO program of an op of the PJRT backend's table from the op's views.
+// Builds one StableHLO program of the PJRT backend's ops from their views: one op's, or the
+// ops a stream ran back to back (pjrt_ops.h), added one after the other.
 //
 // Device memory is a ui8 array per allocation (stablehlo.h). A Program takes every allocation
 // its views touch as one argument (views of the same allocation share it), and one i64 array
-// of run-time values: the byte offset of each view and the op's float scalars (as the bits of
+// of run-time values: the byte offset of each view and the ops' float scalars (as the bits of
 // a double). So the program text depends on sizes and on which views share an allocation, not
-// on offsets or scalar values, and the client's cache compiles it once per shape.
+// on offsets or scalar values, and the client's cache compiles it once per structure.
 //
-// Load() reads a view as a typed tensor (the argument's value before any store of the
-// program); Store() converts a tensor to the view's dtype and writes it. An allocation that is
-// stored to is donated and returned: the backend replaces its buffer with the output.
+// Load() reads a view as a typed tensor (the allocation's latest value in the program: after
+// the stores of the ops before); Store() converts a tensor to the view's dtype and writes it.
+// An allocation that is stored to is donated and returned: the backend replaces its buffer
+// with the output.
 //
-// The rest is a small typed emitter: each call appends one line and returns its SSA value.
+// The rest is a small typed emitter: each call appends one line and returns its SSA value. A
+// dry program appends no text: it records the same arguments and run-time values, and its
+// structure as integers (Key()), for finding the executable compiled before.
 #pragma once
 
 #include <cstdint>
