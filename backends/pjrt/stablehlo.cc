@@ -172,17 +172,6 @@ std::string UpdateProgram(int64_t n, int64_t k) {
                              "    return %out : ", Bytes(n), "\n"));
 }
 
-std::string MemsetProgram(int64_t n, int64_t k, uint8_t byte) {
-  return Module(
-      "fsdp_memset", 1,
-      absl::StrCat("%dst: ", Bytes(n), " {tf.aliasing_output = 0 : i32}, %off: tensor<i64>) -> ",
-                   Bytes(n)),
-      absl::StrCat("    %v = stablehlo.constant dense<", static_cast<int>(byte), "> : ", Bytes(k),
-                   "\n", "    %out = stablehlo.dynamic_update_slice %dst, %v, %off : (", Bytes(n),
-                   ", ", Bytes(k), ", tensor<i64>) -> ", Bytes(n), "\n",
-                   "    return %out : ", Bytes(n), "\n"));
-}
-
 std::string AllGatherProgram(int ranks, int64_t count, DType dtype) {
   const int64_t b = count * static_cast<int64_t>(DTypeSize(dtype));
   return Module("fsdp_all_gather", ranks,

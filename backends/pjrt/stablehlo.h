@@ -26,8 +26,6 @@ std::string PortableCompileOptions();
 std::string SliceProgram(int64_t n, int64_t k);
 // (dst: ui8[n] donated, src: ui8[k], offset: i64) -> ui8[n]: dst with [offset, offset + k) = src.
 std::string UpdateProgram(int64_t n, int64_t k);
-// (dst: ui8[n] donated, offset: i64) -> ui8[n]: dst with [offset, offset + k) = byte.
-std::string MemsetProgram(int64_t n, int64_t k, uint8_t byte);
 
 // Collectives over `ranks` replicas (replica r = rank r), on the bytes of `count` elements of
 // `dtype` per rank (in) and the result's bytes (out):
