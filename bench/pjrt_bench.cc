@@ -16,7 +16,8 @@
 //    model: the client's compile count and seconds are printed), then the median of S steps,
 //    and the ratio pjrt / cpu; with the ops of a stream fused into programs (the default) and
 //    with a program per op (fuse_ops = false), and the launches per step of rank 0: programs
-//    of every kind, op programs, and programs per unit per micro-batch.
+//    of every kind, op programs, programs per unit per micro-batch, and launches of programs
+//    that took an allocation as bytes (ui8 args: 0 when every allocation is a typed array).
 // The plugin is --plugin or $FSDP_PJRT_PLUGIN. Exit status 1 on an error, 2 on bad flags.
 #include <algorithm>
 #include <array>
@@ -156,6 +157,7 @@ struct ModelRun {
   double compile_s = 0;
   float loss = 0;
   double programs = 0, op_programs = 0, ops = 0;  // per step (rank 0, after the first)
+  double byte_launches = 0;  // per step: launches with an allocation held as bytes (ui8)
 };
 
 ModelRun Train(const Params& p, const std::string& model,
@@ -217,6 +219,10 @@ ModelRun Train(const Params& p, const std::string& model,
             r.programs = static_cast<double>(end.programs - after_first.programs) / p.steps;
             r.op_programs = static_cast<double>(end.op_programs - after_first.op_programs) / p.steps;
             r.ops = static_cast<double>(end.ops - after_first.ops) / p.steps;
+            int64_t bytes = 0;
+            for (const auto& [name, k] : end.byte_programs) bytes += k;
+            for (const auto& [name, k] : after_first.byte_programs) bytes -= k;
+            r.byte_launches = static_cast<double>(bytes) / p.steps;
           }
           return absl::OkStatus();
         }),
@@ -282,20 +288,20 @@ int main(int argc, char** argv) {
   std::printf("\n# FULL_SHARD on %d ranks (threads), batch 4 x 64 per rank: first step (compiles), "
               "median of %d steps\n",
               p.ranks, p.steps);
-  std::printf("%-6s %-7s %9s %9s %12s %12s %11s %6s %10s %10s %8s %10s\n", "model", "ops",
+  std::printf("%-6s %-7s %9s %9s %12s %12s %11s %6s %10s %10s %8s %10s %9s\n", "model", "ops",
               "compiles", "compile s", "pjrt first s", "pjrt step ms", "cpu step ms", "ratio",
-              "launches", "op progs", "ops", "/unit/mb");
+              "launches", "op progs", "ops", "/unit/mb", "ui8 args");
   for (const std::string& m : p.models) {
     const ModelRun cpu = Train(p, m, nullptr);
     const int units = Check(fsdp::nn::ModelConfig::FromName(m), "model").num_units();
     for (const bool fuse : {true, false}) {
       const ModelRun pj = Train(p, m, client, fuse);
       std::printf("%-6s %-7s %9lld %9.2f %12.2f %12.1f %11.1f %5.2fx %10.0f %10.0f %8.0f %10.1f"
-                  "   (loss %.4f pjrt, %.4f cpu)\n",
+                  " %9.0f   (loss %.4f pjrt, %.4f cpu)\n",
                   m.c_str(), fuse ? "fused" : "per-op", static_cast<long long>(pj.compiles),
                   pj.compile_s, pj.first_s, pj.step_s * 1e3, cpu.step_s * 1e3,
                   pj.step_s / cpu.step_s, pj.programs, pj.op_programs, pj.ops,
-                  pj.programs / units, pj.loss, cpu.loss);
+                  pj.programs / units, pj.byte_launches, pj.loss, cpu.loss);
     }
   }
   return 0;

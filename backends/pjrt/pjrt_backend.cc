@@ -1,6 +1,6 @@
-// The PJRT backend (pjrt_backend.h): byte buffers held as PJRT handles, in-order host queues as
-// streams, programs for copies and memset, the data plane of ranks as threads (StableHLO
-// collectives over replicas), and the op table's programs (pjrt_ops.h) launched in stream order.
+// The PJRT backend (pjrt_backend.h): allocations held as typed PJRT arrays, in-order host queues
+// as streams, the data plane of ranks as threads (StableHLO collectives over replicas), and the
+// op table's programs (pjrt_ops.h) launched in stream order.
 #include "fsdp/pjrt_backend.h"
 
 #include <unistd.h>
@@ -19,6 +19,7 @@
 #include "backends/common/rendezvous.h"
 #include "backends/common/worker_stream.h"
 #include "backends/pjrt/pjrt_ops.h"
+#include "backends/pjrt/program.h"
 #include "backends/pjrt/stablehlo.h"
 #include "collectives/control.h"
 #include "fsdp/data_plane.h"
@@ -35,7 +36,10 @@ using HostEvent = backend_kit::HostEvent;
 // recorded after it carry it.
 // Ops are held back (AddOp) until another item is submitted, max_ops of them are held, or the
 // queue is destroyed; then they run as one item (RunOps: one program), in their place in the
-// queue's order.
+// queue's order. Where a program ends is therefore a function of the order of the calls on the
+// stream only, never of timing (XLA may fuse the ops of a program across their boundaries, so
+// the grouping can change the last bits of a result): a Mark() (the frees' records, issued when
+// the runtime finds its events done) does not end the held ops' program.
 class Queue {
  public:
   using RunOps = std::function<void(Queue&, const std::vector<pjrt::OpBuilder>&)>;
@@ -57,6 +61,21 @@ class Queue {
     ops_.push_back(std::move(op));
     if (static_cast<int>(ops_.size()) >= max_ops_) FlushLocked();
   }
+  // An event complete once everything issued on the queue so far has run, held ops included,
+  // without ending their program: it completes at the first Drain() after them.
+  Event Mark() {
+    auto e = std::make_shared<HostEvent>();
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    if (ops_.empty()) {
+      worker_.Submit(nullptr, [this, e] {
+        Drain();
+        e->Complete(failure());
+      });
+    } else {
+      marks_.push_back(e);
+    }
+    return Event(e);
+  }
   void SetFailure(const absl::Status& s) { worker_.SetFailure(s); }
   absl::Status failure() { return worker_.failure(); }
   // On the worker thread only: the completion events of the programs launched and not yet
@@ -71,15 +90,19 @@ class Queue {
       if (!s.ok()) SetFailure(s);
     }
     pending_.clear();
+    for (const std::shared_ptr<HostEvent>& m : ran_marks_) m->Complete(failure());
+    ran_marks_.clear();
   }
 
  private:
   void FlushLocked() {
     if (ops_.empty()) return;
-    worker_.Submit(nullptr, [this, ops = std::move(ops_)] {
+    worker_.Submit(nullptr, [this, ops = std::move(ops_), marks = std::move(marks_)] {
       if (failure().ok()) run_(*this, ops);
+      ran_marks_.insert(ran_marks_.end(), marks.begin(), marks.end());
     });
     ops_.clear();
+    marks_.clear();
   }
 
   static constexpr size_t kMaxPending = 32;  // launches in flight before the queue waits
@@ -87,16 +110,22 @@ class Queue {
   const int max_ops_;
   std::mutex ops_mu_;
   std::vector<pjrt::OpBuilder> ops_;  // held back, not yet submitted
+  std::vector<std::shared_ptr<HostEvent>> marks_;  // Mark()s after ops_, with them
   std::vector<pjrt::DeviceEvent> pending_;
+  std::vector<std::shared_ptr<HostEvent>> ran_marks_;  // complete at the next Drain()
   backend_kit::WorkerStream worker_;  // last: its thread drains pending_ when it stops
 };
 
-// The bytes of an allocation: a PJRT buffer ui8[bytes], replaced by each write. `mu` is held
-// by the item that reads or replaces it.
+// An allocation: a PJRT array type[bytes / size of type], replaced by each write. The type is
+// the dtype of the first view that reaches the allocation (f32 for parameters, gradients and
+// optimizer state, bf16 for gathered bf16 parameters, ...; ui8 where that view is bytes or the
+// size is not a multiple of its dtype's); the array is made (zeros) at the first use. `mu` is
+// held by the item that reads, makes or replaces the buffer.
 struct Storage {
   std::mutex mu;
-  pjrt::DeviceBuffer buf;
+  pjrt::DeviceBuffer buf;  // null until the first use
   int64_t bytes = 0;
+  std::atomic<int> type{-1};  // a DType once decided
 };
 
 Storage* StorageOf(const View& v) { return static_cast<Storage*>(v.allocation.storage); }
@@ -133,17 +162,120 @@ struct PjrtBackend::Impl {
   backend_kit::DeferredFrees deferred;
   void Reap(bool wait_all) { deferred.Reap(wait_all); }
 
-  // Launches an op's program: its allocations locked (in address order, so the two streams
-  // never deadlock), their buffers and the run-time values as arguments, the written
-  // allocations' buffers replaced by the outputs (the old ones were donated). It does not wait
-  // for the program: the plugin orders later launches that use the outputs after it, and the
-  // queue waits for its completion event at the next event recorded on the stream.
-  //
+  // The element type of the array of v's allocation: decided by the first view that asks.
+  DType ElementType(const View& v) const {
+    if (v.backend != backend || v.allocation.storage == nullptr) return DType::kU8;
+    Storage* st = StorageOf(v);
+    int t = st->type.load();
+    if (t < 0) {
+      DType want = v.dtype;
+      if (st->bytes % static_cast<int64_t>(DTypeSize(want)) != 0) want = DType::kU8;
+      st->type.compare_exchange_strong(t, static_cast<int>(want));
+      t = st->type.load();
+    }
+    return static_cast<DType>(t);
+  }
+  pjrt::ElementTypeFn element_types() const {
+    return [this](const View& v) { return ElementType(v); };
+  }
+  // Makes st's array (zeros) if it has none yet (the caller holds st.mu).
+  absl::Status Materialize(Storage& st) const {
+    if (st.buf.get() != nullptr) return absl::OkStatus();
+    int t = st.type.load();
+    if (t < 0) {
+      st.type.compare_exchange_strong(t, static_cast<int>(DType::kU8));
+      t = st.type.load();
+    }
+    const auto type = static_cast<DType>(t);
+    // Zeroed pages from the system: the host side costs nothing until the copy reads them.
+    void* zeros = std::calloc(static_cast<size_t>(st.bytes), 1);
+    if (zeros == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of memory: the host could not stage ", st.bytes, " bytes"));
+    }
+    absl::StatusOr<pjrt::DeviceBuffer> buf = client->FromHost(
+        zeros, type, st.bytes / static_cast<int64_t>(DTypeSize(type)), device);
+    std::free(zeros);
+    FSDP_RETURN_IF_ERROR(buf.status());
+    st.buf = *std::move(buf);
+    return absl::OkStatus();
+  }
+
+  // Launches `exe`, compiled from the program `p` describes: p's allocations locked (in
+  // address order, so the two streams never deadlock) and made if new, their arrays, `inputs`
+  // and the run-time values as arguments; the written allocations' arrays replaced by the
+  // outputs (the old ones were donated). With a queue it does not wait for the program: the
+  // plugin orders later launches that use the outputs after it, and the queue waits for its
+  // completion event at the next event recorded on the stream. Without one it waits. Returns
+  // the program's Outputs.
+  absl::StatusOr<std::vector<pjrt::DeviceBuffer>> Launch(const pjrt::Program& p,
+                                                         const pjrt::Executable& exe,
+                                                         const std::vector<PJRT_Buffer*>& inputs,
+                                                         Queue* q, int launch_id = 0) {
+    std::vector<Storage*> order;
+    for (const pjrt::Program::Arg& a : p.args()) order.push_back(static_cast<Storage*>(a.storage));
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (Storage* st : order) {
+      locks.emplace_back(st->mu);
+      FSDP_RETURN_IF_ERROR(Materialize(*st));
+    }
+    FSDP_ASSIGN_OR_RETURN(
+        pjrt::DeviceBuffer params,
+        client->I64Array(p.params().data(), static_cast<int64_t>(p.params().size()), device));
+    std::vector<PJRT_Buffer*> args;
+    bool bytes = false;
+    for (const pjrt::Program::Arg& a : p.args()) {
+      args.push_back(static_cast<Storage*>(a.storage)->buf.get());
+      bytes = bytes || a.type == DType::kU8;
+    }
+    args.insert(args.end(), inputs.begin(), inputs.end());
+    args.push_back(params.get());
+    std::vector<pjrt::DeviceBuffer> out;
+    if (q != nullptr) {
+      pjrt::DeviceEvent done;
+      FSDP_ASSIGN_OR_RETURN(out, client->Launch(exe, device, args, &done, launch_id));
+      q->AddPending(std::move(done));
+    } else {
+      FSDP_ASSIGN_OR_RETURN(out, client->Execute(exe, device, args, launch_id));
+    }
+    programs.fetch_add(1, std::memory_order_relaxed);
+    if (bytes) NoteBytes(p);
+    size_t j = 0;
+    for (const pjrt::Program::Arg& a : p.args()) {
+      if (a.written) static_cast<Storage*>(a.storage)->buf = std::move(out[j++]);
+    }
+    out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(j));
+    return out;
+  }
+
+  // Launches of programs with an allocation held as bytes among their arguments.
+  mutable std::mutex bytes_mu;
+  std::map<std::string, int64_t> byte_programs;  // "name (ops): ui8[n]" -> launches
+  void NoteBytes(const pjrt::Program& p) {
+    std::vector<std::string> sizes;
+    for (const pjrt::Program::Arg& a : p.args()) {
+      if (a.type == DType::kU8) sizes.push_back(absl::StrCat("ui8[", a.bytes, "]"));
+    }
+    std::lock_guard<std::mutex> lock(bytes_mu);
+    ++byte_programs[absl::StrCat(p.name(), ": ", absl::StrJoin(sizes, ", "))];
+  }
+
   // The program of `ops`: built dry (arguments, run-time values and its key, no text), found
   // in the client's cache by its key, and built as text only to be compiled the first time.
   absl::Status RunOps(const std::vector<pjrt::OpBuilder>& ops, Queue& q) {
-    const std::string name = ops.size() == 1 ? std::string(ops[0].name) : std::string("ops");
-    pjrt::Program p(name, /*dry=*/true);
+    std::string name = ops.size() == 1 ? std::string(ops[0].name) : std::string("ops");
+    if (ops.size() > 1) {
+      // The name says which ops (the program's name in error messages and byte_programs).
+      std::vector<std::string> names;
+      for (const pjrt::OpBuilder& op : ops) {
+        if (names.empty() || names.back() != op.name) names.push_back(op.name);
+        if (names.size() == 6) break;
+      }
+      name = absl::StrCat("ops_", absl::StrJoin(names, "_"), names.size() == 6 ? "_etc" : "");
+    }
+    pjrt::Program p(name, /*dry=*/true, element_types());
     for (const pjrt::OpBuilder& op : ops) {
       p.BeginOp(op.name);
       op.build(&p);
@@ -151,7 +283,7 @@ struct PjrtBackend::Impl {
     FSDP_RETURN_IF_ERROR(p.CheckViews(backend));
     FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
                           client->CompileKeyed(p.Key(), name, [&] {
-                            pjrt::Program full(name);
+                            pjrt::Program full(name, /*dry=*/false, element_types());
                             for (const pjrt::OpBuilder& op : ops) {
                               full.BeginOp(op.name);
                               op.build(&full);
@@ -160,30 +292,61 @@ struct PjrtBackend::Impl {
                           }, pjrt::PortableCompileOptions()));
     op_programs.fetch_add(1, std::memory_order_relaxed);
     op_count.fetch_add(static_cast<int64_t>(ops.size()), std::memory_order_relaxed);
-    std::vector<Storage*> order;
-    for (const pjrt::Program::Arg& a : p.args()) order.push_back(static_cast<Storage*>(a.storage));
-    std::sort(order.begin(), order.end());
-    order.erase(std::unique(order.begin(), order.end()), order.end());
-    std::vector<std::unique_lock<std::mutex>> locks;
-    for (Storage* st : order) locks.emplace_back(st->mu);
-    FSDP_ASSIGN_OR_RETURN(
-        pjrt::DeviceBuffer params,
-        client->I64Array(p.params().data(), static_cast<int64_t>(p.params().size()), device));
-    std::vector<PJRT_Buffer*> args;
-    for (const pjrt::Program::Arg& a : p.args()) {
-      args.push_back(static_cast<Storage*>(a.storage)->buf.get());
+    return Launch(p, *exe, {}, &q).status();
+  }
+
+  // A program of one op built by `build`, compiled (once per key), and launched now, waiting.
+  absl::StatusOr<std::vector<pjrt::DeviceBuffer>> RunNow(
+      const std::string& name, const std::function<void(pjrt::Program*)>& build,
+      const std::vector<PJRT_Buffer*>& inputs) {
+    pjrt::Program p(name, /*dry=*/true, element_types());
+    p.BeginOp(name.c_str());
+    build(&p);
+    FSDP_RETURN_IF_ERROR(p.CheckViews(backend));
+    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
+                          client->CompileKeyed(p.Key(), name, [&] {
+                            pjrt::Program full(name, /*dry=*/false, element_types());
+                            full.BeginOp(name.c_str());
+                            build(&full);
+                            return full.Text();
+                          }, pjrt::PortableCompileOptions()));
+    return Launch(p, *exe, inputs, nullptr);
+  }
+  // v's bytes into host memory at dst (on a stream's thread; waits).
+  absl::Status ReadToHost(const View& v, void* dst) {
+    if (v.count == 0) return absl::OkStatus();
+    Storage& st = *StorageOf(v);
+    ElementType(v);
+    if (Whole(v)) {
+      std::lock_guard<std::mutex> lock(st.mu);
+      FSDP_RETURN_IF_ERROR(Materialize(st));
+      return client->ToHost(st.buf.get(), dst, static_cast<size_t>(v.bytes()));
     }
-    args.push_back(params.get());
-    pjrt::DeviceEvent done;
+    const std::string raw = pjrt::ElementTypeOf(v.dtype);
     FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
-                          client->Launch(*exe, device, args, &done));
-    programs.fetch_add(1, std::memory_order_relaxed);
-    q.AddPending(std::move(done));
-    size_t j = 0;
-    for (const pjrt::Program::Arg& a : p.args()) {
-      if (a.written) static_cast<Storage*>(a.storage)->buf = std::move(out[j++]);
+                          RunNow("read", [&](pjrt::Program* p) {
+                            p->Output(p->Load(v, {v.count}, raw));
+                          }, {}));
+    return client->ToHost(out[0].get(), dst, static_cast<size_t>(v.bytes()));
+  }
+  // Host memory at src into v (on a stream's thread).
+  absl::Status WriteFromHost(const View& v, const void* src) {
+    if (v.count == 0) return absl::OkStatus();
+    Storage& st = *StorageOf(v);
+    const DType type = ElementType(v);
+    if (Whole(v)) {
+      // The same bytes as the array's type: no program.
+      FSDP_ASSIGN_OR_RETURN(
+          pjrt::DeviceBuffer buf,
+          client->FromHost(src, type, st.bytes / static_cast<int64_t>(DTypeSize(type)), device));
+      std::lock_guard<std::mutex> lock(st.mu);
+      st.buf = std::move(buf);
+      return absl::OkStatus();
     }
-    return absl::OkStatus();
+    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer in, client->FromHost(src, v.dtype, v.count, device));
+    return RunNow("write", [&](pjrt::Program* p) {
+             p->Store(v, p->Input({v.count}, v.dtype));
+           }, {in.get()}).status();
   }
   // Runs held-back ops on their queue's thread. After a failure on the stream, later ops do
   // not run.
@@ -209,39 +372,6 @@ struct PjrtBackend::Impl {
 
   // What has been launched (launch_stats).
   mutable std::atomic<int64_t> programs{0}, op_programs{0}, op_count{0};
-
-  absl::StatusOr<pjrt::DeviceBuffer> Offset(int64_t offset) const {
-    return client->Scalar(offset, device);
-  }
-  absl::StatusOr<const pjrt::Executable*> Program(const std::string& name,
-                                                  const std::string& mlir) const {
-    return client->Compile(name, mlir, pjrt::PortableCompileOptions());
-  }
-  // Bytes [offset, offset + k) of `st` as a new buffer (the caller holds st.mu).
-  absl::StatusOr<pjrt::DeviceBuffer> Slice(Storage& st, int64_t offset, int64_t k) const {
-    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
-                          Program("slice", pjrt::SliceProgram(st.bytes, k)));
-    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, Offset(offset));
-    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
-                          client->Execute(*exe, device, {st.buf.get(), off.get()}));
-    programs.fetch_add(1, std::memory_order_relaxed);
-    return std::move(out[0]);
-  }
-  // Writes `src` (ui8[k]) into `st` at `offset` (the caller holds st.mu).
-  absl::Status Write(Storage& st, int64_t offset, int64_t k, pjrt::DeviceBuffer src) const {
-    if (offset == 0 && k == st.bytes) {
-      st.buf = std::move(src);
-      return absl::OkStatus();
-    }
-    FSDP_ASSIGN_OR_RETURN(const pjrt::Executable* exe,
-                          Program("update", pjrt::UpdateProgram(st.bytes, k)));
-    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, Offset(offset));
-    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
-                          client->Execute(*exe, device, {st.buf.get(), src.get(), off.get()}));
-    programs.fetch_add(1, std::memory_order_relaxed);
-    st.buf = std::move(out[0]);  // the old buffer was donated to the program
-    return absl::OkStatus();
-  }
 };
 
 namespace {
@@ -302,25 +432,18 @@ class PjrtDataPlane final : public DataPlane {
 
  private:
   absl::StatusOr<Event> EnqueueAllGather(View send, View recv, Stream after) override {
-    return Issue(CollectiveKind::kAllGather, ReduceOp::kSum, send, recv, after,
-                 [n = size(), send] { return pjrt::AllGatherProgram(n, send.count, send.dtype); });
+    return Issue(CollectiveKind::kAllGather, ReduceOp::kSum, send, recv, after);
   }
   absl::StatusOr<Event> EnqueueReduceScatter(View send, View recv, ReduceOp op,
                                              Stream after) override {
-    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after, [n = size(), send, op] {
-      return pjrt::ReduceScatterProgram(n, send.count, send.dtype, op);
-    });
+    return Issue(CollectiveKind::kReduceScatter, op, send, recv, after);
   }
   absl::StatusOr<Event> EnqueueAllReduce(View send, View recv, ReduceOp op,
                                          Stream after) override {
-    return Issue(CollectiveKind::kAllReduce, op, send, recv, after, [n = size(), send, op] {
-      return pjrt::AllReduceProgram(n, send.count, send.dtype, op);
-    });
+    return Issue(CollectiveKind::kAllReduce, op, send, recv, after);
   }
-
   absl::StatusOr<Event> EnqueueAllToAll(View send, View recv, Stream after) override {
-    return Issue(CollectiveKind::kAllToAll, ReduceOp::kSum, send, recv, after,
-                 [n = size(), send] { return pjrt::AllToAllProgram(n, send.count, send.dtype); });
+    return Issue(CollectiveKind::kAllToAll, ReduceOp::kSum, send, recv, after);
   }
 
   // The other ranks make the same call: all pass (kind, count, dtype, op, ok) and compare.
@@ -362,44 +485,53 @@ class PjrtDataPlane final : public DataPlane {
     return s;
   }
 
-  // One launch: the collective reads send's bytes from its allocation and writes its result
-  // into recv's (pjrt::OnAllocations), found in the cache by its shape, not its text.
-  absl::Status Run(CollectiveKind kind, ReduceOp op, const std::function<std::string()>& program,
-                   const View& send, const View& recv, int launch_id) {
-    pjrt::Client& client = *impl_->client;
-    Storage* ss = StorageOf(send);
-    Storage* rs = StorageOf(recv);
-    const bool same = ss == rs;
-    const std::string key = absl::StrCat("collective:", static_cast<int>(kind), ":",
-                                         static_cast<int>(op), ":", static_cast<int>(send.dtype),
-                                         ":", send.count, ":", recv.bytes(), ":", ss->bytes, ":",
-                                         rs->bytes, ":", same);
-    FSDP_ASSIGN_OR_RETURN(
-        const pjrt::Executable* exe,
-        client.CompileKeyed(key, "collective", [&] {
-          return pjrt::OnAllocations(program(), send.bytes(), recv.bytes(), ss->bytes, rs->bytes,
-                                     same);
-        }, pjrt::CompileOptions(device_ids_)));
-    std::unique_lock<std::mutex> lock_s(ss->mu, std::defer_lock), lock_r(rs->mu, std::defer_lock);
-    if (ss == rs) {
-      lock_s.lock();
-    } else {
-      std::lock(lock_s, lock_r);
+  // The collective as a program of `ranks` replicas: it reads send's elements from its
+  // allocation's array and writes the result into recv's (typed slices, pjrt::Program), in one
+  // launch. Moves (all_gather, all_to_all) keep the dtype; reductions take f32, bf16 and f16,
+  // accumulate in f32 and round once; avg divides the f32 sum by the ranks.
+  void Build(pjrt::Program* p, CollectiveKind kind, ReduceOp op, const View& send,
+             const View& recv) const {
+    const int n = size();
+    p->BeginOp("collective");
+    switch (kind) {
+      case CollectiveKind::kAllGather:
+      case CollectiveKind::kAllToAll: {
+        const pjrt::Value x = p->Load(send, {send.count}, pjrt::ElementTypeOf(send.dtype));
+        p->Store(recv, kind == CollectiveKind::kAllGather ? p->AllGather(x, n) : p->AllToAll(x, n));
+        break;
+      }
+      default: {
+        const pjrt::Value x = p->Load(send, {send.count}, "f32");
+        const char* fn = op == ReduceOp::kMax ? "maximum" : "add";
+        pjrt::Value z = kind == CollectiveKind::kReduceScatter ? p->ReduceScatter(x, n, fn)
+                                                               : p->AllReduce(x, n, fn);
+        if (op == ReduceOp::kAvg) z = p->Div(z, p->Constant(n, "f32", z.dims));
+        p->Store(recv, z);
+        break;
+      }
     }
-    const int64_t offsets[2] = {send.offset, recv.offset};
-    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer off, client.I64Array(offsets, 2, impl_->device));
-    std::vector<PJRT_Buffer*> args = {ss->buf.get()};
-    if (!same) args.push_back(rs->buf.get());
-    args.push_back(off.get());
-    FSDP_ASSIGN_OR_RETURN(std::vector<pjrt::DeviceBuffer> out,
-                          client.Execute(*exe, impl_->device, args, launch_id));
-    impl_->programs.fetch_add(1, std::memory_order_relaxed);
-    rs->buf = std::move(out[0]);  // the old buffer was donated to the program
-    return absl::OkStatus();
   }
 
-  absl::StatusOr<Event> Issue(CollectiveKind kind, ReduceOp op, View send, View recv, Stream after,
-                              std::function<std::string()> program) {
+  // One launch, found in the cache by the program's structure (and the devices), not its text.
+  absl::Status Run(CollectiveKind kind, ReduceOp op, const View& send, const View& recv,
+                   int launch_id) {
+    pjrt::Program p("collective", /*dry=*/true, impl_->element_types());
+    Build(&p, kind, op, send, recv);
+    FSDP_RETURN_IF_ERROR(p.CheckViews(backend_));
+    FSDP_ASSIGN_OR_RETURN(
+        const pjrt::Executable* exe,
+        impl_->client->CompileKeyed(absl::StrCat(p.Key(), "|", absl::StrJoin(device_ids_, ",")),
+                                    "collective", [&] {
+                                      pjrt::Program full("collective", /*dry=*/false,
+                                                         impl_->element_types());
+                                      Build(&full, kind, op, send, recv);
+                                      return full.Text();
+                                    }, pjrt::CompileOptions(device_ids_)));
+    return impl_->Launch(p, *exe, {}, nullptr, launch_id).status();
+  }
+
+  absl::StatusOr<Event> Issue(CollectiveKind kind, ReduceOp op, View send, View recv,
+                              Stream after) {
     if (send.count == 0 && recv.count == 0) return Event();
     const Event ready = backend_->Record(after);
     // All ranks issue the same calls in the same order: the sequence number names the call.
@@ -413,10 +545,9 @@ class PjrtDataPlane final : public DataPlane {
     call.op = op;
     std::string what = absl::StrCat("pjrt data plane '", name(), "' ", DescribeCall(call), ": ");
     return OnCommStream(impl_, std::move(what),
-                        [this, kind, op, send, recv, ready, launch_id,
-                         program = std::move(program)] {
+                        [this, kind, op, send, recv, ready, launch_id] {
                           absl::Status s = Agree(kind, send, op, ready.Wait());
-                          if (s.ok()) s = Run(kind, op, program, send, recv, launch_id);
+                          if (s.ok()) s = Run(kind, op, send, recv, launch_id);
                           return s;
                         });
   }
@@ -468,26 +599,9 @@ class PjrtBridgeDataPlane final : public DataPlane {
     return Issue(CollectiveKind::kAllToAll, ReduceOp::kSum, send, recv, after);
   }
 
-  absl::Status ToHost(const View& v, void* dst) const {
-    if (v.count == 0) return absl::OkStatus();
-    Storage& from = *StorageOf(v);
-    std::lock_guard<std::mutex> lock(from.mu);
-    if (Whole(v)) return impl_->client->ToHost(from.buf.get(), dst, static_cast<size_t>(v.bytes()));
-    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer part, impl_->Slice(from, v.offset, v.bytes()));
-    return impl_->client->ToHost(part.get(), dst, static_cast<size_t>(v.bytes()));
-  }
-  absl::Status FromHost(const View& v, const void* src) const {
-    if (v.count == 0) return absl::OkStatus();
-    FSDP_ASSIGN_OR_RETURN(pjrt::DeviceBuffer b,
-                          impl_->client->FromHost(src, v.bytes(), impl_->device));
-    Storage& to = *StorageOf(v);
-    std::lock_guard<std::mutex> lock(to.mu);
-    return impl_->Write(to, v.offset, v.bytes(), std::move(b));
-  }
-
   absl::Status Run(CollectiveKind kind, ReduceOp op, const View& send, const View& recv) {
     std::vector<uint8_t> in(static_cast<size_t>(send.bytes())), out(static_cast<size_t>(recv.bytes()));
-    FSDP_RETURN_IF_ERROR(ToHost(send, in.data()));
+    FSDP_RETURN_IF_ERROR(impl_->ReadToHost(send, in.data()));
     const ConstBufferView s{in.data(), send.count, send.dtype};
     const BufferView r{out.data(), recv.count, recv.dtype};
     switch (kind) {
@@ -497,7 +611,7 @@ class PjrtBridgeDataPlane final : public DataPlane {
       case CollectiveKind::kAllToAll: FSDP_RETURN_IF_ERROR(comm_->AllToAll(s, r)); break;
       default: return absl::InternalError("pjrt bridge: not a data collective");
     }
-    return FromHost(recv, out.data());
+    return impl_->WriteFromHost(recv, out.data());
   }
 
   absl::StatusOr<Event> Issue(CollectiveKind kind, ReduceOp op, View send, View recv,
@@ -597,34 +711,18 @@ absl::StatusOr<Allocation> PjrtBackend::Allocate(size_t bytes) {
   impl_->Reap(/*wait_all=*/false);
   const auto n = static_cast<int64_t>(bytes);
   FSDP_ASSIGN_OR_RETURN(const int64_t now, impl_->memory.Reserve(n));
-  // Zeroed pages from the system: the host side costs nothing until the copy reads them.
-  void* zeros = std::calloc(bytes, 1);
-  if (zeros == nullptr) {
-    impl_->memory.Release(n);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("out of memory: the host could not stage ", bytes, " bytes"));
-  }
-  auto storage = std::make_unique<Storage>();
-  storage->bytes = static_cast<int64_t>(bytes);
-  absl::StatusOr<pjrt::DeviceBuffer> buf =
-      impl_->client->FromHost(zeros, static_cast<int64_t>(bytes), impl_->device);
-  std::free(zeros);
-  if (!buf.ok()) {
-    impl_->memory.Release(n);
-    return buf.status();
-  }
-  storage->buf = *std::move(buf);
+  // The array is made at the first use, typed by the first view that reaches it.
+  auto* storage = new Storage();
+  storage->bytes = n;
   impl_->memory.Commit(now);
-  Storage* s = storage.release();
-  return Allocation{s, s, bytes};
+  return Allocation{storage, storage, bytes};
 }
 
 void PjrtBackend::Free(const Allocation& a) {
   if (a.storage == nullptr) return;
   impl_->memory.Release(static_cast<int64_t>(a.bytes));
   Storage* storage = static_cast<Storage*>(a.storage);
-  impl_->deferred.Add(Record(Stream::kCompute), Record(Stream::kComm),
-                      [storage] { delete storage; });
+  impl_->deferred.Add(impl_->compute->Mark(), impl_->comm->Mark(), [storage] { delete storage; });
   impl_->Reap(/*wait_all=*/false);
 }
 
@@ -642,17 +740,7 @@ absl::Status PjrtBackend::DoCopyToHost(void* dst, View src, Stream s) {
   q->Submit([m, q, dst, src, done] {
     q->Drain();
     absl::Status st = q->failure();
-    if (st.ok() && src.count > 0) {
-      Storage& from = *StorageOf(src);
-      std::lock_guard<std::mutex> lock(from.mu);
-      if (Whole(src)) {
-        st = m->client->ToHost(from.buf.get(), dst, static_cast<size_t>(src.bytes()));
-      } else {
-        absl::StatusOr<pjrt::DeviceBuffer> part = m->Slice(from, src.offset, src.bytes());
-        st = part.ok() ? m->client->ToHost(part->get(), dst, static_cast<size_t>(src.bytes()))
-                       : part.status();
-      }
-    }
+    if (st.ok()) st = m->ReadToHost(src, dst);
     done->Complete(st);
   });
   return done->Wait();
@@ -667,14 +755,7 @@ absl::Status PjrtBackend::CopyFromHost(View dst, const void* src, Stream s) {
   Impl* m = impl_.get();
   Queue* q = &m->stream(s);
   q->Submit([m, q, dst, staged] {
-    const auto k = static_cast<int64_t>(staged->size());
-    absl::StatusOr<pjrt::DeviceBuffer> buf = m->client->FromHost(staged->data(), k, m->device);
-    absl::Status st = buf.status();
-    if (st.ok()) {
-      Storage& to = *StorageOf(dst);
-      std::lock_guard<std::mutex> lock(to.mu);
-      st = m->Write(to, dst.offset, k, *std::move(buf));
-    }
+    absl::Status st = m->WriteFromHost(dst, staged->data());
     if (!st.ok()) q->SetFailure(st);
   });
   return absl::OkStatus();
@@ -688,10 +769,13 @@ absl::Status PjrtBackend::Copy(View dst, View src, Stream s) {
         absl::StrCat("PjrtBackend::Copy: ", src.bytes(), " bytes into ", dst.bytes()));
   }
   if (dst.count == 0) return absl::OkStatus();
-  // An op: it joins the program of the ops around it.
-  const View to = dst.As(DType::kU8), from = src.As(DType::kU8);
-  impl_->stream(s).AddOp({"copy", [to, from](pjrt::Program* p) {
-                            p->Store(to, p->Load(from, {from.count}));
+  // An op: it joins the program of the ops around it. Elements of one dtype are copied as
+  // such (typed slices of typed arrays); views of two dtypes as bytes.
+  const bool typed = dst.dtype == src.dtype;
+  const View to = typed ? dst : dst.As(DType::kU8), from = typed ? src : src.As(DType::kU8);
+  const std::string raw = pjrt::ElementTypeOf(to.dtype);
+  impl_->stream(s).AddOp({"copy", [to, from, raw](pjrt::Program* p) {
+                            p->Store(to, p->Load(from, {from.count}, raw));
                           }});
   return absl::OkStatus();
 }
@@ -699,10 +783,12 @@ absl::Status PjrtBackend::Copy(View dst, View src, Stream s) {
 absl::Status PjrtBackend::Memset(View dst, int byte, Stream s) {
   FSDP_RETURN_IF_ERROR(CheckView(this, dst, "destination"));
   if (dst.count == 0) return absl::OkStatus();
-  const View to = dst.As(DType::kU8);
-  const auto value = static_cast<double>(static_cast<uint8_t>(byte));
-  impl_->stream(s).AddOp({"memset", [to, value](pjrt::Program* p) {
-                            p->Store(to, p->Constant(value, "ui8", {to.count}));
+  // Zeros in the view's own dtype (they are zero bytes in every dtype); other bytes as bytes.
+  const auto value = static_cast<uint8_t>(byte);
+  const View to = value == 0 ? dst : dst.As(DType::kU8);
+  const std::string type = pjrt::ElementTypeOf(to.dtype);
+  impl_->stream(s).AddOp({"memset", [to, value, type](pjrt::Program* p) {
+                            p->Store(to, p->Constant(value, type, {to.count}));
                           }});
   return absl::OkStatus();
 }
@@ -719,7 +805,8 @@ Event PjrtBackend::Record(Stream s) {
 
 absl::Status PjrtBackend::Wait(Stream s, const Event& e) {
   if (!e.valid()) return absl::OkStatus();
-  if (e.Done()) return e.Wait();
+  if (e.Done()) FSDP_RETURN_IF_ERROR(e.Wait());
+  // Submitted even when done: the held ops' program ends here whatever the timing.
   Queue* q = &impl_->stream(s);
   q->Submit([e, q] {
     absl::Status st = e.Wait();
@@ -820,7 +907,10 @@ absl::StatusOr<std::unique_ptr<DataPlane>> PjrtBackend::CreateDataPlane(Communic
 namespace fsdp {
 
 PjrtLaunchStats PjrtBackend::launch_stats() const {
-  return {impl_->programs.load(), impl_->op_programs.load(), impl_->op_count.load()};
+  PjrtLaunchStats s{impl_->programs.load(), impl_->op_programs.load(), impl_->op_count.load(), {}};
+  std::lock_guard<std::mutex> lock(impl_->bytes_mu);
+  s.byte_programs = impl_->byte_programs;
+  return s;
 }
 
 std::vector<std::pair<std::string, std::string>> PjrtBackend::data_paths() const {

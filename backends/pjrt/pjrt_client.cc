@@ -431,6 +431,21 @@ absl::StatusOr<DeviceBuffer> Client::FromHost(const void* data, int64_t bytes, i
   return Transfer(data, PJRT_Buffer_Type_U8, {bytes}, device);
 }
 
+absl::StatusOr<DeviceBuffer> Client::FromHost(const void* data, DType type, int64_t count,
+                                              int device) const {
+  int t = PJRT_Buffer_Type_U8;
+  switch (type) {
+    case DType::kF32: t = PJRT_Buffer_Type_F32; break;
+    case DType::kBF16: t = PJRT_Buffer_Type_BF16; break;
+    case DType::kF16: t = PJRT_Buffer_Type_F16; break;
+    case DType::kF64: t = PJRT_Buffer_Type_F64; break;
+    case DType::kI32: t = PJRT_Buffer_Type_S32; break;
+    case DType::kI64: t = PJRT_Buffer_Type_S64; break;
+    case DType::kU8: t = PJRT_Buffer_Type_U8; break;
+  }
+  return Transfer(data, t, {count}, device);
+}
+
 absl::StatusOr<DeviceBuffer> Client::Scalar(int64_t value, int device) const {
   return Transfer(&value, PJRT_Buffer_Type_S64, {}, device);
 }

@@ -132,13 +132,15 @@ int Program::ArgIndex(const View& v) {
   for (size_t i = 0; i < args_.size(); ++i) {
     if (args_[i].storage == v.allocation.storage) return static_cast<int>(i);
   }
-  args_.push_back(Arg{v.allocation.storage, static_cast<int64_t>(v.allocation.bytes)});
-  if (dry_) {
-    current_num_.push_back(-1 - static_cast<int64_t>(args_.size() - 1));  // the argument
-  } else {
-    current_.push_back(absl::StrCat("%a", args_.size() - 1));
-  }
-  return static_cast<int>(args_.size() - 1);
+  Arg arg{v.allocation.storage, static_cast<int64_t>(v.allocation.bytes)};
+  if (element_type_ != nullptr && v.allocation.storage != nullptr) arg.type = element_type_(v);
+  if (arg.bytes % static_cast<int64_t>(DTypeSize(arg.type)) != 0) arg.type = DType::kU8;
+  args_.push_back(arg);
+  const auto i = static_cast<int64_t>(args_.size() - 1);
+  // The argument itself: numbered -1 - i in a dry program's key.
+  current_.push_back(Value{dry_ ? std::string() : absl::StrCat("%a", i), {arg.elements()},
+                           ElementTypeOf(arg.type), -1 - i});
+  return static_cast<int>(i);
 }
 
 Value Program::Param(int64_t index, const std::string& type) {
@@ -186,31 +188,73 @@ Value Program::HostF32(const std::vector<float>& values, std::vector<int64_t> di
   return Reshape(f, std::move(dims));
 }
 
+Value Program::Offset(int64_t x) {
+  params_.push_back(x);
+  return Param(static_cast<int64_t>(params_.size()) - 1, "i64");
+}
+
+Value Program::DynamicSlice(const Value& a, const Value& offset, int64_t k) {
+  if (dry_) return Node({k}, a.type, 'D', a, offset, k);
+  return Emit(absl::StrCat("stablehlo.dynamic_slice ", a.id, ", ", offset.id, ", sizes = [", k,
+                           "] : (", a.tensor(), ", tensor<i64>) -> ", Tensor({k}, a.type)),
+              {k}, a.type);
+}
+
+Value Program::DynamicUpdate(const Value& a, const Value& update, const Value& offset) {
+  if (dry_) return Node(a.dims, a.type, 'U', a, update, offset);
+  return Emit(absl::StrCat("stablehlo.dynamic_update_slice ", a.id, ", ", update.id, ", ",
+                           offset.id, " : (", a.tensor(), ", ", update.tensor(),
+                           ", tensor<i64>) -> ", a.tensor()),
+              a.dims, a.type);
+}
+
+namespace {
+int64_t WidthOf(const std::string& type) {
+  if (type == "ui8" || type == "i1") return 1;
+  if (type == "bf16" || type == "f16") return 2;
+  if (type == "f64" || type == "i64") return 8;
+  return 4;
+}
+}  // namespace
+
+Value Program::ToBytes(const Value& a) {
+  if (a.type == "ui8") return a;
+  const int64_t n = a.numel(), w = WidthOf(a.type);
+  Value b;
+  if (dry_) {
+    b = Node({n, w}, "ui8", 'W', a);
+  } else {
+    b = Emit(absl::StrCat("stablehlo.bitcast_convert ", a.id, " : (", a.tensor(), ") -> ",
+                          Tensor({n, w}, "ui8")),
+             {n, w}, "ui8");
+  }
+  return Reshape(b, {n * w});
+}
+
+Value Program::FromBytes(const Value& bytes, const std::string& type) {
+  if (type == "ui8") return bytes;
+  const int64_t w = WidthOf(type), n = bytes.numel() / w;
+  Value r = Reshape(bytes, {n, w});
+  if (dry_) return Node({n}, type, 'N', r);
+  return Emit(absl::StrCat("stablehlo.bitcast_convert ", r.id, " : (", r.tensor(), ") -> ",
+                           Tensor({n}, type)),
+              {n}, type);
+}
+
 Value Program::Load(const View& v, std::vector<int64_t> dims, const std::string& as) {
   NoteView(v, "input");
   const int a = ArgIndex(v);
-  params_.push_back(v.offset);
-  const Value off = Param(static_cast<int64_t>(params_.size()) - 1, "i64");
-  const int64_t bytes = v.bytes();
-  const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
+  const Arg& arg = args_[a];
   const std::string dt = ElementTypeOf(v.dtype);
-  if (dry_) {
-    // The argument's latest value (after the stores of earlier ops of the program).
-    Value typed = Node({v.count}, dt, 'L', current_num_[a], off, bytes, args_[a].bytes, dt);
-    std::string want = as;
-    if (want.empty()) want = (dt == "bf16" || dt == "f16") ? "f32" : dt;
-    return Reshape(Convert(typed, want), std::move(dims));
-  }
-  Value raw = Emit(absl::StrCat("stablehlo.dynamic_slice ", current_[a], ", ", off.id,
-                                ", sizes = [", bytes, "] : (", Tensor({args_[a].bytes}, "ui8"),
-                                ", tensor<i64>) -> ", Tensor({bytes}, "ui8")),
-                   {bytes}, "ui8");
-  Value typed = raw;
-  if (es > 1) {
-    Value r = Reshape(raw, {v.count, es});
-    typed = Emit(absl::StrCat("stablehlo.bitcast_convert ", r.id, " : (", r.tensor(), ") -> ",
-                              Tensor({v.count}, dt)),
-                 {v.count}, dt);
+  const auto width = static_cast<int64_t>(DTypeSize(arg.type));
+  Value typed;
+  if (static_cast<int64_t>(DTypeSize(v.dtype)) == width && v.offset % width == 0) {
+    // A slice of the typed array (bitcast when the view's type is another of that width).
+    typed = DynamicSlice(current_[a], Offset(v.offset / width), v.count);
+    if (typed.type != dt) typed = Bitcast(typed, dt);
+  } else {
+    // Through the array's bytes.
+    typed = FromBytes(DynamicSlice(ToBytes(current_[a]), Offset(v.offset), v.bytes()), dt);
   }
   std::string want = as;
   if (want.empty()) want = (dt == "bf16" || dt == "f16") ? "f32" : dt;
@@ -220,30 +264,90 @@ Value Program::Load(const View& v, std::vector<int64_t> dims, const std::string&
 void Program::Store(const View& v, const Value& x) {
   NoteView(v, "output");
   const int a = ArgIndex(v);
-  params_.push_back(v.offset);
-  const Value off = Param(static_cast<int64_t>(params_.size()) - 1, "i64");
-  const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
+  const Arg& arg = args_[a];
   const std::string dt = ElementTypeOf(v.dtype);
+  const auto width = static_cast<int64_t>(DTypeSize(arg.type));
   Value flat = Convert(Reshape(x, {v.count}), dt);
+  // The value stored is what the op computes alone: XLA neither fuses it with the ops after it
+  // in the program nor contracts across (so where a stream's programs begin and end, which
+  // follows the runtime's schedule, does not change a bit of any result).
   if (dry_) {
-    current_num_[a] = Node({args_[a].bytes}, "ui8", 'S', current_num_[a], flat, off).num;
-    args_[a].written = true;
-    return;
+    flat = Node(flat.dims, flat.type, 'O', flat);
+  } else {
+    flat = Emit(absl::StrCat("stablehlo.optimization_barrier ", flat.id, " : ", flat.tensor()),
+                flat.dims, flat.type);
   }
-  Value bytes = flat;
-  if (es > 1) {
-    Value b = Emit(absl::StrCat("stablehlo.bitcast_convert ", flat.id, " : (", flat.tensor(),
-                                ") -> ", Tensor({v.count, es}, "ui8")),
-                   {v.count, es}, "ui8");
-    bytes = Reshape(b, {v.bytes()});
+  if (static_cast<int64_t>(DTypeSize(v.dtype)) == width && v.offset % width == 0) {
+    if (flat.type != current_[a].type) flat = Bitcast(flat, current_[a].type);
+    current_[a] = DynamicUpdate(current_[a], flat, Offset(v.offset / width));
+  } else {
+    const Value bytes = DynamicUpdate(ToBytes(current_[a]), ToBytes(flat), Offset(v.offset));
+    current_[a] = FromBytes(bytes, current_[a].type);
   }
-  const std::string arg_t = Tensor({args_[a].bytes}, "ui8");
-  Value upd = Emit(absl::StrCat("stablehlo.dynamic_update_slice ", current_[a], ", ", bytes.id,
-                                ", ", off.id, " : (", arg_t, ", ", bytes.tensor(),
-                                ", tensor<i64>) -> ", arg_t),
-                   {args_[a].bytes}, "ui8");
-  current_[a] = upd.id;
   args_[a].written = true;
+}
+
+Value Program::Input(std::vector<int64_t> dims, DType type) {
+  const std::string t = ElementTypeOf(type);
+  const auto i = static_cast<int64_t>(inputs_.size());
+  Value v;
+  if (dry_) {
+    v = Node(std::move(dims), t, 'X', i);
+  } else {
+    v = Value{absl::StrCat("%x", i), std::move(dims), t, next_++};
+  }
+  inputs_.push_back(v);
+  return v;
+}
+
+void Program::Output(const Value& x) {
+  if (dry_) {
+    key_.push_back('O');
+    Put(x);
+  }
+  outputs_.push_back(x);
+}
+
+Value Program::Collective(const char* kind, const std::string& attributes, const char* op,
+                          const Value& x, int64_t out_count, int ranks) {
+  replicas_ = ranks;
+  if (dry_) return Node({out_count}, x.type, 'K', kind, op == nullptr ? "" : op, ranks, x);
+  std::vector<int64_t> r(static_cast<size_t>(ranks));
+  for (int i = 0; i < ranks; ++i) r[static_cast<size_t>(i)] = i;
+  const std::string groups = absl::StrCat("replica_groups = dense<[[", List(r),
+                                          "]]> : tensor<1x", ranks, "xi64>");
+  std::string region;
+  if (op != nullptr) {
+    const std::string s = Tensor({}, x.type);
+    region = absl::StrCat(" ({\n    ^bb0(%lhs: ", s, ", %rhs: ", s, "):\n      %res = stablehlo.",
+                          op, " %lhs, %rhs : ", s, "\n      stablehlo.return %res : ", s,
+                          "\n    })");
+  }
+  return Emit(absl::StrCat("\"stablehlo.", kind, "\"(", x.id, ")", region, " {", attributes,
+                           attributes.empty() ? "" : ", ", groups, "} : (", x.tensor(), ") -> ",
+                           Tensor({out_count}, x.type)),
+              {out_count}, x.type);
+}
+
+Value Program::AllGather(const Value& x, int ranks) {
+  return Collective("all_gather", "all_gather_dim = 0 : i64", nullptr, x, x.numel() * ranks,
+                    ranks);
+}
+
+Value Program::ReduceScatter(const Value& x, int ranks, const char* op) {
+  return Collective("reduce_scatter", "scatter_dimension = 0 : i64", op, x, x.numel() / ranks,
+                    ranks);
+}
+
+Value Program::AllReduce(const Value& x, int ranks, const char* op) {
+  return Collective("all_reduce", "", op, x, x.numel(), ranks);
+}
+
+Value Program::AllToAll(const Value& x, int ranks) {
+  return Collective("all_to_all",
+                    absl::StrCat("split_dimension = 0 : i64, concat_dimension = 0 : i64, "
+                                 "split_count = ", ranks, " : i64"),
+                    nullptr, x, x.numel(), ranks);
 }
 
 Value Program::Constant(double value, const std::string& type, std::vector<int64_t> dims) {
@@ -447,9 +551,11 @@ Value Program::ScatterAdd(const Value& table, const Value& idx, const Value& upd
 std::string Program::Key() const {
   std::vector<int64_t> k = key_;
   k.push_back(static_cast<int64_t>(params_.size()));
+  k.push_back(replicas_);
   for (size_t i = 0; i < args_.size(); ++i) {
     k.push_back(args_[i].bytes);
-    k.push_back(args_[i].written ? current_num_[i] : -2);
+    k.push_back(static_cast<int64_t>(args_[i].type));
+    k.push_back(args_[i].written ? current_[i].num : -2);
   }
   std::string out = absl::StrCat(name_, ":");
   out.append(reinterpret_cast<const char*>(k.data()), k.size() * sizeof(int64_t));
@@ -457,24 +563,29 @@ std::string Program::Key() const {
 }
 
 std::string Program::Text() const {
-  std::vector<std::string> sig, results, ret_ids, ret_types;
+  std::vector<std::string> sig, ret_ids, ret_types;
   int out = 0;
   for (size_t i = 0; i < args_.size(); ++i) {
-    const std::string t = Tensor({args_[i].bytes}, "ui8");
+    const std::string t = Tensor({args_[i].elements()}, ElementTypeOf(args_[i].type));
     if (args_[i].written) {
       sig.push_back(absl::StrCat("%a", i, ": ", t, " {tf.aliasing_output = ", out++, " : i32}"));
-      ret_ids.push_back(current_[i]);
+      ret_ids.push_back(current_[i].id);
       ret_types.push_back(t);
     } else {
       sig.push_back(absl::StrCat("%a", i, ": ", t));
     }
   }
+  for (const Value& x : inputs_) sig.push_back(absl::StrCat(x.id, ": ", x.tensor()));
+  for (const Value& y : outputs_) {
+    ret_ids.push_back(y.id);
+    ret_types.push_back(y.tensor());
+  }
   const std::string params_t = Tensor({static_cast<int64_t>(params_.size())}, "i64");
   sig.push_back(absl::StrCat("%params: ", params_t));
   std::string body = absl::StrReplaceAll(body_, {{kParamsType, params_t}});
   return absl::StrCat(
-      "module @fsdp_", name_,
-      " attributes {mhlo.num_replicas = 1 : i32, mhlo.num_partitions = 1 : i32} {\n"
+      "module @fsdp_", name_, " attributes {mhlo.num_replicas = ", replicas_,
+      " : i32, mhlo.num_partitions = 1 : i32} {\n"
       "  func.func public @main(",
       absl::StrJoin(sig, ", "), ") -> (", absl::StrJoin(ret_types, ", "), ") {\n", body,
       "    return ", absl::StrJoin(ret_ids, ", "), " : ", absl::StrJoin(ret_types, ", "),

@@ -1,16 +1,24 @@
 // Builds one StableHLO program of the PJRT backend's ops from their views: one op's, or the
 // ops a stream ran back to back (pjrt_ops.h), added one after the other.
 //
-// Device memory is a ui8 array per allocation (stablehlo.h). A Program takes every allocation
-// its views touch as one argument (views of the same allocation share it), and one i64 array
-// of run-time values: the byte offset of each view and the ops' float scalars (as the bits of
-// a double). So the program text depends on sizes and on which views share an allocation, not
-// on offsets or scalar values, and the client's cache compiles it once per structure.
+// Device memory is a typed 1-D array per allocation: f32[n], bf16[n], ... (ui8[bytes] only for
+// memory first reached as bytes); the backend says which (ElementTypeFn). A Program takes
+// every allocation its views touch as one argument (views of the same allocation share it),
+// and one i64 array of run-time values: the offset of each view (in elements of the array
+// where the view's dtype has the array's width and starts on an element, else in bytes) and
+// the ops' float scalars (as the bits of a double). So the program text depends on sizes,
+// types and which views share an allocation, not on offsets or scalar values, and the client's
+// cache compiles it once per structure.
 //
 // Load() reads a view as a typed tensor (the allocation's latest value in the program: after
 // the stores of the ops before); Store() converts a tensor to the view's dtype and writes it.
-// An allocation that is stored to is donated and returned: the backend replaces its buffer
-// with the output.
+// A view of the array's element type is a dynamic slice of it; one of another type of the same
+// width is that slice bitcast; any other view goes through the array's bytes (bitcast to ui8
+// and back inside the program). An allocation that is stored to is donated and returned: the
+// backend replaces its buffer with the output.
+//
+// Input() and Output() are extra arguments and results (host copies of part of an
+// allocation); the collectives make the program one of `ranks` replicas.
 //
 // The rest is a small typed emitter: each call appends one line and returns its SSA value. A
 // dry program appends no text: it records the same arguments and run-time values, and its
@@ -18,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -42,11 +51,16 @@ struct Value {
   std::string tensor() const;  // e.g. "tensor<4x8xf32>"
 };
 
+// The element type of the array that holds a view's allocation (the backend decides it once
+// per allocation). Without one every allocation is ui8[bytes].
+using ElementTypeFn = std::function<DType(const View&)>;
+
 class Program {
  public:
   // A dry program builds no text: it records its arguments and run-time values, and its
   // structure as integers (Key()), which is all a launch of a program compiled before needs.
-  explicit Program(std::string name, bool dry = false) : name_(std::move(name)), dry_(dry) {}
+  explicit Program(std::string name, bool dry = false, ElementTypeFn element_type = nullptr)
+      : name_(std::move(name)), dry_(dry), element_type_(std::move(element_type)) {}
 
   // Names the op whose views come next (for the message of a bad view in a program of
   // several ops).
@@ -62,6 +76,18 @@ class Program {
   Value Scalar(double value, const std::string& type = "f32");
   // Host floats given at run time as an f32 tensor of `dims` (small tables, e.g. RoPE's).
   Value HostF32(const std::vector<float>& values, std::vector<int64_t> dims);
+  // An extra argument of `dims` and `type`, after the allocations (the caller passes its
+  // buffer: Input i is the launch's argument args().size() + i).
+  Value Input(std::vector<int64_t> dims, DType type);
+  // An extra result, after the written allocations.
+  void Output(const Value& x);
+
+  // ---- collectives over `ranks` replicas (replica r = rank r; the program becomes one of
+  // `ranks` replicas). 1-D operands. op: "add" or "maximum".
+  Value AllGather(const Value& x, int ranks);
+  Value ReduceScatter(const Value& x, int ranks, const char* op);
+  Value AllReduce(const Value& x, int ranks, const char* op);
+  Value AllToAll(const Value& x, int ranks);
 
   // ---- values ------------------------------------------------------------------------------
   Value Constant(double value, const std::string& type, std::vector<int64_t> dims = {});
@@ -112,10 +138,14 @@ class Program {
   struct Arg {
     void* storage;      // Allocation::storage
     int64_t bytes;      // the allocation's size
+    DType type = DType::kU8;  // of its array: type[bytes / size of type]
     bool written = false;
+    int64_t elements() const { return bytes / static_cast<int64_t>(DTypeSize(type)); }
   };
   const std::vector<Arg>& args() const { return args_; }
   const std::vector<int64_t>& params() const { return params_; }
+  int num_inputs() const { return static_cast<int>(inputs_.size()); }
+  int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const std::string& name() const { return name_; }
   // The first bad view given to Load or Store (not memory of `backend`, or outside its
   // allocation); OK when every view is good.
@@ -135,18 +165,28 @@ class Program {
   void Put(const std::vector<Value>& vs);
   int ArgIndex(const View& v);
   Value Param(int64_t index, const std::string& type);  // params[index] as a scalar
+  // The run-time value `x` as an i64 scalar.
+  Value Offset(int64_t x);
+  Value DynamicSlice(const Value& a, const Value& offset, int64_t k);
+  Value DynamicUpdate(const Value& a, const Value& update, const Value& offset);
+  Value ToBytes(const Value& a);  // 1-D a as ui8[a.numel() * width]
+  Value FromBytes(const Value& bytes, const std::string& type);  // the inverse
+  Value Collective(const char* kind, const std::string& attributes, const char* op,
+                   const Value& x, int64_t out_count, int ranks);
 
   void NoteView(const View& v, const char* role);
 
   std::string name_;
   const bool dry_;
+  const ElementTypeFn element_type_;
   const char* op_ = nullptr;
+  int replicas_ = 1;
   std::vector<int64_t> key_;            // a dry program's structure
-  std::vector<int64_t> current_num_;    // a dry program's current_
   std::vector<Arg> args_;
+  std::vector<Value> inputs_, outputs_;
   std::vector<std::pair<const Backend*, const char*>> view_backends_;  // and the op
   std::string bad_view_;
-  std::vector<std::string> current_;  // each argument's latest value (after stores)
+  std::vector<Value> current_;  // each argument's latest value (after stores)
   std::vector<int64_t> params_;
   std::string body_;
   int next_ = 0;

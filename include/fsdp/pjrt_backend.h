@@ -25,6 +25,7 @@
 //   An error fails the stream with the ops' names and the plugin's message.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -72,6 +73,11 @@ struct PjrtLaunchStats {
   int64_t programs = 0;  // launches of every kind
   int64_t op_programs = 0;  // of them, programs of ops (one per fused run of ops)
   int64_t ops = 0;  // ops (and device-to-device copies and memsets) in those programs
+  // Programs that took an allocation held as bytes (ui8) rather than typed elements, with
+  // their launches: "name: ui8[bytes], ...". An allocation is typed by the dtype of the
+  // first view that reaches it; it is bytes where that view is bytes (a byte contract, e.g.
+  // a copy between views of two dtypes) or its size is not a multiple of that dtype's.
+  std::map<std::string, int64_t> byte_programs;
 };
 
 class PjrtBackend final : public Backend {

@@ -196,6 +196,9 @@ class Client {
   // A copy of `bytes` host bytes as a ui8[bytes] array on device `device` (done when this
   // returns: the host bytes may be reused).
   absl::StatusOr<DeviceBuffer> FromHost(const void* data, int64_t bytes, int device) const;
+  // A copy of `count` host elements of `type` as a type[count] array on device `device`.
+  absl::StatusOr<DeviceBuffer> FromHost(const void* data, DType type, int64_t count,
+                                        int device) const;
   // An i64 scalar on device `device`.
   absl::StatusOr<DeviceBuffer> Scalar(int64_t value, int device) const;
   // An i64[n] array on device `device`.

@@ -192,7 +192,8 @@ struct ShardingRuntime::Impl {
   absl::Status CheckStepAllowed(float lr);
   // The global gradient norm over the shard group, on the device, and the clip factor.
   struct GlobalNorm {
-    internal::Accounted scratch;  // holds the device scalars until the step's work has run
+    internal::Accounted sums;     // f64: this rank's sum of squares, the total
+    internal::Accounted scratch;  // f32: the ranks' sums as pairs, this rank's pair, the factor
     View factor;                  // f32: clip coefficient / k
     double total_sq = 0;          // read on the host: whether to step, the norm to report
   };

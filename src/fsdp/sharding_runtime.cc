@@ -622,13 +622,15 @@ absl::StatusOr<ShardingRuntime::Impl::GlobalNorm> ShardingRuntime::Impl::ReduceG
   RuntimeOps& o = ops();
   const Stream cs = Stream::kCompute;
   GlobalNorm norm;
+  // Two arrays of one dtype each (a device may hold an allocation as an array of one type):
+  // the f64 sums, [0] this rank's and [1] the total; and f32 elements: the S ranks' sums as
+  // f32 pairs, this rank's pair, the factor.
+  FSDP_ASSIGN_OR_RETURN(norm.sums, Alloc(book.grad_buffers, "the global norm's sums", nullptr, 4));
   FSDP_ASSIGN_OR_RETURN(norm.scratch, Alloc(book.grad_buffers, "the global norm's scratch",
-                                            nullptr, 4 + 2 * S() + 3));
-  // f32 elements: [0, 2) this rank's sum (f64), [2, 4) the total (f64), then the S ranks'
-  // sums as f32 pairs, this rank's pair, the factor.
-  const View scr = norm.scratch.view();
-  const View local = scr.Slice(0, 2).As(DType::kF64), total = scr.Slice(2, 2).As(DType::kF64);
-  norm.factor = scr.Slice(4 + 2 * S() + 2, 1);
+                                            nullptr, 2 * S() + 3));
+  const View sums = norm.sums.view().As(DType::kF64), scr = norm.scratch.view();
+  const View local = sums.Slice(0, 1), total = sums.Slice(1, 1);
+  norm.factor = scr.Slice(2 * S() + 2, 1);
   FSDP_RETURN_IF_ERROR(backend->Memset(local, 0, cs));
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
     if (!host_shards(u)) {
@@ -643,7 +645,7 @@ absl::StatusOr<ShardingRuntime::Impl::GlobalNorm> ShardingRuntime::Impl::ReduceG
     pending.Add(std::move(up), {backend->Record(cs)});
   }
   if (S() > 1) {
-    const View mine = scr.Slice(4 + 2 * S(), 2), partials = scr.Slice(4, 2 * S());
+    const View mine = scr.Slice(2 * S(), 2), partials = scr.Slice(0, 2 * S());
     o.SplitF64(cs, mine, local);
     FSDP_ASSIGN_OR_RETURN(Event gathered, shard_plane->AllGather(mine, partials, cs));
     absl::Status w = StreamWait(cs, gathered, "gradient norm", "");
@@ -683,6 +685,7 @@ absl::Status ShardingRuntime::Impl::SkipNonFiniteStep(GlobalNorm norm, StepStats
     }
   }
   passes_since_step = 0;
+  pending.Add(std::move(norm.sums), {backend->Record(Stream::kCompute)});
   pending.Add(std::move(norm.scratch), {backend->Record(Stream::kCompute)});
   if (error) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -745,6 +748,7 @@ absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, d
   stats.step = ++steps;
   scaler.OnGoodStep();
   stats.loss_scale = scaler.scale();
+  pending.Add(std::move(norm.sums), {backend->Record(cs)});
   pending.Add(std::move(norm.scratch), {backend->Record(cs)});
   return absl::OkStatus();
 }

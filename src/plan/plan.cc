@@ -416,15 +416,17 @@ class Replay {
   }
 
   void Step() {
-    // The global norm's scratch: this rank's and the total f64 sums, the S ranks' f32 pairs
-    // (all-gathered), this rank's pair and the clip factor.
-    Buf scratch = Alloc(kGradBuffers, (4 + 2 * int64_t{S_} + 3) * 4, /*comm=*/true);
+    // The global norm's sums (this rank's and the total, f64) and scratch (the S ranks' f32
+    // pairs, all-gathered, this rank's pair and the clip factor).
+    Buf sums = Alloc(kGradBuffers, 2 * 8, /*comm=*/true);
+    Buf scratch = Alloc(kGradBuffers, (2 * int64_t{S_} + 3) * 4, /*comm=*/true);
     // Offload all: each host gradient shard up for the norm, given back once summed.
     for (size_t u = 0; u < units_.size(); ++u) {
       if (!host_shards_[u]) continue;
       Buf up = Alloc(kGradBuffers, units_[u].shard_numel * 4);
       PendingAdd(up, {kEmptyEvent});
     }
+    PendingAdd(sums, {kEmptyEvent});
     PendingAdd(scratch, {kEmptyEvent});
     Collect();
   }

@@ -24,6 +24,8 @@
 #include "fsdp/data_plane.h"
 #include "fsdp/kernels_cpu.h"
 #include "fsdp/local_world.h"
+#include "fsdp/nn/data.h"
+#include "fsdp/nn/sharded_model.h"
 #include "fsdp/ops.h"
 
 namespace fsdp {
@@ -293,6 +295,136 @@ TEST(PjrtBuffers, RoundTripOfSeveralDtypes) {
     std::copy(window.begin(), window.end(), want.begin() + 5 * DTypeSize(dtype));
     ASSERT_TRUE(b.CopyToHost(back.data(), v).ok());
     EXPECT_EQ(back, want);
+  }
+}
+
+// An allocation is an array of the dtype of the first view that reaches it (f32 here). Views
+// of another dtype read and write the same bytes: of the same width (i32) as a bitcast slice,
+// of another width or off an element's start (u8, bf16 at 2 mod 4) through the array's bytes
+// inside the program; copies and memsets too. No program takes the allocation as bytes.
+TEST(PjrtBuffers, ViewsOfAnotherDtypeReadAndWriteTheSameBytes) {
+  SKIP_WITHOUT_PLUGIN();
+  absl::StatusOr<std::unique_ptr<PjrtBackend>> be = OneDeviceBackend();
+  ASSERT_TRUE(be.ok()) << be.status();
+  PjrtBackend& b = **be;
+  const int64_t n = 16;  // f32 elements
+  std::vector<float> f(n);
+  for (int64_t i = 0; i < n; ++i) f[i] = 1.5f * static_cast<float>(i) - 7.25f;
+  std::vector<uint8_t> model(n * 4);  // what the allocation's bytes must be
+  std::memcpy(model.data(), f.data(), model.size());
+  absl::StatusOr<Buffer> buf = Buffer::Create(&b, n * 4);
+  absl::StatusOr<Buffer> other = Buffer::Create(&b, 8 * 4);
+  ASSERT_TRUE(buf.ok() && other.ok());
+  const View v = buf->view(DType::kF32);
+  ASSERT_TRUE(b.CopyFromHost(v, f.data()).ok());  // typed f32 from here on
+  const View bytes = buf->view(DType::kU8);
+  auto read = [&](const View& w) {
+    std::vector<uint8_t> out(static_cast<size_t>(w.bytes()));
+    absl::Status s = b.CopyToHost(out.data(), w);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  };
+  auto expect = [&](const View& w, const char* what) {
+    SCOPED_TRACE(what);
+    const std::vector<uint8_t> want(model.begin() + w.offset, model.begin() + w.offset + w.bytes());
+    EXPECT_EQ(read(w), want);
+  };
+  expect(bytes.Slice(3, 13), "u8 at 3");
+  expect(bytes.Slice(6, 10).As(DType::kBF16), "bf16 at 6");
+  expect(bytes.Slice(8, 12).As(DType::kI32), "i32 at 8");
+  // Writes: bytes at an odd offset, i32 elements, a memset of bytes and one of zeros.
+  const std::vector<uint8_t> w8 = {1, 2, 3, 4, 5, 6, 7};
+  ASSERT_TRUE(b.CopyFromHost(bytes.Slice(5, 7), w8.data()).ok());
+  std::copy(w8.begin(), w8.end(), model.begin() + 5);
+  const int32_t wi[2] = {-123456789, 987654321};
+  ASSERT_TRUE(b.CopyFromHost(bytes.Slice(24, 8).As(DType::kI32), wi).ok());
+  std::memcpy(model.data() + 24, wi, 8);
+  ASSERT_TRUE(b.Memset(bytes.Slice(33, 5), 0xAB).ok());
+  std::fill(model.begin() + 33, model.begin() + 38, 0xAB);
+  ASSERT_TRUE(b.Memset(v.Slice(12, 2), 0).ok());
+  std::fill(model.begin() + 48, model.begin() + 56, 0);
+  // Copies: f32 elements into another allocation typed i32 (bytes of two dtypes), and back
+  // within the first at a 2-byte shift (u8 views).
+  const View oi = other->view(DType::kI32);
+  ASSERT_TRUE(b.Memset(oi, 0).ok());  // typed i32
+  ASSERT_TRUE(b.Copy(oi.Slice(2, 4), v.Slice(1, 4)).ok());
+  std::vector<uint8_t> other_model(32, 0);
+  std::copy(model.begin() + 4, model.begin() + 20, other_model.begin() + 8);
+  ASSERT_TRUE(b.Copy(bytes.Slice(58, 6), bytes.Slice(2, 6)).ok());
+  std::copy(model.begin() + 2, model.begin() + 8, model.begin() + 58);
+  EXPECT_EQ(read(bytes), model);
+  EXPECT_EQ(read(other->view(DType::kU8)), other_model);
+  ASSERT_TRUE(b.Record(Stream::kCompute).Wait().ok());
+  ASSERT_TRUE(b.Record(Stream::kComm).Wait().ok());
+  const PjrtLaunchStats st = b.launch_stats();
+  std::string names;
+  for (const auto& [name, k] : st.byte_programs) absl::StrAppend(&names, name, " x", k, "; ");
+  EXPECT_TRUE(st.byte_programs.empty()) << names;
+  // An allocation first reached as bytes is bytes: and says so.
+  absl::StatusOr<Buffer> raw = Buffer::Create(&b, 12);
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(b.Memset(raw->view(DType::kU8).Slice(1, 3), 7).ok());
+  ASSERT_TRUE(b.Record(Stream::kCompute).Wait().ok());
+  const PjrtLaunchStats st2 = b.launch_stats();
+  ASSERT_EQ(st2.byte_programs.size(), 1u);
+  EXPECT_THAT(st2.byte_programs.begin()->first, HasSubstr("ui8[12]"));
+}
+
+// Every program of a training step takes typed arrays (f32, bf16, i32), no allocation as
+// bytes: FULL_SHARD on 2 ranks, GPT and Llama, f32 and bf16 parameters, gradient clipping on.
+TEST(PjrtTypedStorage, NoProgramOfATrainingStepTakesBytes) {
+  SKIP_WITHOUT_PLUGIN();
+  absl::StatusOr<std::shared_ptr<pjrt::Client>> client = CpuClient(2);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const auto data = nn::TokenDataset::FromText(nn::EmbeddedCorpus());
+  for (const char* model : {"nano", "llama-nano"}) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(absl::StrCat(model, " ", std::string(DTypeName(dtype))));
+      absl::StatusOr<nn::ModelConfig> config = nn::ModelConfig::FromName(model);
+      ASSERT_TRUE(config.ok()) << config.status();
+      PjrtLaunchStats stats;
+      float loss = 0;
+      absl::Status run = LocalWorld::Run(2, {}, [&](Communicator& world) -> absl::Status {
+        FSDP_ASSIGN_OR_RETURN(std::unique_ptr<PjrtBackend> backend,
+                              PjrtBackend::Create(*client, world.rank()));
+        nn::ShardedModelOptions o;
+        o.sharding.strategy = ShardingStrategy::kFullShard;
+        o.sharding.mixed_precision.param_dtype = dtype;
+        o.batch_size = 2;
+        o.seq_len = 16;
+        FSDP_ASSIGN_OR_RETURN(auto m, nn::ShardedModel::Create(*config, backend.get(), world, o));
+        FSDP_ASSIGN_OR_RETURN(auto loader,
+                              nn::DataLoader::Create(&data, {.batch_size = 2, .seq_len = 16,
+                                                             .rank = world.rank(),
+                                                             .world_size = world.size()}));
+        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kCompute).Wait());
+        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kComm).Wait());
+        const PjrtLaunchStats before = backend->launch_stats();
+        for (int step = 0; step < 2; ++step) {
+          const nn::Batch batch = loader.Next();
+          FSDP_ASSIGN_OR_RETURN(float l, m->ForwardBackward(batch.inputs.data(),
+                                                            batch.targets.data()));
+          FSDP_RETURN_IF_ERROR(m->Step(1e-3f).status());
+          if (world.rank() == 0) loss = l;
+        }
+        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kCompute).Wait());
+        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kComm).Wait());
+        if (world.rank() == 0) {
+          stats = backend->launch_stats();
+          stats.programs -= before.programs;
+          for (const auto& [name, k] : before.byte_programs) {
+            if ((stats.byte_programs[name] -= k) == 0) stats.byte_programs.erase(name);
+          }
+        }
+        return absl::OkStatus();
+      });
+      ASSERT_TRUE(run.ok()) << run;
+      EXPECT_TRUE(std::isfinite(loss));
+      EXPECT_GT(stats.programs, 10);
+      std::string names;
+      for (const auto& [name, k] : stats.byte_programs) absl::StrAppend(&names, name, " x", k, "; ");
+      EXPECT_TRUE(stats.byte_programs.empty()) << "programs with byte-array arguments: " << names;
+    }
   }
 }
 
