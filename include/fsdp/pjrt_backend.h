@@ -1,9 +1,12 @@
 // `pjrt`: a backend on a PJRT plugin (the XLA CPU plugin in CI; libtpu, the Neuron plugin or
 // XLA's CUDA plugin on accelerators), one device per rank, all ranks of a process sharing one
 // pjrt::Client. docs/pjrt.md says what works and what does not yet.
-// - Memory: an allocation is a PJRT buffer of bytes (ui8[bytes]) held in Allocation::storage;
-//   a view is reached by programs that slice it at a byte offset. Writes (copies, memset,
-//   collective results) run a program that donates the old buffer and returns the new one.
+// - Memory: an allocation is a typed 1-D PJRT array held in Allocation::storage, of the dtype
+//   of the first view that reaches it (f32[n] for parameters, gradients and optimizer state,
+//   bf16[n] for gathered bf16 parameters, ...; ui8[bytes] only where that view is bytes), made
+//   (zeros) at its first use. A view is a slice of it inside a program (a view of another
+//   dtype: a bitcast, or the array's bytes). Writes (ops, copies, memsets, collective results)
+//   run a program that donates the old array and returns the new one.
 // - Streams: each stream is an in-order queue on a host thread. An op's item launches its
 //   program without waiting (the plugin orders launches that use its outputs after it); an
 //   event recorded on the stream completes once the PJRT completion events of everything
@@ -11,9 +14,9 @@
 //   their own launch. The two streams of a rank run concurrently.
 // - Data plane: for a group whose ranks are threads of one process, one device each of its
 //   client, all_gather, reduce_scatter and all_reduce (sum, avg, max; f32, bf16, f16) are
-//   StableHLO collective programs over the group's replicas, compiled once per (collective,
-//   count, dtype, op, devices) and launched by each rank on its own device with a launch id
-//   shared by the ranks of a call.
+//   StableHLO collective programs over the group's replicas, compiled once per structure and
+//   devices and launched by each rank on its own device with a launch id shared by the ranks
+//   of a call.
 //   A group whose ranks are in several processes (CreateMpiThreadsWorld under mpirun): the
 //   host-staged bridge (PjrtBackendOptions::cross_process), reported by data_paths().
 // - Ops: the ops of fsdp/ops.h issued on a stream between two other items of it (an event
@@ -22,7 +25,9 @@
 //   update. Device-to-device copies and memsets join it. The program takes the allocations
 //   its ops' views touch and the views' offsets and scalars at run time; it is compiled once
 //   per structure, found in the client's cache by a key of integers built without its text.
-//   An error fails the stream with the ops' names and the plugin's message.
+//   Each op's stored values pass an optimization barrier: how ops are grouped into programs
+//   never changes a result. An error fails the stream with the ops' names and the plugin's
+//   message.
 #pragma once
 
 #include <map>
