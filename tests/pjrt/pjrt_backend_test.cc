@@ -370,61 +370,76 @@ TEST(PjrtBuffers, ViewsOfAnotherDtypeReadAndWriteTheSameBytes) {
   EXPECT_THAT(st2.byte_programs.begin()->first, HasSubstr("ui8[12]"));
 }
 
-// Every program of a training step takes typed arrays (f32, bf16, i32), no allocation as
-// bytes: FULL_SHARD on 2 ranks, GPT and Llama, f32 and bf16 parameters, gradient clipping on.
+// Every program of a training step takes typed arrays (f32, bf16, i32, f64), no allocation as
+// bytes: GPT and Llama, f32 and bf16 parameters, FULL_SHARD on 2 ranks and HYBRID_SHARD 2 x 2
+// with bf16 reductions, gradient clipping on.
 TEST(PjrtTypedStorage, NoProgramOfATrainingStepTakesBytes) {
   SKIP_WITHOUT_PLUGIN();
-  absl::StatusOr<std::shared_ptr<pjrt::Client>> client = CpuClient(2);
+  absl::StatusOr<std::shared_ptr<pjrt::Client>> client = CpuClient(4);
   ASSERT_TRUE(client.ok()) << client.status();
   const auto data = nn::TokenDataset::FromText(nn::EmbeddedCorpus());
-  for (const char* model : {"nano", "llama-nano"}) {
-    for (const DType dtype : {DType::kF32, DType::kBF16}) {
-      SCOPED_TRACE(absl::StrCat(model, " ", std::string(DTypeName(dtype))));
-      absl::StatusOr<nn::ModelConfig> config = nn::ModelConfig::FromName(model);
-      ASSERT_TRUE(config.ok()) << config.status();
-      PjrtLaunchStats stats;
-      float loss = 0;
-      absl::Status run = LocalWorld::Run(2, {}, [&](Communicator& world) -> absl::Status {
-        FSDP_ASSIGN_OR_RETURN(std::unique_ptr<PjrtBackend> backend,
-                              PjrtBackend::Create(*client, world.rank()));
-        nn::ShardedModelOptions o;
-        o.sharding.strategy = ShardingStrategy::kFullShard;
-        o.sharding.mixed_precision.param_dtype = dtype;
-        o.batch_size = 2;
-        o.seq_len = 16;
-        FSDP_ASSIGN_OR_RETURN(auto m, nn::ShardedModel::Create(*config, backend.get(), world, o));
-        FSDP_ASSIGN_OR_RETURN(auto loader,
-                              nn::DataLoader::Create(&data, {.batch_size = 2, .seq_len = 16,
-                                                             .rank = world.rank(),
-                                                             .world_size = world.size()}));
-        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kCompute).Wait());
-        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kComm).Wait());
-        const PjrtLaunchStats before = backend->launch_stats();
-        for (int step = 0; step < 2; ++step) {
-          const nn::Batch batch = loader.Next();
-          FSDP_ASSIGN_OR_RETURN(float l, m->ForwardBackward(batch.inputs.data(),
-                                                            batch.targets.data()));
-          FSDP_RETURN_IF_ERROR(m->Step(1e-3f).status());
-          if (world.rank() == 0) loss = l;
+  struct Case {
+    const char* model;
+    ShardingStrategy strategy;
+    int ranks, hybrid;
+    DType param, reduce;
+  };
+  const Case cases[] = {
+      {"nano", ShardingStrategy::kFullShard, 2, 0, DType::kF32, DType::kF32},
+      {"nano", ShardingStrategy::kFullShard, 2, 0, DType::kBF16, DType::kF32},
+      {"llama-nano", ShardingStrategy::kFullShard, 2, 0, DType::kF32, DType::kF32},
+      {"llama-nano", ShardingStrategy::kFullShard, 2, 0, DType::kBF16, DType::kF32},
+      {"llama-nano", ShardingStrategy::kHybridShard, 4, 2, DType::kBF16, DType::kBF16}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.model, " ranks ", c.ranks, " hybrid ", c.hybrid, " param ",
+                              std::string(DTypeName(c.param)), " reduce ",
+                              std::string(DTypeName(c.reduce))));
+    absl::StatusOr<nn::ModelConfig> config = nn::ModelConfig::FromName(c.model);
+    ASSERT_TRUE(config.ok()) << config.status();
+    PjrtLaunchStats stats;
+    float loss = 0;
+    absl::Status run = LocalWorld::Run(c.ranks, {}, [&](Communicator& world) -> absl::Status {
+      FSDP_ASSIGN_OR_RETURN(std::unique_ptr<PjrtBackend> backend,
+                            PjrtBackend::Create(*client, world.rank()));
+      nn::ShardedModelOptions o;
+      o.sharding.strategy = c.strategy;
+      o.sharding.hybrid_shard_size = c.hybrid;
+      o.sharding.mixed_precision.param_dtype = c.param;
+      o.sharding.mixed_precision.reduce_dtype = c.reduce;
+      o.batch_size = 2;
+      o.seq_len = 16;
+      FSDP_ASSIGN_OR_RETURN(auto m, nn::ShardedModel::Create(*config, backend.get(), world, o));
+      FSDP_ASSIGN_OR_RETURN(auto loader,
+                            nn::DataLoader::Create(&data, {.batch_size = 2, .seq_len = 16,
+                                                           .rank = world.rank(),
+                                                           .world_size = world.size()}));
+      FSDP_RETURN_IF_ERROR(backend->Record(Stream::kCompute).Wait());
+      FSDP_RETURN_IF_ERROR(backend->Record(Stream::kComm).Wait());
+      const PjrtLaunchStats before = backend->launch_stats();
+      for (int step = 0; step < 2; ++step) {
+        const nn::Batch batch = loader.Next();
+        FSDP_ASSIGN_OR_RETURN(float l, m->ForwardBackward(batch.inputs.data(),
+                                                          batch.targets.data()));
+        FSDP_RETURN_IF_ERROR(m->Step(1e-3f).status());
+        if (world.rank() == 0) loss = l;
+      }
+      FSDP_RETURN_IF_ERROR(backend->Record(Stream::kCompute).Wait());
+      FSDP_RETURN_IF_ERROR(backend->Record(Stream::kComm).Wait());
+      if (world.rank() == 0) {
+        stats = backend->launch_stats();
+        stats.programs -= before.programs;
+        for (const auto& [name, k] : before.byte_programs) {
+          if ((stats.byte_programs[name] -= k) == 0) stats.byte_programs.erase(name);
         }
-        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kCompute).Wait());
-        FSDP_RETURN_IF_ERROR(backend->Record(Stream::kComm).Wait());
-        if (world.rank() == 0) {
-          stats = backend->launch_stats();
-          stats.programs -= before.programs;
-          for (const auto& [name, k] : before.byte_programs) {
-            if ((stats.byte_programs[name] -= k) == 0) stats.byte_programs.erase(name);
-          }
-        }
-        return absl::OkStatus();
-      });
-      ASSERT_TRUE(run.ok()) << run;
-      EXPECT_TRUE(std::isfinite(loss));
-      EXPECT_GT(stats.programs, 10);
-      std::string names;
-      for (const auto& [name, k] : stats.byte_programs) absl::StrAppend(&names, name, " x", k, "; ");
-      EXPECT_TRUE(stats.byte_programs.empty()) << "programs with byte-array arguments: " << names;
-    }
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(run.ok()) << run;
+    EXPECT_TRUE(std::isfinite(loss));
+    EXPECT_GT(stats.programs, 10);
+    std::string names;
+    for (const auto& [name, k] : stats.byte_programs) absl::StrAppend(&names, name, " x", k, "; ");
+    EXPECT_TRUE(stats.byte_programs.empty()) << "programs with byte-array arguments: " << names;
   }
 }
 
