@@ -144,8 +144,6 @@ class Program {
   };
   const std::vector<Arg>& args() const { return args_; }
   const std::vector<int64_t>& params() const { return params_; }
-  int num_inputs() const { return static_cast<int>(inputs_.size()); }
-  int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const std::string& name() const { return name_; }
   // The first bad view given to Load or Store (not memory of `backend`, or outside its
   // allocation); OK when every view is good.
