@@ -1,7 +1,7 @@
 // PJRT benchmark: what running through a PJRT plugin costs next to the CPU backend.
 //
 //   pjrt_bench [--plugin PATH] [--models nano,mini] [--ranks N] [--steps S] [--launches K]
-//              [--max_fused_ops M]
+//              [--max_fused_ops M] [--profile N] [--xla_options NAME=true|false,...]
 //
 // 1. Per-launch overhead: K launches of the smallest op (Scale of one f32) on one device,
 //    (a) each waited for (issue, run, event: the latency a dependent op sees) and (b) issued
@@ -17,7 +17,15 @@
 //    and the ratio pjrt / cpu; with the ops of a stream fused into programs (the default) and
 //    with a program per op (fuse_ops = false), and the launches per step of rank 0: programs
 //    of every kind, op programs, programs per unit per micro-batch, and launches of programs
-//    that took an allocation as bytes (ui8 args: 0 when every allocation is a typed array).
+//    that took an allocation as bytes (ui8 args: 0 when every allocation is a typed array), and
+//    the largest temporary memory XLA gave one of the programs (temp MiB; -1 where the plugin
+//    does not say): a whole-array copy of an update in place shows there.
+// 3. With --profile N: per model, a run with a program per op where each launch waits for its
+//    program (PjrtBackendOptions::profile; the streams do not overlap), and the N programs of
+//    rank 0 that took the most time per step: launches per step, ms per step, us per launch.
+// --xla_options: XLA debug options of every program of the pjrt runs (PjrtBackendOptions::
+// xla_options), e.g. xla_cpu_copy_insertion_use_region_analysis=false to see what the backend's
+// default saves.
 // The plugin is --plugin or $FSDP_PJRT_PLUGIN. Exit status 1 on an error, 2 on bad flags.
 #include <algorithm>
 #include <array>
@@ -25,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,12 +59,15 @@ struct Params {
   std::vector<std::string> models = {"nano", "mini"};
   int ranks = 2, steps = 5, launches = 200;
   int max_fused_ops = fsdp::PjrtBackendOptions{}.max_fused_ops;
+  int profile = 0;  // programs to list per model (0: no profile run)
+  std::vector<std::pair<std::string, bool>> xla_options;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
   std::fprintf(stderr,
                "pjrt_bench: %s\nusage: pjrt_bench [--plugin PATH] [--models nano,mini] "
-               "[--ranks N] [--steps S] [--launches K] [--max_fused_ops M]\n",
+               "[--ranks N] [--steps S] [--launches K] [--max_fused_ops M] [--profile N]\n"
+               "       [--xla_options NAME=true|false,...]\n",
                why.c_str());
   std::exit(2);
 }
@@ -88,6 +100,17 @@ Params Parse(int argc, char** argv) {
       p.launches = count(1, 100000);
     } else if (a == "--max_fused_ops") {
       p.max_fused_ops = count(1, 1000000);
+    } else if (a == "--profile") {
+      p.profile = count(0, 1000);
+    } else if (a == "--xla_options") {
+      const std::vector<std::string> options = absl::StrSplit(v, ',', absl::SkipEmpty());
+      for (const std::string& o : options) {
+        const std::vector<std::string> kv = absl::StrSplit(o, '=');
+        if (kv.size() != 2 || kv[0].empty() || (kv[1] != "true" && kv[1] != "false")) {
+          Usage("--xla_options " + o + ": want NAME=true or NAME=false");
+        }
+        p.xla_options.emplace_back(kv[0], kv[1] == "true");
+      }
     } else {
       Usage("unknown flag " + a);
     }
@@ -158,10 +181,13 @@ struct ModelRun {
   float loss = 0;
   double programs = 0, op_programs = 0, ops = 0;  // per step (rank 0, after the first)
   double byte_launches = 0;  // per step: launches with an allocation held as bytes (ui8)
+  std::map<std::string, fsdp::PjrtLaunchStats::Time> profile;  // per step (rank 0)
+  int64_t temp_bytes = -1;  // the largest temporary memory of a program (rank 0)
 };
 
 ModelRun Train(const Params& p, const std::string& model,
-               const std::shared_ptr<fsdp::pjrt::Client>& client, bool fuse = true) {
+               const std::shared_ptr<fsdp::pjrt::Client>& client, bool fuse = true,
+               bool profile = false) {
   const auto config = Check(fsdp::nn::ModelConfig::FromName(model), "model");
   const auto data = fsdp::nn::TokenDataset::FromText(fsdp::nn::EmbeddedCorpus());
   ModelRun r;
@@ -175,6 +201,8 @@ ModelRun Train(const Params& p, const std::string& model,
             fsdp::PjrtBackendOptions bo;
             bo.fuse_ops = fuse;
             bo.max_fused_ops = p.max_fused_ops;
+            bo.profile = profile;
+            bo.xla_options = p.xla_options;
             FSDP_ASSIGN_OR_RETURN(backend, fsdp::PjrtBackend::Create(client, world.rank(), bo));
           } else {
             FSDP_ASSIGN_OR_RETURN(auto cpu, fsdp::CpuBackend::Create({.num_threads = threads}));
@@ -223,6 +251,16 @@ ModelRun Train(const Params& p, const std::string& model,
             for (const auto& [name, k] : end.byte_programs) bytes += k;
             for (const auto& [name, k] : after_first.byte_programs) bytes -= k;
             r.byte_launches = static_cast<double>(bytes) / p.steps;
+            for (const auto& [name, t] : end.temp_bytes) r.temp_bytes = std::max(r.temp_bytes, t);
+            for (const auto& [name, t] : end.program_time) {
+              fsdp::PjrtLaunchStats::Time d = t;
+              const auto it = after_first.program_time.find(name);
+              if (it != after_first.program_time.end()) {
+                d.launches -= it->second.launches;
+                d.seconds -= it->second.seconds;
+              }
+              if (d.launches > 0) r.profile[name] = d;
+            }
           }
           return absl::OkStatus();
         }),
@@ -252,8 +290,10 @@ int main(int argc, char** argv) {
   {
     fsdp::PjrtBackendOptions per_op;
     per_op.fuse_ops = false;
+    per_op.xla_options = p.xla_options;
     fsdp::PjrtBackendOptions fused;
     fused.max_fused_ops = p.max_fused_ops;
+    fused.xla_options = p.xla_options;
     auto pj = Check(fsdp::PjrtBackend::Create(client, 0, per_op), "pjrt backend");
     auto pf = Check(fsdp::PjrtBackend::Create(client, 0, fused), "pjrt backend");
     auto cpu = Check(fsdp::CpuBackend::Create({.num_threads = 1}), "cpu backend");
@@ -272,7 +312,9 @@ int main(int argc, char** argv) {
   std::printf("\n# MatmulForward out[M,N] = inp[M,K] . w[N,K]^T + b, waited each (median us)\n");
   std::printf("%-20s %12s %12s %8s\n", "M x K x N", "pjrt us", "cpu us", "ratio");
   {
-    auto pj = Check(fsdp::PjrtBackend::Create(client, 0), "pjrt backend");
+    fsdp::PjrtBackendOptions bo;
+    bo.xla_options = p.xla_options;
+    auto pj = Check(fsdp::PjrtBackend::Create(client, 0, bo), "pjrt backend");
     auto cpu = Check(fsdp::CpuBackend::Create({.num_threads = 1}), "cpu backend");
     cpu->BindCurrentThread();
     for (auto [M, K, N] : {std::array<int64_t, 3>{512, 64, 256}, {512, 256, 64},
@@ -288,20 +330,42 @@ int main(int argc, char** argv) {
   std::printf("\n# FULL_SHARD on %d ranks (threads), batch 4 x 64 per rank: first step (compiles), "
               "median of %d steps\n",
               p.ranks, p.steps);
-  std::printf("%-6s %-7s %9s %9s %12s %12s %11s %6s %10s %10s %8s %10s %9s\n", "model", "ops",
-              "compiles", "compile s", "pjrt first s", "pjrt step ms", "cpu step ms", "ratio",
-              "launches", "op progs", "ops", "/unit/mb", "ui8 args");
+  std::printf("%-6s %-7s %9s %9s %12s %12s %11s %6s %10s %10s %8s %10s %9s %9s\n", "model",
+              "ops", "compiles", "compile s", "pjrt first s", "pjrt step ms", "cpu step ms",
+              "ratio", "launches", "op progs", "ops", "/unit/mb", "ui8 args", "temp MiB");
   for (const std::string& m : p.models) {
     const ModelRun cpu = Train(p, m, nullptr);
     const int units = Check(fsdp::nn::ModelConfig::FromName(m), "model").num_units();
     for (const bool fuse : {true, false}) {
       const ModelRun pj = Train(p, m, client, fuse);
       std::printf("%-6s %-7s %9lld %9.2f %12.2f %12.1f %11.1f %5.2fx %10.0f %10.0f %8.0f %10.1f"
-                  " %9.0f   (loss %.4f pjrt, %.4f cpu)\n",
+                  " %9.0f %9.2f   (loss %.4f pjrt, %.4f cpu)\n",
                   m.c_str(), fuse ? "fused" : "per-op", static_cast<long long>(pj.compiles),
                   pj.compile_s, pj.first_s, pj.step_s * 1e3, cpu.step_s * 1e3,
                   pj.step_s / cpu.step_s, pj.programs, pj.op_programs, pj.ops,
-                  pj.programs / units, pj.byte_launches, pj.loss, cpu.loss);
+                  pj.programs / units, pj.byte_launches, 
+                  pj.temp_bytes < 0 ? -1.0 : static_cast<double>(pj.temp_bytes) / (1 << 20),
+                  pj.loss, cpu.loss);
+    }
+  }
+  for (const std::string& m : p.models) {
+    if (p.profile == 0) break;
+    const ModelRun pj = Train(p, m, client, /*fuse=*/false, /*profile=*/true);
+    std::vector<std::pair<std::string, fsdp::PjrtLaunchStats::Time>> rows(pj.profile.begin(),
+                                                                          pj.profile.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    double total = 0;
+    for (const auto& [name, t] : rows) total += t.seconds;
+    std::printf("\n# profile of %s: a program per op, each launch waited for (rank 0), per step: "
+                "%.1f ms in programs, step %.1f ms\n",
+                m.c_str(), total * 1e3 / p.steps, pj.step_s * 1e3);
+    std::printf("%-32s %10s %10s %12s %7s\n", "program", "launches", "ms", "us/launch", "share");
+    for (size_t i = 0; i < rows.size() && i < static_cast<size_t>(p.profile); ++i) {
+      const auto& [name, t] = rows[i];
+      std::printf("%-32s %10.1f %10.2f %12.1f %6.1f%%\n", name.c_str(),
+                  static_cast<double>(t.launches) / p.steps, t.seconds * 1e3 / p.steps,
+                  t.seconds * 1e6 / static_cast<double>(t.launches), 100 * t.seconds / total);
     }
   }
   return 0;

@@ -397,34 +397,46 @@ absl::StatusOr<const Executable*> Client::Compile(const std::string& name, const
   compiles_.fetch_add(1);
   entry->done = true;
   if (!entry->status.ok()) return entry->status;
-  entry->executable = Executable{a.executable, name, 0};
-  absl::StatusOr<size_t> outputs = NumOutputs(a.executable);
-  entry->status = outputs.status();
+  entry->executable = Executable{a.executable, name, 0, -1};
+  entry->status = Describe(&entry->executable);
   if (!entry->status.ok()) return entry->status;
-  entry->executable.num_outputs = *outputs;
   return &entry->executable;
 }
 
 int Plugin::major_version() const { return api_->pjrt_api_version.major_version; }
 int Plugin::minor_version() const { return api_->pjrt_api_version.minor_version; }
 
-absl::StatusOr<size_t> Client::NumOutputs(PJRT_LoadedExecutable* exe) const {
+absl::Status Client::Describe(Executable* exe) const {
   const PJRT_Api* a = api();
   PJRT_LoadedExecutable_GetExecutable_Args g{};
   g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
-  g.loaded_executable = exe;
+  g.loaded_executable = exe->exe;
   FSDP_RETURN_IF_ERROR(
       ToStatus(a->PJRT_LoadedExecutable_GetExecutable(&g), "PJRT_LoadedExecutable_GetExecutable"));
   PJRT_Executable_NumOutputs_Args n{};
   n.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
   n.executable = g.executable;
   absl::Status s = ToStatus(a->PJRT_Executable_NumOutputs(&n), "PJRT_Executable_NumOutputs");
+  exe->num_outputs = n.num_outputs;
+  // Optional (not in the table CheckTable requires): a plugin without it leaves -1.
+  if (a->struct_size >= offsetof(PJRT_Api, PJRT_Executable_GetCompiledMemoryStats) +
+                            sizeof(a->PJRT_Executable_GetCompiledMemoryStats) &&
+      a->PJRT_Executable_GetCompiledMemoryStats != nullptr) {
+    PJRT_Executable_GetCompiledMemoryStats_Args m{};
+    m.struct_size = PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE;
+    m.executable = g.executable;
+    PJRT_Error* e = a->PJRT_Executable_GetCompiledMemoryStats(&m);
+    if (e == nullptr) {
+      exe->temp_bytes = m.temp_size_in_bytes;
+    } else {
+      ToStatus(e, "PJRT_Executable_GetCompiledMemoryStats").IgnoreError();
+    }
+  }
   PJRT_Executable_Destroy_Args ed{};
   ed.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
   ed.executable = g.executable;
   ToStatus(a->PJRT_Executable_Destroy(&ed), "PJRT_Executable_Destroy").IgnoreError();
-  FSDP_RETURN_IF_ERROR(s);
-  return n.num_outputs;
+  return s;
 }
 
 absl::StatusOr<DeviceBuffer> Client::FromHost(const void* data, int64_t bytes, int device) const {

@@ -555,11 +555,16 @@ class PjrtOps final : public Ops {
           p->Add(p->Mul(S(k.beta1), p->Load(m, {n})), p->Mul(S(k.one_minus_beta1), g));
       const Value vi =
           p->Add(p->Mul(S(k.beta2), p->Load(v, {n})), p->Mul(p->Mul(S(k.one_minus_beta2), g), g));
-      const Value denom = p->Add(p->Mul(p->Unary("sqrt", vi), S(k.inv_bc2_sqrt)), S(k.eps));
-      const Value np = p->Sub(p->Mul(p->Load(param, {n}), S(k.decay)),
-                              p->Div(p->Mul(S(k.step_size), mi), denom));
       p->Store(m, mi);
       p->Store(v, vi);
+      // The new parameter reads the moments back from their arrays (the same values): computed
+      // from mi and vi, XLA fuses their math into the parameter's update, which then reads the
+      // old moments after their in-place update, so XLA copies both whole arrays (the unit's
+      // moments, for an update of one tensor) to keep them.
+      const Value denom =
+          p->Add(p->Mul(p->Unary("sqrt", p->Load(v, {n})), S(k.inv_bc2_sqrt)), S(k.eps));
+      const Value np = p->Sub(p->Mul(p->Load(param, {n}), S(k.decay)),
+                              p->Div(p->Mul(S(k.step_size), p->Load(m, {n})), denom));
       p->Store(param, np);
     });
   }
@@ -580,7 +585,9 @@ class PjrtOps final : public Ops {
                        : p->Add(p->Mul(S(momentum), p->Load(momentum_buf, {n})),
                                 p->Mul(S(1.0f - dampening), g));
         p->Store(momentum_buf, buf);
-        const Value d = nesterov ? p->Add(g, p->Mul(S(momentum), buf)) : buf;
+        // Read back from its array, as AdamW's moments (no copy of the whole buffer).
+        const Value b = p->Load(momentum_buf, {n});
+        const Value d = nesterov ? p->Add(g, p->Mul(S(momentum), b)) : b;
         p->Store(param, p->Sub(x, p->Mul(S(lr), d)));
       }
     });

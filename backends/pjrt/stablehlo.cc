@@ -20,12 +20,26 @@ struct Proto {
     Varint(static_cast<uint64_t>(field) << 3);
     Varint(static_cast<uint64_t>(v));
   }
-  void Message(int field, const Proto& m) {
+  void Bytes(int field, const std::string& b) {
     Varint((static_cast<uint64_t>(field) << 3) | 2);
-    Varint(m.bytes.size());
-    bytes += m.bytes;
+    Varint(b.size());
+    bytes += b;
   }
+  void Message(int field, const Proto& m) { Bytes(field, m.bytes); }
 };
+
+// CompileOptionsProto.env_option_overrides: map<string, OptionOverrideProto> (field 7), an
+// entry per option: key (1), value (2: OptionOverrideProto, bool_field = 2).
+void AddOverrides(Proto* options, const XlaOverrides& overrides) {
+  for (const auto& [name, value] : overrides) {
+    Proto v;
+    v.Int(2, value ? 1 : 0);
+    Proto entry;
+    entry.Bytes(1, name);
+    entry.Message(2, v);
+    options->Message(7, entry);
+  }
+}
 
 std::string Bytes(int64_t n) { return absl::StrCat("tensor<", n, "xui8>"); }
 
@@ -38,7 +52,8 @@ std::string Module(const std::string& name, int replicas, const std::string& sig
 
 }  // namespace
 
-std::string CompileOptions(const std::vector<int64_t>& device_ids) {
+std::string CompileOptions(const std::vector<int64_t>& device_ids,
+                           const XlaOverrides& overrides) {
   const auto replicas = static_cast<int64_t>(device_ids.size());
   Proto ids;
   for (int64_t id : device_ids) ids.Varint(static_cast<uint64_t>(id));
@@ -55,10 +70,11 @@ std::string CompileOptions(const std::vector<int64_t>& device_ids) {
   build.Message(9, assignment);
   Proto options;              // CompileOptionsProto
   options.Message(3, build);  // executable_build_options
+  AddOverrides(&options, overrides);
   return options.bytes;
 }
 
-std::string PortableCompileOptions() {
+std::string PortableCompileOptions(const XlaOverrides& overrides) {
   Proto build;        // ExecutableBuildOptionsProto
   build.Int(1, -1);   // device_ordinal: unset
   build.Int(4, 1);    // num_replicas
@@ -66,6 +82,7 @@ std::string PortableCompileOptions() {
   Proto options;      // CompileOptionsProto
   options.Message(3, build);
   options.Int(4, 1);  // compile_portable_executable
+  AddOverrides(&options, overrides);
   return options.bytes;
 }
 

@@ -71,6 +71,15 @@ struct PjrtBackendOptions {
   // against).
   bool fuse_ops = true;
   int max_fused_ops = 512;
+  // Each launch waits for its program and adds its time to PjrtLaunchStats::program_time (a
+  // profile: the streams no longer overlap).
+  bool profile = false;
+  // Boolean XLA debug options for every program, as XLA_FLAGS names them (JAX's
+  // compiler_options), after the backend's own: on the CPU plugin
+  // xla_cpu_copy_insertion_use_region_analysis = true (XLA otherwise copies whole arrays that
+  // a program reads in one op and updates in place in a later one). A plugin that does not know
+  // an option fails the first compile with a message naming it.
+  std::vector<std::pair<std::string, bool>> xla_options;
 };
 
 // What a backend has launched (PjrtBackend::launch_stats).
@@ -83,6 +92,17 @@ struct PjrtLaunchStats {
   // first view that reaches it; it is bytes where that view is bytes (a byte contract, e.g.
   // a copy between views of two dtypes) or its size is not a multiple of that dtype's.
   std::map<std::string, int64_t> byte_programs;
+  // The temporary memory XLA gives each program beyond its arguments and outputs, in bytes
+  // (the largest over the executables of that name; from the plugin's compiled memory stats,
+  // absent where the plugin does not give them). An update in place that XLA turns into a copy
+  // of its array shows here.
+  std::map<std::string, int64_t> temp_bytes;
+  // With PjrtBackendOptions::profile: each program's launches and seconds from launch to done.
+  struct Time {
+    int64_t launches = 0;
+    double seconds = 0;
+  };
+  std::map<std::string, Time> program_time;
 };
 
 class PjrtBackend final : public Backend {

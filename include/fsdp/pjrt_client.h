@@ -109,6 +109,9 @@ struct Executable {
   PJRT_LoadedExecutable* exe = nullptr;
   std::string name;
   size_t num_outputs = 0;
+  // Temporary device memory one run of it takes beyond its arguments and outputs (the
+  // plugin's compiled memory stats; -1 where the plugin does not give them).
+  int64_t temp_bytes = -1;
 };
 
 // An owned PJRT_Buffer handle.
@@ -219,7 +222,8 @@ class Client {
 
  private:
   Client() = default;
-  absl::StatusOr<size_t> NumOutputs(PJRT_LoadedExecutable* exe) const;
+  // Fills exe->num_outputs and, where the plugin gives them, exe->temp_bytes.
+  absl::Status Describe(Executable* exe) const;
   absl::StatusOr<DeviceBuffer> Transfer(const void* data, int type,
                                         const std::vector<int64_t>& dims, int device) const;
   const Plugin* plugin_ = nullptr;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -583,6 +584,136 @@ TEST(PjrtOps, OpsBetweenEventsRunAsOneProgram) {
   absl::StatusOr<std::unique_ptr<PjrtBackend>> refused = PjrtBackend::Create(*c, 0, bad);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("max_fused_ops"));
+}
+
+// PjrtBackendOptions::profile: every launch of each program is counted and timed, fused or
+// not; without it nothing is recorded.
+TEST(PjrtOps, ProfileTimesEachProgram) {
+  SKIP_WITHOUT_PLUGIN();
+  absl::StatusOr<std::shared_ptr<pjrt::Client>> c = CpuClient(1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  struct Case {
+    bool profile, fuse;
+    std::map<std::string, int64_t> launches;  // expected
+  };
+  for (const Case& k : {Case{true, false, {{"scale", 3}, {"memset", 1}}},
+                        Case{true, true, {{"ops_scale_memset", 1}}}, Case{false, false, {}}}) {
+    SCOPED_TRACE(absl::StrCat("profile ", k.profile, ", fuse_ops ", k.fuse));
+    PjrtBackendOptions o;
+    o.profile = k.profile;
+    o.fuse_ops = k.fuse;
+    absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0, o);
+    ASSERT_TRUE(be.ok()) << be.status();
+    PjrtBackend& b = **be;
+    absl::StatusOr<Buffer> x = Buffer::Create(&b, 1024 * sizeof(float));
+    ASSERT_TRUE(x.ok());
+    ASSERT_TRUE(b.Sync(b.Record(Stream::kCompute)).ok());
+    const PjrtLaunchStats before = b.launch_stats();
+    for (int i = 0; i < 3; ++i) b.ops().Scale(Stream::kCompute, x->view(), 2.0f);
+    ASSERT_TRUE(b.Memset(x->view().Slice(0, 8), 0).ok());
+    ASSERT_TRUE(b.Sync(b.Record(Stream::kCompute)).ok());
+    const PjrtLaunchStats after = b.launch_stats();
+    std::map<std::string, int64_t> got;
+    for (const auto& [name, t] : after.program_time) {
+      const auto it = before.program_time.find(name);
+      const int64_t n = t.launches - (it == before.program_time.end() ? 0 : it->second.launches);
+      if (n == 0) continue;
+      got[name] = n;
+      EXPECT_GT(t.seconds, 0.0) << name;
+    }
+    EXPECT_EQ(got, k.launches);
+  }
+}
+
+// An optimizer's stream: AdamW of each "tensor" (a slice of the unit's flat parameter,
+// gradient and moment arrays), then the gradient zeroed whole, as the runtime issues them. XLA
+// updates the arrays in place: the program needs no temporary memory the size of an array (a
+// copy of one). Fused into one program and a program per op (also without the CPU plugin's
+// region-analysis copy insertion, which the backend turns on: AdamW's own program then must not
+// read the moments it has updated); the values match the CPU backend's.
+TEST(PjrtOps, UpdatesInPlaceNeedNoTemporaryCopyOfAnArray) {
+  SKIP_WITHOUT_PLUGIN();
+  absl::StatusOr<std::shared_ptr<pjrt::Client>> c = CpuClient(1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  constexpr int64_t kN = 1 << 16, kTensors = 8, kBytes = kN * sizeof(float);
+  absl::StatusOr<std::unique_ptr<CpuBackend>> cpu = CpuBackend::Create({.num_threads = 1});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::vector<std::vector<float>> init(4, std::vector<float>(kN));  // param, grad, m, v
+  for (int64_t i = 0; i < kN; ++i) {
+    init[0][i] = std::sin(0.01f * static_cast<float>(i));
+    init[1][i] = std::cos(0.03f * static_cast<float>(i));
+    init[2][i] = 0.01f * std::sin(0.7f * static_cast<float>(i));
+    init[3][i] = 0.001f + 0.001f * std::cos(0.2f * static_cast<float>(i));
+  }
+  const AdamWScalars k = AdamWStepScalars(1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 3);
+  // Runs the stream on `b`; returns the four arrays after it.
+  auto run = [&](Backend& b) -> std::vector<std::vector<float>> {
+    std::vector<Buffer> arrays;
+    for (int a = 0; a < 4; ++a) {
+      absl::StatusOr<Buffer> x = Buffer::Create(&b, kBytes);
+      EXPECT_TRUE(x.ok()) << x.status();
+      if (!x.ok()) return {};
+      EXPECT_TRUE(b.CopyFromHost(x->view(), init[a].data()).ok());
+      arrays.push_back(std::move(*x));
+    }
+    EXPECT_TRUE(b.Sync(b.Record(Stream::kCompute)).ok());
+    for (int64_t t = 0; t < kTensors; ++t) {
+      auto part = [&](int a) { return arrays[a].view().Slice(t * kN / kTensors, kN / kTensors); };
+      b.ops().AdamW(Stream::kCompute, part(0), part(1), part(2), part(3), k);
+    }
+    EXPECT_TRUE(b.Memset(arrays[1].view(), 0).ok());
+    EXPECT_TRUE(b.Sync(b.Record(Stream::kCompute)).ok());
+    std::vector<std::vector<float>> out(4, std::vector<float>(kN));
+    for (int a = 0; a < 4; ++a) EXPECT_TRUE(b.CopyToHost(out[a].data(), arrays[a].view()).ok());
+    return out;
+  };
+  (*cpu)->BindCurrentThread();
+  const std::vector<std::vector<float>> want = run(**cpu);
+  struct Case {
+    bool fuse, region_analysis;
+  };
+  for (const Case& cs : {Case{true, true}, Case{false, true}, Case{false, false}}) {
+    SCOPED_TRACE(absl::StrCat("fuse_ops ", cs.fuse, ", region analysis ", cs.region_analysis));
+    PjrtBackendOptions o;
+    o.fuse_ops = cs.fuse;
+    if (!cs.region_analysis) o.xla_options = {{"xla_cpu_copy_insertion_use_region_analysis", false}};
+    absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0, o);
+    ASSERT_TRUE(be.ok()) << be.status();
+    const std::vector<std::vector<float>> got = run(**be);
+    ASSERT_EQ(got.size(), 4u);
+    for (int a = 0; a < 4; ++a) {
+      for (int64_t i = 0; i < kN; i += 97) {
+        EXPECT_NEAR(got[a][i], want[a][i], 1e-6f + 1e-5f * std::fabs(want[a][i]))
+            << "array " << a << " element " << i;
+      }
+    }
+    const PjrtLaunchStats stats = (*be)->launch_stats();
+    int checked = 0;
+    for (const auto& [name, temp] : stats.temp_bytes) {
+      if (name.find("adamw") == std::string::npos) continue;
+      ++checked;
+      EXPECT_LT(temp, kBytes) << name << " takes " << temp
+                              << " bytes of temporary memory: a copy of an array of " << kBytes;
+    }
+    EXPECT_GT(checked, 0) << "no AdamW program reported its temporary memory";
+  }
+}
+
+// An XLA option the plugin does not know fails the stream's first program, naming the option.
+TEST(PjrtOps, UnknownXlaOptionIsAClearError) {
+  SKIP_WITHOUT_PLUGIN();
+  absl::StatusOr<std::shared_ptr<pjrt::Client>> c = CpuClient(1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  PjrtBackendOptions o;
+  o.xla_options = {{"xla_no_such_option", true}};
+  absl::StatusOr<std::unique_ptr<PjrtBackend>> be = PjrtBackend::Create(*c, 0, o);
+  ASSERT_TRUE(be.ok()) << be.status();
+  absl::StatusOr<Buffer> x = Buffer::Create(be->get(), 64);
+  ASSERT_TRUE(x.ok()) << x.status();
+  (*be)->ops().Scale(Stream::kCompute, x->view(), 2.0f);
+  const absl::Status s = (*be)->Sync((*be)->Record(Stream::kCompute));
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("xla_no_such_option"));
 }
 
 // ---- the data plane: ranks as threads, one device each ------------------------------------
