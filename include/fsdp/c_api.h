@@ -40,7 +40,7 @@ extern "C" {
  * a field at the end of a struct). A program built against header (M, m) runs with any library
  * (M, m') whose m' >= m. */
 #define FSDP_C_API_VERSION_MAJOR 0
-#define FSDP_C_API_VERSION_MINOR 1
+#define FSDP_C_API_VERSION_MINOR 2
 #define FSDP_C_API_VERSION ((FSDP_C_API_VERSION_MAJOR << 16) | FSDP_C_API_VERSION_MINOR)
 
 /* The library's (major << 16) | minor, to compare with FSDP_C_API_VERSION. */
@@ -124,7 +124,24 @@ typedef struct fsdp_thread_group fsdp_thread_group;
 fsdp_error* fsdp_thread_group_create(int size, const fsdp_world_options* options,
                                      fsdp_thread_group** out);
 fsdp_error* fsdp_thread_group_take_rank(fsdp_thread_group* group, int rank, fsdp_world** out);
+/* The world ranks a group holds: first .. first + count - 1 (0 .. size - 1 for ranks as
+ * threads; this process's ranks for fsdp_mpi_thread_group_create). Since C API 0.2. */
+fsdp_error* fsdp_thread_group_ranks(const fsdp_thread_group* group, int* first, int* count);
 void fsdp_thread_group_destroy(fsdp_thread_group* group);
+
+/* Processes under mpirun, each playing `threads` ranks as threads (a backend with several devices
+ * per process: a PJRT client's chips, a host's GPUs): one world of processes x threads ranks,
+ * world rank = process rank * threads + t (transport "mpi_threads": groups inside a process
+ * through memory, across processes through MPI). Collective over the processes, each passing
+ * the same `threads` (else FSDP_CODE_INVALID_ARGUMENT). fsdp_run_mpi_threads runs `body` for
+ * each of this process's ranks on a thread of its own, as fsdp_run_threads does;
+ * fsdp_mpi_thread_group_create is the same world for callers that start the threads themselves:
+ * take each of this process's ranks (fsdp_thread_group_ranks) with fsdp_thread_group_take_rank.
+ * FSDP_CODE_UNIMPLEMENTED in a build without MPI. Since C API 0.2. */
+fsdp_error* fsdp_run_mpi_threads(int threads, const fsdp_world_options* options,
+                                 fsdp_rank_body body, void* user);
+fsdp_error* fsdp_mpi_thread_group_create(int threads, const fsdp_world_options* options,
+                                         fsdp_thread_group** out);
 
 /* Processes under mpirun: the world of MPI_COMM_WORLD (MPI is initialised by the library with
  * MPI_THREAD_MULTIPLE if the program has not; groups inside a host move data through shared

@@ -22,7 +22,8 @@ numpy, on each rank::
             rt.finish_backward()
             stats = rt.step(lr=1e-3)
 
-    libfsdp.run_threads(2, train)      # or, under mpirun: train(libfsdp.World.mpi())
+    libfsdp.run_threads(2, train)      # or, under mpirun: train(libfsdp.World.mpi()),
+                                       # or libfsdp.run_mpi_threads(2, train)
 
 Every failing call raises :class:`FsdpError` (``.code``, a :class:`Code`; ``.message``).
 """
@@ -53,6 +54,7 @@ from ._core import (
     device_count,
     mpi_shutdown,
     numpy_dtype,
+    run_mpi_threads,
     run_threads,
     version_string,
 )
@@ -65,5 +67,5 @@ __all__ = [
     "LibraryNotFoundError", "Model", "NonFinite", "Offload", "Optimizer", "ParamInfo", "Runtime",
     "StepStats", "Strategy", "UnitView", "World", "api_version", "backend_names", "device_count",
     "format_plan", "load_library", "mpi_shutdown", "numpy_dtype", "parse_bytes", "plan",
-    "run_threads", "version_string",
+    "run_mpi_threads", "run_threads", "version_string",
 ]

@@ -18,7 +18,7 @@ import threading
 
 # The header version these bindings were written against (c_api.h's FSDP_C_API_VERSION_*).
 API_VERSION_MAJOR = 0
-API_VERSION_MINOR = 1
+API_VERSION_MINOR = 2
 SONAME = "libfsdp.so.%d" % API_VERSION_MAJOR
 
 
@@ -334,6 +334,9 @@ _PROTOTYPES = {
     "fsdp_thread_group_create": (_err, [_int, _P(fsdp_world_options), _P(_ptr)]),
     "fsdp_thread_group_take_rank": (_err, [_ptr, _int, _P(_ptr)]),
     "fsdp_thread_group_destroy": (None, [_ptr]),
+    "fsdp_thread_group_ranks": (_err, [_ptr, _P(_int), _P(_int)]),
+    "fsdp_run_mpi_threads": (_err, [_int, _P(fsdp_world_options), fsdp_rank_body, _ptr]),
+    "fsdp_mpi_thread_group_create": (_err, [_int, _P(fsdp_world_options), _P(_ptr)]),
     "fsdp_world_create_mpi": (_err, [_P(fsdp_world_options), _P(_ptr)]),
     "fsdp_world_create_mpi_comm": (_err, [ctypes.c_void_p, _P(fsdp_world_options), _P(_ptr)]),
     "fsdp_mpi_shutdown": (None, []),
@@ -418,6 +421,8 @@ _LATER = {
     "fsdp_world_abort", "fsdp_backend_device_count", "fsdp_model_options_init",
     "fsdp_model_create", "fsdp_model_destroy", "fsdp_model_info", "fsdp_model_forward_backward",
     "fsdp_model_forward", "fsdp_model_step", "fsdp_model_runtime",
+    # C API 0.2
+    "fsdp_thread_group_ranks", "fsdp_run_mpi_threads", "fsdp_mpi_thread_group_create",
 }
 _missing = set()
 

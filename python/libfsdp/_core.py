@@ -130,7 +130,8 @@ class _HasRuntimes(_Handle):
 
 class World(_HasRuntimes):
     """One rank's communicator over all ranks of the job. Made by :func:`run_threads` (ranks as
-    threads) or :meth:`World.mpi` (processes under mpirun)."""
+    threads), :meth:`World.mpi` (processes under mpirun) or :func:`run_mpi_threads` (ranks as
+    threads of processes under mpirun)."""
 
     _destroy_name = "fsdp_world_destroy"
 
@@ -258,6 +259,33 @@ def run_threads(size, fn, timeout_seconds=None):
     group = ctypes.c_void_p()
     lib().fsdp_thread_group_create(int(size), _world_options(timeout_seconds),
                                    ctypes.byref(group))
+    return _run_group(group, 0, size, fn)
+
+
+def run_mpi_threads(threads, fn, timeout_seconds=None):
+    """Under mpirun: every process plays `threads` ranks as Python threads of one world of
+    processes x threads ranks (world rank = process rank * threads + t), for a backend with
+    several devices per process (a PJRT client's chips, a host's GPUs). Collective over the
+    processes, each passing the same `threads`. Runs fn(world) for each of this process's ranks
+    as :func:`run_threads` does and returns their results in rank order. Call
+    :func:`mpi_shutdown` once at the end."""
+    _capi.require("fsdp_mpi_thread_group_create")
+    _finish_mpi_at_exit()
+    group = ctypes.c_void_p()
+    lib().fsdp_mpi_thread_group_create(int(threads), _world_options(timeout_seconds),
+                                       ctypes.byref(group))
+    first, count = ctypes.c_int(), ctypes.c_int()
+    try:
+        lib().fsdp_thread_group_ranks(group, ctypes.byref(first), ctypes.byref(count))
+    except BaseException:
+        lib().fsdp_thread_group_destroy(group)
+        raise
+    return _run_group(group, first.value, count.value, fn)
+
+
+def _run_group(group, first, size, fn):
+    """fn(world) for world ranks first .. first + size - 1 of `group`, one Python thread each;
+    destroys the group."""
     results = [None] * size
     errors = [None] * size
     try:
@@ -266,7 +294,7 @@ def run_threads(size, fn, timeout_seconds=None):
         try:
             for r in range(size):
                 out = ctypes.c_void_p()
-                lib().fsdp_thread_group_take_rank(group, r, ctypes.byref(out))
+                lib().fsdp_thread_group_take_rank(group, first + r, ctypes.byref(out))
                 worlds.append(World(out.value))
         except BaseException:
             for w in worlds:
@@ -282,13 +310,13 @@ def run_threads(size, fn, timeout_seconds=None):
                 if _capi.has("fsdp_world_abort"):
                     try:
                         world.abort(FsdpError(e.code if isinstance(e, FsdpError) else Code.UNKNOWN,
-                                              "rank %d failed: %s" % (r, _describe(e))))
+                                              "rank %d failed: %s" % (first + r, _describe(e))))
                     except Exception:
                         pass
             finally:
                 world.close()
 
-        threads = [threading.Thread(target=body, args=(r,), name="fsdp-rank-%d" % r,
+        threads = [threading.Thread(target=body, args=(r,), name="fsdp-rank-%d" % (first + r),
                                     daemon=True) for r in range(size)]
         for t in threads:
             t.start()

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -72,6 +73,10 @@ struct fsdp_model {
 
 struct fsdp_thread_group {
   std::unique_ptr<fsdp::LocalWorld> world;
+  // Or this process's ranks of an mpi_threads world (fsdp_mpi_thread_group_create): world rank
+  // first + t is mpi_ranks[t], null once taken.
+  std::vector<std::unique_ptr<fsdp::Communicator>> mpi_ranks;
+  int first = 0;
   std::mutex mu;
 };
 
@@ -430,6 +435,7 @@ void Bury(fsdp_runtime* r) {
 }
 void Bury(fsdp_thread_group* g) {
   g->world.reset();
+  g->mpi_ranks.clear();
   KeepShell(g);
 }
 void Bury(fsdp_model* m) {
@@ -442,6 +448,20 @@ void ReleaseWorld(fsdp_world* w) {
 }
 void ReleaseBackend(fsdp_backend* b) {
   if (b->released.load() && b->runtimes.load() == 0) Bury(b);
+}
+
+// This process's ranks of an mpi_threads world of `threads` ranks per process.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MpiThreads(
+    const char* fn, int threads, const fsdp_world_options& o) {
+  if (!fsdp::MpiBuilt()) {
+    return absl::UnimplementedError(
+        absl::StrCat(fn, ": this libfsdp was built without MPI (FSDP_WITH_MPI off)"));
+  }
+  if (threads < 1 || threads > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": threads = ", threads, "; give 1 to 4096 ranks per process"));
+  }
+  return fsdp::CreateMpiThreadsWorld(threads, ToCommOptions(o));
 }
 
 }  // namespace
@@ -541,13 +561,95 @@ fsdp_error* fsdp_thread_group_take_rank(fsdp_thread_group* group, int rank, fsdp
     std::unique_ptr<Communicator> comm;
     {
       std::lock_guard<std::mutex> lock(group->mu);
-      FSDP_ASSIGN_OR_RETURN(comm, group->world->TakeRank(rank));
+      if (group->world != nullptr) {
+        FSDP_ASSIGN_OR_RETURN(comm, group->world->TakeRank(rank));
+      } else {
+        const int n = static_cast<int>(group->mpi_ranks.size());
+        if (rank < group->first || rank >= group->first + n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              fn, ": rank ", rank, " is not one of this process's ranks ", group->first, " to ",
+              group->first + n - 1, " (fsdp_thread_group_ranks)"));
+        }
+        comm = std::move(group->mpi_ranks[static_cast<size_t>(rank - group->first)]);
+        if (comm == nullptr) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(fn, ": rank ", rank, " was taken already (each rank once)"));
+        }
+      }
     }
     auto* w = new fsdp_world;
     w->comm = comm.get();
     w->owned = std::move(comm);
     AddHandle(w, Kind::kWorld);
     *out = w;
+    return absl::OkStatus();
+  });
+}
+
+fsdp_error* fsdp_thread_group_ranks(const fsdp_thread_group* group, int* first, int* count) {
+  static constexpr char fn[] = "fsdp_thread_group_ranks";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_HANDLE(group, Kind::kThreadGroup, "group");
+    FSDP_CHECK_OUT(first, "first");
+    FSDP_CHECK_OUT(count, "count");
+    auto* g = const_cast<fsdp_thread_group*>(group);
+    std::lock_guard<std::mutex> lock(g->mu);
+    *first = g->world != nullptr ? 0 : g->first;
+    *count = g->world != nullptr ? g->world->size() : static_cast<int>(g->mpi_ranks.size());
+    return absl::OkStatus();
+  });
+}
+
+
+fsdp_error* fsdp_mpi_thread_group_create(int threads, const fsdp_world_options* options,
+                                         fsdp_thread_group** out) {
+  static constexpr char fn[] = "fsdp_mpi_thread_group_create";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_OUT(out, "out");
+    FSDP_ASSIGN_OR_RETURN(fsdp_world_options o,
+                          ReadStruct(options, fsdp_world_options_init, fn, "fsdp_world_options"));
+    FSDP_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> ranks,
+                          MpiThreads(fn, threads, o));
+    auto* g = new fsdp_thread_group;
+    g->first = ranks.front()->rank();
+    g->mpi_ranks = std::move(ranks);
+    AddHandle(g, Kind::kThreadGroup);
+    *out = g;
+    return absl::OkStatus();
+  });
+}
+
+fsdp_error* fsdp_run_mpi_threads(int threads, const fsdp_world_options* options,
+                                 fsdp_rank_body body, void* user) {
+  static constexpr char fn[] = "fsdp_run_mpi_threads";
+  return Guard(fn, [&]() -> absl::Status {
+    FSDP_CHECK_OUT(body, "body");
+    FSDP_ASSIGN_OR_RETURN(fsdp_world_options o,
+                          ReadStruct(options, fsdp_world_options_init, fn, "fsdp_world_options"));
+    FSDP_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> ranks,
+                          MpiThreads(fn, threads, o));
+    std::vector<absl::Status> results(ranks.size());
+    std::vector<std::thread> ts;
+    for (size_t t = 0; t < ranks.size(); ++t) {
+      ts.emplace_back([&, t] {
+        Communicator& comm = *ranks[t];
+        auto* w = new fsdp_world;
+        w->comm = &comm;
+        w->borrowed = true;
+        AddHandle(w, Kind::kWorld);
+        const absl::Status s = TakeError(body(w, user));
+        if (!s.ok()) {
+          comm.Abort(absl::Status(s.code(), absl::StrCat("rank ", comm.rank(), " failed: ",
+                                                         s.message())));
+        }
+        RemoveHandle(w, Kind::kWorld);
+        w->released = true;
+        ReleaseWorld(w);
+        results[t] = s;
+      });
+    }
+    for (std::thread& t : ts) t.join();
+    for (const absl::Status& s : results) FSDP_RETURN_IF_ERROR(s);
     return absl::OkStatus();
   });
 }

@@ -451,6 +451,16 @@ int main(void) {
   EXPECT_OK(fsdp_thread_group_take_rank(group, 0, &w0));
   EXPECT(fsdp_thread_group_take_rank(group, 0, &w0), FSDP_CODE_FAILED_PRECONDITION, NULL);
   EXPECT(fsdp_thread_group_take_rank(group, 2, &w0), INVALID, NULL);
+  int first = -1, count = 0;
+  EXPECT_OK(fsdp_thread_group_ranks(group, &first, &count));
+  if (first != 0 || count != 2) {
+    fprintf(stderr, "FAILED: fsdp_thread_group_ranks of a 2-thread group: %d, %d\n", first, count);
+    ++failures;
+  }
+  EXPECT(fsdp_thread_group_ranks(group, NULL, &count), INVALID, NULL);
+  EXPECT(fsdp_thread_group_ranks(NULL, &first, &count), INVALID, NULL);
+  EXPECT(fsdp_run_mpi_threads(2, NULL, NULL, NULL), INVALID, "body is NULL");
+  EXPECT(fsdp_mpi_thread_group_create(2, NULL, NULL), INVALID, NULL);
   fsdp_thread_group_destroy(group);
   int size = 0;
   EXPECT_OK(fsdp_world_size(w0, &size)); /* outlives its group */

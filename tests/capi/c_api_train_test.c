@@ -5,6 +5,8 @@
  *
  *   c_api_train_test REF_DIR threads [BACKEND]  every configuration of mlp_run.h, ranks as threads
  *   c_api_train_test REF_DIR mpi                 under mpirun -np 2: the 2-rank configurations
+ *   c_api_train_test REF_DIR mpi_threads         under mpirun -np 2: 2 ranks as threads per
+ *                                                process (fsdp_run_mpi_threads), the 4-rank ones
  *   c_api_train_test REF_DIR mpi_split           under mpirun -np 4: the processes split in two
  *                                                halves, each a world of its own over its half's
  *                                                communicator (fsdp_world_create_mpi_comm)
@@ -208,12 +210,82 @@ static float* read_ref(const char* dir, const mlp_config* cfg) {
   return ref;
 }
 
+/* Under mpirun -np 2: each process plays 2 ranks as threads of one 4-rank world; the 4-rank
+ * configurations, every rank compared with the C++ API's run (also on its thread). */
+static int run_mpi_threads(const char* dir) {
+  enum { kThreads = 2 };
+  int failures = 0, runs = 0, rank0 = 0;
+  for (int c = 0; c < MLP_NUM_CONFIGS; ++c) {
+    const mlp_config* cfg = &kMlpConfigs[c];
+    if (cfg->world != 4) continue;
+    job j = {cfg, "cpu", read_ref(dir, cfg)};
+    if (j.ref == NULL) return 1;
+    /* Every process learns whether a rank anywhere failed: a failing rank aborts the world. */
+    fsdp_error* e = fsdp_run_mpi_threads(kThreads, NULL, train, &j);
+    free((void*)j.ref);
+    ++runs;
+    if (e != NULL) {
+      ++failures;
+      fprintf(stderr, "FAILED %s (mpi_threads): %s\n", cfg->name, fsdp_error_message(e));
+      fsdp_error_destroy(e);
+    }
+  }
+  /* Which process holds world rank 0: the one whose group starts there. */
+  fsdp_thread_group* g = NULL;
+  fsdp_error* e = fsdp_mpi_thread_group_create(kThreads, NULL, &g);
+  int first = -1, count = 0;
+  if (e == NULL) e = fsdp_thread_group_ranks(g, &first, &count);
+  if (e != NULL) {
+    fprintf(stderr, "FAILED fsdp_mpi_thread_group_create: %s\n", fsdp_error_message(e));
+    fsdp_error_destroy(e);
+    ++failures;
+  } else if (count != kThreads || first % kThreads != 0) {
+    fprintf(stderr, "FAILED fsdp_thread_group_ranks: first %d, count %d\n", first, count);
+    ++failures;
+  }
+  /* A rank outside the process is refused; each rank is taken once. */
+  fsdp_world* w = NULL;
+  if (g != NULL) {
+    fsdp_error* outside = fsdp_thread_group_take_rank(g, (first + kThreads) % 4, &w);
+    if (outside == NULL || fsdp_error_code(outside) != FSDP_CODE_INVALID_ARGUMENT) {
+      fprintf(stderr, "FAILED: another process's rank was not refused\n");
+      ++failures;
+    }
+    fsdp_error_destroy(outside);
+    fsdp_error* mine = fsdp_thread_group_take_rank(g, first, &w);
+    fsdp_error* again = fsdp_thread_group_take_rank(g, first, &w);
+    if (mine != NULL || again == NULL) {
+      fprintf(stderr, "FAILED: taking rank %d once and again\n", first);
+      ++failures;
+    }
+    fsdp_error_destroy(mine);
+    fsdp_error_destroy(again);
+    int size = 0;
+    if (w != NULL && (fsdp_world_size(w, &size) != NULL || size != 4)) {
+      fprintf(stderr, "FAILED: the taken world's size is %d, not 4\n", size);
+      ++failures;
+    }
+    fsdp_world_destroy(w);
+    fsdp_thread_group_destroy(g);
+  }
+  rank0 = first == 0;
+  if (failures == 0 && rank0) {
+    printf("ok %d configurations (2 processes under mpirun x 2 ranks as threads, cpu): %d steps, "
+           "losses, norms and parameters bitwise the C++ API's; the group's ranks and refusals\n",
+           runs, MLP_STEPS);
+  }
+  fsdp_mpi_shutdown();
+  return failures == 0 && runs > 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc < 3 || (strcmp(argv[2], "threads") != 0 && strcmp(argv[2], "mpi") != 0 &&
-                   strcmp(argv[2], "mpi_split") != 0)) {
-    fprintf(stderr, "usage: %s REF_DIR threads [BACKEND] | mpi | mpi_split\n", argv[0]);
+                   strcmp(argv[2], "mpi_split") != 0 && strcmp(argv[2], "mpi_threads") != 0)) {
+    fprintf(stderr, "usage: %s REF_DIR threads [BACKEND] | mpi | mpi_split | mpi_threads\n",
+            argv[0]);
     return 2;
   }
+  if (strcmp(argv[2], "mpi_threads") == 0) return run_mpi_threads(argv[1]);
   if (fsdp_api_version() != FSDP_C_API_VERSION) {
     fprintf(stderr, "c_api_train_test: header %d, library %u (%s)\n", FSDP_C_API_VERSION,
             fsdp_api_version(), fsdp_version_string());

@@ -362,14 +362,49 @@ def run_mpi_mode(ref_dir):
     return diff if rank == 0 else None
 
 
+def run_mpi_threads_mode(ref_dir):
+    """Under mpirun -np 2: each process plays 2 ranks as threads (run_mpi_threads); the 4-rank
+    configurations. A failing rank aborts the world, so every process raises."""
+    diff = Diff()
+    runs = 0
+    first = None
+    try:
+        for config in CONFIGS:
+            if config[3] != 4:
+                continue
+            runs += 1
+            ref = read_reference(ref_dir, config)
+            results = libfsdp.run_mpi_threads(
+                2, lambda w: (w.rank, w.size, train(w, config, "cpu")))
+            for rank, size, result in results:
+                check(size == 4, "world size %d, not 4" % size)
+                compare_rank(config, rank, result, ref, diff)
+            first = results[0][0]
+            before, after = check_trains(config, results[0][2][2])
+            if first == 0:
+                print("ok %s (2 processes under mpirun x 2 ranks as threads): %d steps; losses, "
+                      "grad norms and parameters match the C++ API's; mean loss %.6f -> %.6f"
+                      % (config[0], MLP_STEPS, before, after))
+    finally:
+        libfsdp.mpi_shutdown()
+    if runs == 0:
+        raise Failure("no 4-rank configuration")
+    return diff if first == 0 else None
+
+
 def main(argv):
     args = [a for a in argv[1:] if not a.startswith("--")]
     flags = [a for a in argv[1:] if a.startswith("--")]
-    if len(args) != 1 or any(f != "--mpi" for f in flags):
-        print("usage: test_mlp.py REF_DIR [--mpi]", file=sys.stderr)
+    if len(args) != 1 or any(f not in ("--mpi", "--mpi-threads") for f in flags) or len(flags) > 1:
+        print("usage: test_mlp.py REF_DIR [--mpi | --mpi-threads]", file=sys.stderr)
         return 2
     try:
-        diff = run_mpi_mode(args[0]) if flags else run_threads_mode(args[0])
+        if flags == ["--mpi"]:
+            diff = run_mpi_mode(args[0])
+        elif flags == ["--mpi-threads"]:
+            diff = run_mpi_threads_mode(args[0])
+        else:
+            diff = run_threads_mode(args[0])
     except (Failure, libfsdp.FsdpError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
         return 1
