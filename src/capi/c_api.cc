@@ -450,6 +450,25 @@ void ReleaseBackend(fsdp_backend* b) {
   if (b->released.load() && b->runtimes.load() == 0) Bury(b);
 }
 
+// A rank's body on its thread, with a world handle the library owns (fsdp_run_threads,
+// fsdp_run_mpi_threads). The body's error is the library's now; a failing rank aborts its
+// world, so that peers still in a collective with it fail now rather than at the timeout.
+absl::Status RunRankBody(Communicator& comm, fsdp_rank_body body, void* user) {
+  auto* w = new fsdp_world;
+  w->comm = &comm;
+  w->borrowed = true;
+  AddHandle(w, Kind::kWorld);
+  const absl::Status s = TakeError(body(w, user));
+  if (!s.ok()) {
+    comm.Abort(
+        absl::Status(s.code(), absl::StrCat("rank ", comm.rank(), " failed: ", s.message())));
+  }
+  RemoveHandle(w, Kind::kWorld);
+  w->released = true;
+  ReleaseWorld(w);
+  return s;
+}
+
 // This process's ranks of an mpi_threads world of `threads` ranks per process.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MpiThreads(
     const char* fn, int threads, const fsdp_world_options& o) {
@@ -516,22 +535,8 @@ fsdp_error* fsdp_run_threads(int size, const fsdp_world_options* options, fsdp_r
     FSDP_CHECK_OUT(body, "body");
     FSDP_ASSIGN_OR_RETURN(fsdp_world_options o,
                           ReadStruct(options, fsdp_world_options_init, fn, "fsdp_world_options"));
-    return fsdp::LocalWorld::Run(size, ToCommOptions(o), [&](Communicator& comm) -> absl::Status {
-      auto* w = new fsdp_world;
-      w->comm = &comm;
-      w->borrowed = true;
-      AddHandle(w, Kind::kWorld);
-      // The body's error is the library's now.
-      const absl::Status s = TakeError(body(w, user));
-      // Peers still in a collective with this rank fail now rather than at the timeout.
-      if (!s.ok()) {
-        comm.Abort(absl::Status(s.code(), absl::StrCat("rank ", comm.rank(), " failed: ",
-                                                       s.message())));
-      }
-      RemoveHandle(w, Kind::kWorld);
-      w->released = true;
-      ReleaseWorld(w);
-      return s;
+    return fsdp::LocalWorld::Run(size, ToCommOptions(o), [&](Communicator& comm) {
+      return RunRankBody(comm, body, user);
     });
   });
 }
@@ -631,22 +636,7 @@ fsdp_error* fsdp_run_mpi_threads(int threads, const fsdp_world_options* options,
     std::vector<absl::Status> results(ranks.size());
     std::vector<std::thread> ts;
     for (size_t t = 0; t < ranks.size(); ++t) {
-      ts.emplace_back([&, t] {
-        Communicator& comm = *ranks[t];
-        auto* w = new fsdp_world;
-        w->comm = &comm;
-        w->borrowed = true;
-        AddHandle(w, Kind::kWorld);
-        const absl::Status s = TakeError(body(w, user));
-        if (!s.ok()) {
-          comm.Abort(absl::Status(s.code(), absl::StrCat("rank ", comm.rank(), " failed: ",
-                                                         s.message())));
-        }
-        RemoveHandle(w, Kind::kWorld);
-        w->released = true;
-        ReleaseWorld(w);
-        results[t] = s;
-      });
+      ts.emplace_back([&, t] { results[t] = RunRankBody(*ranks[t], body, user); });
     }
     for (std::thread& t : ts) t.join();
     for (const absl::Status& s : results) FSDP_RETURN_IF_ERROR(s);
