@@ -20,9 +20,10 @@
 //    that took an allocation as bytes (ui8 args: 0 when every allocation is a typed array), and
 //    the largest temporary memory XLA gave one of the programs (temp MiB; -1 where the plugin
 //    does not say): a whole-array copy of an update in place shows there.
-// 3. With --profile N: per model, a run with a program per op where each launch waits for its
-//    program (PjrtBackendOptions::profile; the streams do not overlap), and the N programs of
-//    rank 0 that took the most time per step: launches per step, ms per step, us per launch.
+// 3. With --profile N: per model, a run with a program per op and one with fused programs
+//    where each launch waits for its program (PjrtBackendOptions::profile; a stream's programs
+//    no longer overlap), and the N programs of rank 0 that took the most time per step:
+//    launches per step, ms per step, us per launch (the fused run: what a step launches).
 // --xla_options: XLA debug options of every program of the pjrt runs (PjrtBackendOptions::
 // xla_options), e.g. xla_cpu_copy_insertion_use_region_analysis=false to see what the backend's
 // default saves.
@@ -350,22 +351,26 @@ int main(int argc, char** argv) {
   }
   for (const std::string& m : p.models) {
     if (p.profile == 0) break;
-    const ModelRun pj = Train(p, m, client, /*fuse=*/false, /*profile=*/true);
-    std::vector<std::pair<std::string, fsdp::PjrtLaunchStats::Time>> rows(pj.profile.begin(),
-                                                                          pj.profile.end());
-    std::sort(rows.begin(), rows.end(),
-              [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
-    double total = 0;
-    for (const auto& [name, t] : rows) total += t.seconds;
-    std::printf("\n# profile of %s: a program per op, each launch waited for (rank 0), per step: "
-                "%.1f ms in programs, step %.1f ms\n",
-                m.c_str(), total * 1e3 / p.steps, pj.step_s * 1e3);
-    std::printf("%-32s %10s %10s %12s %7s\n", "program", "launches", "ms", "us/launch", "share");
-    for (size_t i = 0; i < rows.size() && i < static_cast<size_t>(p.profile); ++i) {
-      const auto& [name, t] = rows[i];
-      std::printf("%-32s %10.1f %10.2f %12.1f %6.1f%%\n", name.c_str(),
-                  static_cast<double>(t.launches) / p.steps, t.seconds * 1e3 / p.steps,
-                  t.seconds * 1e6 / static_cast<double>(t.launches), 100 * t.seconds / total);
+    for (const bool fuse : {false, true}) {
+      const ModelRun pj = Train(p, m, client, fuse, /*profile=*/true);
+      std::vector<std::pair<std::string, fsdp::PjrtLaunchStats::Time>> rows(pj.profile.begin(),
+                                                                            pj.profile.end());
+      std::sort(rows.begin(), rows.end(),
+                [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+      double total = 0;
+      for (const auto& [name, t] : rows) total += t.seconds;
+      std::printf("\n# profile of %s, %s, each launch waited for (rank 0), per step: %.1f ms in "
+                  "programs, step %.1f ms\n",
+                  m.c_str(), fuse ? "fused programs" : "a program per op", total * 1e3 / p.steps,
+                  pj.step_s * 1e3);
+      std::printf("%-32s %10s %10s %12s %7s\n", "program", "launches", "ms", "us/launch",
+                  "share");
+      for (size_t i = 0; i < rows.size() && i < static_cast<size_t>(p.profile); ++i) {
+        const auto& [name, t] = rows[i];
+        std::printf("%-32s %10.1f %10.2f %12.1f %6.1f%%\n", name.c_str(),
+                    static_cast<double>(t.launches) / p.steps, t.seconds * 1e3 / p.steps,
+                    t.seconds * 1e6 / static_cast<double>(t.launches), 100 * t.seconds / total);
+      }
     }
   }
   return 0;
