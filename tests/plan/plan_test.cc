@@ -211,37 +211,72 @@ std::map<std::string, std::pair<double, std::string>>& Worst() {
   return *worst;
 }
 
-void ExpectAgrees(const Case& c) {
-  SCOPED_TRACE(c.Name());
-  absl::StatusOr<MemoryPlan> plan = PlanMemory(c.Request());
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  absl::StatusOr<std::vector<MemoryReport>> measured = Measure(c);
-  ASSERT_TRUE(measured.ok()) << measured.status();
-  const MemoryReport planned = plan->AsReport();
+// How far one measurement is from the plan, per category compared.
+struct Comparison {
+  std::vector<std::pair<const Category*, std::pair<int64_t, int64_t>>> rows;  // measured, planned
   bool exact = true;
+  bool undershoot = false;  // some peak measured below the plan by more than the tolerance
+  bool overshoot = false;   // something measured above the plan by more than the tolerance
+};
+
+double RelativeError(int64_t m, int64_t p) {
+  return p == 0 ? (m == 0 ? 0.0 : 1.0)
+                : std::abs(static_cast<double>(m - p)) / static_cast<double>(p);
+}
+
+Comparison Compare(const Case& c, const MemoryReport& planned,
+                   const std::vector<MemoryReport>& measured) {
+  Comparison out;
   // On the sim device (offload) the host runs ahead of the device's queued work, which holds
   // buffers longer than the in-order replay does (docs/planning.md): the peaks are not the
   // replay's there, the persistent and host figures are, to the byte.
   const bool async_device = c.offload.what != OffloadKind::kNone;
   for (const Category& cat : kCategories) {
     const std::string name = cat.name;
-    if (async_device && name.find("peak") != std::string::npos && name != "activation_peak_bytes") {
-      continue;
-    }
+    const bool peak = name.find("peak") != std::string::npos;
+    if (async_device && peak && name != "activation_peak_bytes") continue;
     // The persistent shards are alike on every rank; a peak is the largest any rank reached.
     int64_t m = 0;
-    for (const MemoryReport& r : *measured) m = std::max(m, r.*cat.field);
+    for (const MemoryReport& r : measured) m = std::max(m, r.*cat.field);
     const int64_t p = planned.*cat.field;
-    const double err = p == 0 ? (m == 0 ? 0.0 : 1.0)
-                              : std::abs(static_cast<double>(m - p)) / static_cast<double>(p);
-    auto& w = Worst()[cat.name];
+    out.rows.push_back({&cat, {m, p}});
+    out.exact = out.exact && m == p;
+    if (RelativeError(m, p) > kTolerance) (peak && m < p ? out.undershoot : out.overshoot) = true;
+  }
+  return out;
+}
+
+void ExpectAgrees(const Case& c) {
+  SCOPED_TRACE(c.Name());
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(c.Request());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const MemoryReport planned = plan->AsReport();
+  // The plan assumes a collective completes when the runtime waits for it. A rank descheduled
+  // for longer than the link's latency (a loaded machine) can find one already complete when it
+  // looks, free its buffer early and peak below the plan. Only that direction is measured
+  // again; a peak above the plan, or below it in every attempt, fails.
+  constexpr int kAttempts = 3;
+  std::vector<MemoryReport> measured;
+  Comparison cmp;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    absl::StatusOr<std::vector<MemoryReport>> m = Measure(c);
+    ASSERT_TRUE(m.ok()) << m.status();
+    measured = *std::move(m);
+    cmp = Compare(c, planned, measured);
+    if (cmp.overshoot || !cmp.undershoot || attempt == kAttempts) break;
+    std::printf("%s: a peak measured below the plan (attempt %d of %d); measuring again\n",
+                c.Name().c_str(), attempt, kAttempts);
+  }
+  for (const auto& [cat, mp] : cmp.rows) {
+    const auto [m, p] = mp;
+    const double err = RelativeError(m, p);
+    auto& w = Worst()[cat->name];
     if (err >= w.first) w = {err, c.Name()};
-    EXPECT_LE(err, kTolerance) << cat.name << ": planned " << p << " bytes, measured " << m
-                               << " (" << FormatMemoryReport((*measured)[0]) << ")";
-    exact = exact && m == p;
+    EXPECT_LE(err, kTolerance) << cat->name << ": planned " << p << " bytes, measured " << m
+                               << " (" << FormatMemoryReport(measured[0]) << ")";
   }
   ++Configurations().first;
-  if (exact) ++Configurations().second;
+  if (cmp.exact) ++Configurations().second;
 }
 
 // How many configurations of each layout a model runs: with and without checkpointing (every
