@@ -16,7 +16,9 @@
 //    model: the client's compile count and seconds are printed), then the median of S steps,
 //    and the ratio pjrt / cpu; with the ops of a stream fused into programs (the default) and
 //    with a program per op (fuse_ops = false), and the launches per step of rank 0: programs
-//    of every kind, op programs, programs per unit per micro-batch, and launches of programs
+//    of every kind, op programs, the programs of a ForwardBackward per unit (counted in one more
+//    step, both streams waited for after its ForwardBackward and after its Step: "launches A +
+//    B" at the end of the row), and launches of programs
 //    that took an allocation as bytes (ui8 args: 0 when every allocation is a typed array), and
 //    the largest temporary memory XLA gave one of the programs (temp MiB; -1 where the plugin
 //    does not say): a whole-array copy of an update in place shows there.
@@ -182,6 +184,9 @@ struct ModelRun {
   float loss = 0;
   double programs = 0, op_programs = 0, ops = 0;  // per step (rank 0, after the first)
   double byte_launches = 0;  // per step: launches with an allocation held as bytes (ui8)
+  // One more step after the timed ones, both streams waited for after its ForwardBackward:
+  // the launches of the micro-batch (forward, backward, their collectives) and of Step().
+  int64_t micro_batch_programs = 0, step_programs = 0;
   std::map<std::string, fsdp::PjrtLaunchStats::Time> profile;  // per step (rank 0)
   int64_t temp_bytes = -1;  // the largest temporary memory of a program (rank 0)
 };
@@ -240,11 +245,26 @@ ModelRun Train(const Params& p, const std::string& model,
               r.loss = loss;
             }
           }
-          if (pj != nullptr && world.rank() == 0 && p.steps > 0) {
-            // Every item of both streams has run: the counts are final.
+          // Every item of both streams has run: the counts are final.
+          auto settled = [&]() -> absl::StatusOr<fsdp::PjrtLaunchStats> {
             FSDP_RETURN_IF_ERROR(backend->Record(fsdp::Stream::kCompute).Wait());
             FSDP_RETURN_IF_ERROR(backend->Record(fsdp::Stream::kComm).Wait());
-            const fsdp::PjrtLaunchStats end = pj->launch_stats();
+            return pj->launch_stats();
+          };
+          fsdp::PjrtLaunchStats end;
+          if (pj != nullptr && p.steps > 0) {
+            FSDP_ASSIGN_OR_RETURN(end, settled());
+            const fsdp::nn::Batch b = loader.Next();
+            FSDP_RETURN_IF_ERROR(m->ForwardBackward(b.inputs.data(), b.targets.data()).status());
+            FSDP_ASSIGN_OR_RETURN(const fsdp::PjrtLaunchStats fb, settled());
+            FSDP_RETURN_IF_ERROR(m->Step(1e-3f).status());
+            FSDP_ASSIGN_OR_RETURN(const fsdp::PjrtLaunchStats st, settled());
+            if (world.rank() == 0) {
+              r.micro_batch_programs = fb.programs - end.programs;
+              r.step_programs = st.programs - fb.programs;
+            }
+          }
+          if (pj != nullptr && world.rank() == 0 && p.steps > 0) {
             r.programs = static_cast<double>(end.programs - after_first.programs) / p.steps;
             r.op_programs = static_cast<double>(end.op_programs - after_first.op_programs) / p.steps;
             r.ops = static_cast<double>(end.ops - after_first.ops) / p.steps;
@@ -334,19 +354,22 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-7s %9s %9s %12s %12s %11s %6s %10s %10s %8s %10s %9s %9s\n", "model",
               "ops", "compiles", "compile s", "pjrt first s", "pjrt step ms", "cpu step ms",
               "ratio", "launches", "op progs", "ops", "/unit/mb", "ui8 args", "temp MiB");
+  std::printf("# /unit/mb: launches of a ForwardBackward per unit, its collectives included (\"launches "
+              "A + B\": A of a ForwardBackward, B of a Step, counted in one more step)\n");
   for (const std::string& m : p.models) {
     const ModelRun cpu = Train(p, m, nullptr);
     const int units = Check(fsdp::nn::ModelConfig::FromName(m), "model").num_units();
     for (const bool fuse : {true, false}) {
       const ModelRun pj = Train(p, m, client, fuse);
       std::printf("%-6s %-7s %9lld %9.2f %12.2f %12.1f %11.1f %5.2fx %10.0f %10.0f %8.0f %10.1f"
-                  " %9.0f %9.2f   (loss %.4f pjrt, %.4f cpu)\n",
+                  " %9.0f %9.2f   (loss %.4f pjrt, %.4f cpu; launches %lld + %lld)\n",
                   m.c_str(), fuse ? "fused" : "per-op", static_cast<long long>(pj.compiles),
                   pj.compile_s, pj.first_s, pj.step_s * 1e3, cpu.step_s * 1e3,
                   pj.step_s / cpu.step_s, pj.programs, pj.op_programs, pj.ops,
-                  pj.programs / units, pj.byte_launches, 
+                  static_cast<double>(pj.micro_batch_programs) / units, pj.byte_launches,
                   pj.temp_bytes < 0 ? -1.0 : static_cast<double>(pj.temp_bytes) / (1 << 20),
-                  pj.loss, cpu.loss);
+                  pj.loss, cpu.loss, static_cast<long long>(pj.micro_batch_programs),
+                  static_cast<long long>(pj.step_programs));
     }
   }
   for (const std::string& m : p.models) {

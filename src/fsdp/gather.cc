@@ -1,6 +1,6 @@
 // Parameter gathers, as the unit schedule (schedule.h) asks for them: issuing a unit's
-// in-place all-gather (after staging its fp32 master shard, cast to the param dtype, into its
-// slot on the compute stream) within the rate limit, the compute stream waiting for a gather,
+// all-gather (in f32 out of the master shard; else in place, after staging the master shard,
+// cast to the param dtype, into its slot on the compute stream) within the rate limit, the compute stream waiting for a gather,
 // and giving gathered parameters back once the device is done with them.
 #include "src/fsdp/runtime_impl.h"
 
@@ -45,16 +45,29 @@ absl::Status ShardingRuntime::Impl::IssueGather(int u) {
 }
 
 absl::Status ShardingRuntime::Impl::StageAndGather(Unit& unit) {
+  const int u = static_cast<int>(&unit - units.data());
   const DType pd = param_dtype();
   const int64_t sn = unit.layout.shard_numel;
   if (quantized_gather()) return IssueQuantizedGather(unit);
+  const fsdp::View gathered = unit.gathered.view(pd);
+  const fsdp::View slot = gathered.Slice(mesh->shard_index() * sn, sn);
+  const fsdp::View master = unit.param_shard.view();
+  // In f32 the all-gather reads the resident master shard itself (out of place): no staging
+  // copy (on a backend that launches programs, one launch fewer per gather). The shard is then
+  // read on the communication stream until the compute stream has waited for the gather, which
+  // SettleShardRead makes every writer of the shard do. An offloaded unit's shard is written
+  // by its host update's copy: it is staged as below.
+  if (pd == DType::kF32 && S() > 1 && (offload == nullptr || !offload->offloaded(u))) {
+    unit.gather_issued_ns = internal::NowIfTracing();
+    FSDP_ASSIGN_OR_RETURN(unit.gather_event,
+                          shard_plane->AllGather(master, gathered, Stream::kCompute));
+    unit.shard_read = unit.gather_event;
+    return absl::OkStatus();
+  }
   // In place, as NCCL defines it: the shard is staged into its own slot of the gathered
   // buffer (cast from the fp32 master on the way in a low param_dtype), and the all-gather
   // fills the other slots. Nothing copies the own chunk twice and no separate low-precision
   // shard is allocated.
-  const fsdp::View gathered = unit.gathered.view(pd);
-  const fsdp::View slot = gathered.Slice(mesh->shard_index() * sn, sn);
-  const fsdp::View master = unit.param_shard.view();
   if (pd != DType::kF32) {
     ops().Cast(Stream::kCompute, slot, master);
   } else {
@@ -151,8 +164,19 @@ absl::Status ShardingRuntime::Impl::WaitGather(int u, bool prefetched) {
   internal::RecordInflight(unit.gather_event, "all_gather", unit.gather_issued_ns, unit.name,
                            prefetched);
   unit.gather_event = Event();
+  unit.shard_read = Event();  // the compute stream is after it now
   if (s.ok() && unit.quantized_gathered.allocated()) DecodeGathered(unit);
   return s;
+}
+
+absl::Status ShardingRuntime::Impl::SettleShardRead(int u) {
+  Unit& unit = units[u];
+  if (!unit.shard_read.valid()) return absl::OkStatus();
+  const Event read = std::move(unit.shard_read);
+  unit.shard_read = Event();
+  // Whether or not it is done (what a backend that batches its launches does here must not
+  // depend on timing). A failed gather's status is reported where the gather is waited for.
+  return backend->Wait(Stream::kCompute, read);
 }
 
 void ShardingRuntime::Impl::FreeGathered(int u) {

@@ -29,6 +29,14 @@ absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
   }
   const DType rd = reduce_dtype();
   const int64_t padded = unit.layout.padded_numel, sn = unit.layout.shard_numel;
+  // The first f32 reduction into a gradient shard that holds nothing since the last step
+  // writes the shard itself (as FSDP does when a parameter has no gradient yet): no output
+  // buffer, nothing to add, one launch fewer on a backend that launches programs. Every
+  // reduction after it goes through `reduced` and is added.
+  const bool into_shard = unit.grad_shard_zero && S() > 1 && R() == 1 && rd == DType::kF32 &&
+                          !quantized_reduce_scatter() && !host_shards(u);
+  unit.grad_shard_zero = false;
+  unit.reduces_into_shard = into_shard;
   if (S() == 1 && R() == 1) {  // a single rank: nothing to reduce
     FSDP_RETURN_IF_ERROR(AccumulateShard(unit, full));
     std::vector<Event> done = {backend->Record(Stream::kCompute)};
@@ -56,7 +64,11 @@ absl::StatusOr<bool> ShardingRuntime::Impl::IssueReduction(int u) {
     pending.Add(std::move(unit.full_grad), {backend->Record(Stream::kCompute)});
   }
   unit.reduce_issued_ns = internal::NowIfTracing();
-  if (S() > 1) {
+  if (into_shard) {
+    FSDP_ASSIGN_OR_RETURN(unit.reduce_event,
+                          shard_plane->ReduceScatter(send, unit.grad_shard.view(),
+                                                     ReduceOp::kAvg, Stream::kCompute));
+  } else if (S() > 1) {
     FSDP_ASSIGN_OR_RETURN(unit.reduced, Alloc(book.grad_buffers, "the reduce-scatter output",
                                               &unit, sn, rd));
     FSDP_ASSIGN_OR_RETURN(unit.reduce_event,
@@ -279,6 +291,8 @@ absl::Status ShardingRuntime::Impl::FinishReduction(Unit& unit, Reduction stage)
       FSDP_RETURN_IF_ERROR(DecodeMean(unit, wide.view(), layout, layout.bytes(), Stream::kCompute));
     }
     FSDP_RETURN_IF_ERROR(Fail(AccumulateShard(unit, wide.view())));
+  } else if (unit.reduces_into_shard) {
+    unit.reduces_into_shard = false;  // the reduce-scatter wrote grad_shard
   } else if (rd == DType::kF32) {
     FSDP_RETURN_IF_ERROR(Fail(AccumulateShard(unit, src.view())));
   } else {
@@ -319,6 +333,7 @@ absl::Status ShardingRuntime::Impl::FoldAccumulatedShard(Unit& unit) {
     ops().Cast(Stream::kCompute, reduced, wide.view());
   }
   FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, Stream::kCompute));
+  unit.grad_shard_zero = true;
   const Event folded = backend->Record(Stream::kCompute);
   pending.Add(std::move(wide), {folded});
   return backend->Wait(Stream::kComm, folded);

@@ -136,6 +136,9 @@ struct ShardingRuntime::Impl {
   void DecodeGathered(internal::Unit& unit);
   // Gives the gathered parameters back (once the device is done with them).
   void FreeGathered(int u);
+  // Orders the compute stream after an out-of-place gather that may still read the unit's
+  // master shard (a prefetch nobody waited for), before anything writes the shard.
+  absl::Status SettleShardRead(int u);
   // The secondary shard: this rank's 1/N of the gathered unit, copied after its forward; the
   // backward's gather (IssueSecondaryGather) starts from it over the secondary group.
   absl::Status KeepSecondary(int u);

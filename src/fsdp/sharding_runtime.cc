@@ -683,6 +683,7 @@ absl::Status ShardingRuntime::Impl::SkipNonFiniteStep(GlobalNorm norm, StepStats
     } else {
       FSDP_RETURN_IF_ERROR(backend->Memset(units[u].grad_shard.view(), 0));
     }
+    units[u].grad_shard_zero = true;
   }
   passes_since_step = 0;
   pending.Add(std::move(norm.sums), {backend->Record(Stream::kCompute)});
@@ -719,6 +720,9 @@ absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, d
   // Offload all: the clip factor goes to the host once, after everything the step issued so
   // far (the norm's copies of the host gradients among it), before the host's updates.
   bool factor_issued = false;
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    FSDP_RETURN_IF_ERROR(Fail(SettleShardRead(u)));
+  }
   for (const bool host : {true, false}) {
     for (Unit& unit : units) {
       const int u = static_cast<int>(&unit - units.data());
@@ -736,12 +740,14 @@ absl::Status ShardingRuntime::Impl::ApplyOptimizers(GlobalNorm norm, float lr, d
       if (host) {  // (which zeroes the gradient shard after its copy)
         absl::Status s = offload->IssueUpdate(u, unit.param_shard.view(), g, lr);
         if (!s.ok()) return Fail(s);
+        unit.grad_shard_zero = true;  // (on the communication stream, before any reduction)
         continue;
       }
       unit.optimizer->set_lr(lr);
       absl::Status s = unit.optimizer->Step(unit.param_shard.view(), g);
       if (!s.ok()) return Fail(s);
       FSDP_RETURN_IF_ERROR(backend->Memset(g, 0, cs));
+      unit.grad_shard_zero = true;
     }
   }
   passes_since_step = 0;
@@ -786,7 +792,11 @@ View ShardingRuntime::param_shard(int u) const {
   // An offloaded update still on the host goes back first (an error fails the runtime: the
   // next hook reports it).
   impl_->EnsureUploaded(u).IgnoreError();
-  return impl_->units.at(u).param_shard.view();
+  // A gather still reading the shard (a prefetch nobody waited for) is done before the caller
+  // may write it from the host.
+  const internal::Unit& unit = impl_->units.at(u);
+  if (unit.shard_read.valid()) unit.shard_read.Wait().IgnoreError();
+  return unit.param_shard.view();
 }
 View ShardingRuntime::grad_shard(int u) const {
   if (impl_->host_shards(u)) return impl_->offload->host_grads(u);

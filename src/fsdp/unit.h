@@ -135,6 +135,10 @@ struct Unit {
   Accounted full_grad;   // padded unit gradient (f32), from PreBackward until reduced
   Accounted lowp_grad;   // full_grad cast to a low reduce_dtype, while it is reduced
   Accounted reduced;     // reduce-scatter output in reduce_dtype (shard size > 1 only)
+  // Whether grad_shard holds nothing since the last step (zeroed), and whether the reduction
+  // in flight writes grad_shard itself (IssueReduction: then nothing is added).
+  bool grad_shard_zero = true;
+  bool reduces_into_shard = false;
   // A quantized reduction (CommunicationOptions::reduction): this rank's gradient codes, one
   // chunk per rank of the shard group (the all_to_all's send), and the codes of its shard
   // from `code_ranks` ranks (the shard group's, or the replicas' all-gathered), until decoded.
@@ -144,6 +148,9 @@ struct Unit {
   std::unique_ptr<Optimizer> optimizer;
   // (Its state in the hooks, prefetch and reduction stage are the schedule's: schedule.h.)
   Event gather_event;       // all-gather in flight into `gathered`
+  // An f32 all-gather that reads param_shard itself (out of place): until the compute stream
+  // has waited for it, nothing may write the shard (SettleShardRead).
+  Event shard_read;
   int64_t gather_issued_ns = 0;
   Event reduce_event;
   int64_t reduce_issued_ns = 0;

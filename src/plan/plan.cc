@@ -51,6 +51,7 @@ struct SimUnit {
   bool code_chunks = false;
   int gather_event = kEmptyEvent;
   int reduce_event = kEmptyEvent;
+  bool grad_shard_zero = true;  // nothing added since the last step (reduce.cc)
 };
 
 class Replay {
@@ -188,6 +189,10 @@ class Replay {
   }
   absl::StatusOr<bool> IssueReduction(int u) {
     SimUnit& unit = units_[u];
+    // The first f32 reduce-scatter since the step writes the gradient shard itself.
+    const bool into_shard = unit.grad_shard_zero && S_ > 1 && R_ == 1 && rd() == DType::kF32 &&
+                            !quantized_reduce_scatter() && !host_shards_[u];
+    unit.grad_shard_zero = false;
     if (S_ == 1 && R_ == 1) {
       PendingAdd(unit.full_grad, {kEmptyEvent});
       return false;
@@ -210,7 +215,7 @@ class Replay {
       unit.lowp_grad = Alloc(kGradBuffers, unit.padded_numel * rsize, /*comm=*/true);
       PendingAdd(unit.full_grad, {kEmptyEvent});
     }
-    if (S_ > 1) {
+    if (S_ > 1 && !into_shard) {
       unit.reduced = Alloc(kGradBuffers, unit.shard_numel * rsize, /*comm=*/true);
     }
     unit.reduce_event = NewCollective();
@@ -243,6 +248,7 @@ class Replay {
       return absl::OkStatus();
     }
     Wait(unit.reduce_event);  // the comm stream waits for the reduce-scatter
+    if (with_accumulated) unit.grad_shard_zero = true;  // FoldAccumulatedShard zeroes it
     if (with_accumulated && rd() != DType::kF32) {
       // FoldAccumulatedShard: the reduced shard widened to f32 while the gradient shard joins it.
       Buf wide = Alloc(kGradBuffers, unit.shard_numel * 4, /*comm=*/true);
@@ -429,6 +435,7 @@ class Replay {
     PendingAdd(sums, {kEmptyEvent});
     PendingAdd(scratch, {kEmptyEvent});
     Collect();
+    for (SimUnit& u : units_) u.grad_shard_zero = true;  // the gradient shards start again
   }
 
   const int S_, R_;

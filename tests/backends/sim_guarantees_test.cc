@@ -104,6 +104,68 @@ TEST(SimGuaranteesTest, AFreedBufferIsNotReusedUntilTheQueuedWorkOnBothStreamsHa
   }
 }
 
+// In f32 an all-gather reads the unit's master shard itself (out of place). A caller that
+// takes the shard to write it (a checkpoint load) while a prefetch nobody claimed is still on
+// the link gets it only once that gather is done: else the gather could send half-written
+// values. Two units of 64 f32 on 2 ranks, the link 150 ms per collective.
+TEST(SimGuaranteesTest, AShardIsHandedOutOnlyOnceNoGatherReadsIt) {
+  constexpr int kRanks = 2, kUnits = 2;
+  constexpr absl::Duration kLink = absl::Milliseconds(150);
+  struct Seen {
+    bool in_flight_before = false;
+    double issued_to_returned_ms = 0;
+  };
+  std::vector<Seen> seen(kRanks);
+  CommOptions co;
+  co.timeout = absl::Seconds(30);
+  const absl::Status run = LocalWorld::Run(kRanks, co, [&](Communicator& world) -> absl::Status {
+    SimBackendOptions so;
+    so.op_latency = absl::Milliseconds(1);
+    so.data_plane.link_latency = kLink;
+    FSDP_ASSIGN_OR_RETURN(auto sim, SimBackend::Create(so));
+    ShardingOptions o;
+    o.forward_prefetch = true;
+    o.backward_prefetch = false;
+    o.max_prefetch_units = 1;
+    FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(sim.get(), world, o));
+    for (int u = 0; u < kUnits; ++u) {
+      FSDP_RETURN_IF_ERROR(
+          rt->RegisterUnit(absl::StrCat("unit", u), {ParamInfo(absl::StrCat("w", u), {64})})
+              .status());
+    }
+    FSDP_RETURN_IF_ERROR(rt->Finalize(nullptr));
+    for (int u = 0; u < kUnits; ++u) {  // records the order
+      FSDP_RETURN_IF_ERROR(rt->PreForward(u).status());
+      FSDP_RETURN_IF_ERROR(rt->PostForward(u));
+    }
+    FSDP_RETURN_IF_ERROR(rt->FinishForwardOnly());
+    FSDP_RETURN_IF_ERROR(sim->Synchronize());
+    // Claims unit 0 and prefetches unit 1, whose gather reads unit 1's shard on the link.
+    const Event comm_idle_before = sim->Record(Stream::kComm);
+    FSDP_RETURN_IF_ERROR(comm_idle_before.Wait());
+    const auto issued = Clock::now();
+    FSDP_RETURN_IF_ERROR(rt->PreForward(0).status());
+    const Event gathers = sim->Record(Stream::kComm);
+    Seen& mine = seen[world.rank()];
+    mine.in_flight_before = !gathers.Done();
+    const View shard = rt->param_shard(1);
+    mine.issued_to_returned_ms = MsBetween(issued, Clock::now());
+    FSDP_RETURN_IF_ERROR(world.Barrier());
+    (void)shard;
+    rt.reset();
+    return gathers.Wait();
+  });
+  ASSERT_TRUE(run.ok()) << run;
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ASSERT_TRUE(seen[r].in_flight_before) << "the test needs the gathers still in flight";
+    // The two gathers run one after the other on the communication stream, each behind the
+    // link's latency: the shard came back once the second had completed.
+    EXPECT_GE(seen[r].issued_to_returned_ms, 2 * absl::ToDoubleMilliseconds(kLink) - 1)
+        << "param_shard(1) returned while unit 1's all-gather could still read it";
+  }
+}
+
 // Three units of 64 f32 on 2 ranks, FULL_SHARD with forward prefetch of one unit, on sim
 // devices whose link adds 150 ms to every collective.
 TEST(SimGuaranteesTest, AnUnclaimedPrefetchStaysBookedUntilItsGatherCompletes) {

@@ -446,7 +446,7 @@ TEST(PlanAgreesWithRuntime, MicroBatchesInEachAccumulationMode) {
   }
   for (const Case& c : cases) ExpectAgrees(c);
   // no_sync's peak holds the whole f32 gradient of every unit, sharded's a few units' (mini's
-  // 7 units on 2 ranks: 48.1 against 21.1 MiB).
+  // 7 units on 2 ranks: 41.4 against 21.1 MiB; most of it the root's embeddings).
   PlanRequest r = Make("mini", ShardingStrategy::kFullShard, 2).Request();
   r.micro_batches = 3;
   const int64_t no_sync = PlanMemory(r)->grad_buffer_peak_bytes;
@@ -454,7 +454,7 @@ TEST(PlanAgreesWithRuntime, MicroBatchesInEachAccumulationMode) {
   const int64_t sharded = PlanMemory(r)->grad_buffer_peak_bytes;
   const int64_t whole = 4 * nn::ModelConfig::FromName("mini")->num_parameters();
   EXPECT_GE(no_sync, whole);
-  EXPECT_LT(sharded, no_sync - whole / 2) << "no_sync " << no_sync;
+  EXPECT_LT(sharded, whole * 3 / 5) << "no_sync " << no_sync;
   r.micro_batches = 0;
   EXPECT_THAT(std::string(PlanMemory(r).status().message()),
               ::testing::HasSubstr("micro_batches must be 1 to 1024, got 0"));
