@@ -605,7 +605,6 @@ fsdp_error* fsdp_thread_group_ranks(const fsdp_thread_group* group, int* first, 
   });
 }
 
-
 fsdp_error* fsdp_mpi_thread_group_create(int threads, const fsdp_world_options* options,
                                          fsdp_thread_group** out) {
   static constexpr char fn[] = "fsdp_mpi_thread_group_create";

@@ -104,6 +104,40 @@ TEST(SimGuaranteesTest, AFreedBufferIsNotReusedUntilTheQueuedWorkOnBothStreamsHa
   }
 }
 
+// A sim device whose link adds `link` to every collective, and a FULL_SHARD runtime of `units`
+// units of 64 f32 with forward prefetch of one unit, after a forward pass that recorded the
+// order (its gathers are on demand) and whose work is done.
+struct PrefetchingRuntime {
+  std::unique_ptr<SimBackend> sim;
+  std::unique_ptr<ShardingRuntime> rt;
+};
+absl::StatusOr<PrefetchingRuntime> MakePrefetchingRuntime(Communicator& world, int units,
+                                                          absl::Duration link) {
+  SimBackendOptions so;
+  so.op_latency = absl::Milliseconds(1);
+  so.data_plane.link_latency = link;
+  PrefetchingRuntime p;
+  FSDP_ASSIGN_OR_RETURN(p.sim, SimBackend::Create(so));
+  ShardingOptions o;
+  o.forward_prefetch = true;
+  o.backward_prefetch = false;
+  o.max_prefetch_units = 1;
+  FSDP_ASSIGN_OR_RETURN(p.rt, ShardingRuntime::Create(p.sim.get(), world, o));
+  for (int u = 0; u < units; ++u) {
+    FSDP_RETURN_IF_ERROR(
+        p.rt->RegisterUnit(absl::StrCat("unit", u), {ParamInfo(absl::StrCat("w", u), {64})})
+            .status());
+  }
+  FSDP_RETURN_IF_ERROR(p.rt->Finalize(nullptr));
+  for (int u = 0; u < units; ++u) {
+    FSDP_RETURN_IF_ERROR(p.rt->PreForward(u).status());
+    FSDP_RETURN_IF_ERROR(p.rt->PostForward(u));
+  }
+  FSDP_RETURN_IF_ERROR(p.rt->FinishForwardOnly());
+  FSDP_RETURN_IF_ERROR(p.sim->Synchronize());
+  return p;
+}
+
 // In f32 an all-gather reads the unit's master shard itself (out of place). A caller that
 // takes the shard to write it (a checkpoint load) while a prefetch nobody claimed is still on
 // the link gets it only once that gather is done: else the gather could send half-written
@@ -119,27 +153,8 @@ TEST(SimGuaranteesTest, AShardIsHandedOutOnlyOnceNoGatherReadsIt) {
   CommOptions co;
   co.timeout = absl::Seconds(30);
   const absl::Status run = LocalWorld::Run(kRanks, co, [&](Communicator& world) -> absl::Status {
-    SimBackendOptions so;
-    so.op_latency = absl::Milliseconds(1);
-    so.data_plane.link_latency = kLink;
-    FSDP_ASSIGN_OR_RETURN(auto sim, SimBackend::Create(so));
-    ShardingOptions o;
-    o.forward_prefetch = true;
-    o.backward_prefetch = false;
-    o.max_prefetch_units = 1;
-    FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(sim.get(), world, o));
-    for (int u = 0; u < kUnits; ++u) {
-      FSDP_RETURN_IF_ERROR(
-          rt->RegisterUnit(absl::StrCat("unit", u), {ParamInfo(absl::StrCat("w", u), {64})})
-              .status());
-    }
-    FSDP_RETURN_IF_ERROR(rt->Finalize(nullptr));
-    for (int u = 0; u < kUnits; ++u) {  // records the order
-      FSDP_RETURN_IF_ERROR(rt->PreForward(u).status());
-      FSDP_RETURN_IF_ERROR(rt->PostForward(u));
-    }
-    FSDP_RETURN_IF_ERROR(rt->FinishForwardOnly());
-    FSDP_RETURN_IF_ERROR(sim->Synchronize());
+    FSDP_ASSIGN_OR_RETURN(PrefetchingRuntime p, MakePrefetchingRuntime(world, kUnits, kLink));
+    auto& [sim, rt] = p;
     // Claims unit 0 and prefetches unit 1, whose gather reads unit 1's shard on the link.
     const Event comm_idle_before = sim->Record(Stream::kComm);
     FSDP_RETURN_IF_ERROR(comm_idle_before.Wait());
@@ -183,28 +198,8 @@ TEST(SimGuaranteesTest, AnUnclaimedPrefetchStaysBookedUntilItsGatherCompletes) {
   CommOptions co;
   co.timeout = absl::Seconds(30);
   const absl::Status run = LocalWorld::Run(kRanks, co, [&](Communicator& world) -> absl::Status {
-    SimBackendOptions so;
-    so.op_latency = absl::Milliseconds(1);
-    so.data_plane.link_latency = kLink;
-    FSDP_ASSIGN_OR_RETURN(auto sim, SimBackend::Create(so));
-    ShardingOptions o;
-    o.forward_prefetch = true;
-    o.backward_prefetch = false;
-    o.max_prefetch_units = 1;
-    FSDP_ASSIGN_OR_RETURN(auto rt, ShardingRuntime::Create(sim.get(), world, o));
-    for (int u = 0; u < kUnits; ++u) {
-      FSDP_RETURN_IF_ERROR(
-          rt->RegisterUnit(absl::StrCat("unit", u), {ParamInfo(absl::StrCat("w", u), {64})})
-              .status());
-    }
-    FSDP_RETURN_IF_ERROR(rt->Finalize(nullptr));
-    // A forward pass records the order (its gathers are on demand).
-    for (int u = 0; u < kUnits; ++u) {
-      FSDP_RETURN_IF_ERROR(rt->PreForward(u).status());
-      FSDP_RETURN_IF_ERROR(rt->PostForward(u));
-    }
-    FSDP_RETURN_IF_ERROR(rt->FinishForwardOnly());
-    FSDP_RETURN_IF_ERROR(sim->Synchronize());
+    FSDP_ASSIGN_OR_RETURN(PrefetchingRuntime p, MakePrefetchingRuntime(world, kUnits, kLink));
+    auto& [sim, rt] = p;
     // The next pass claims unit 0 and prefetches unit 1; then it is abandoned (the model
     // failed, say) and the runtime destroyed, with unit 1's gather still on the link.
     const Event comm_idle_before = sim->Record(Stream::kComm);
