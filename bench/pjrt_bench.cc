@@ -354,8 +354,9 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-7s %9s %9s %12s %12s %11s %6s %10s %10s %8s %10s %9s %9s\n", "model",
               "ops", "compiles", "compile s", "pjrt first s", "pjrt step ms", "cpu step ms",
               "ratio", "launches", "op progs", "ops", "/unit/mb", "ui8 args", "temp MiB");
-  std::printf("# /unit/mb: launches of a ForwardBackward per unit, its collectives included (\"launches "
-              "A + B\": A of a ForwardBackward, B of a Step, counted in one more step)\n");
+  std::printf("# /unit/mb: launches of a ForwardBackward per unit, its collectives included "
+              "(\"launches A + B\": A of a ForwardBackward, B of a Step, counted in one more "
+              "step)\n");
   for (const std::string& m : p.models) {
     const ModelRun cpu = Train(p, m, nullptr);
     const int units = Check(fsdp::nn::ModelConfig::FromName(m), "model").num_units();

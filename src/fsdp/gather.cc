@@ -1,7 +1,8 @@
 // Parameter gathers, as the unit schedule (schedule.h) asks for them: issuing a unit's
 // all-gather (in f32 out of the master shard; else in place, after staging the master shard,
-// cast to the param dtype, into its slot on the compute stream) within the rate limit, the compute stream waiting for a gather,
-// and giving gathered parameters back once the device is done with them.
+// cast to the param dtype, into its slot on the compute stream) within the rate limit, the
+// compute stream waiting for a gather, and giving gathered parameters back once the device is
+// done with them.
 #include "src/fsdp/runtime_impl.h"
 
 namespace fsdp {
