@@ -6,6 +6,8 @@
 // step's own compute dtype measured in the same run (MODEL_SPEC.md "Figures": peak = GEMM
 // 2048^3 GFLOP/s on one core x cores used; sgemm for f32, the bf16 GEMM for bf16, or sgemm
 // where the bf16 run widens its operands to f32: kernels::cpu::lowp_gemm_choice, printed).
+// Then where a step's time goes: each op's time per step (the backend times every op,
+// CpuBackendOptions::time_ops), side by side for the dtypes, with the difference to the first.
 //
 // Usage: train_step_bench [--model mini] [--batch 4] [--seq 256] [--steps 10] [--warmup 2]
 //                         [--threads 0] [--dtypes f32,bf16]
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,16 +101,60 @@ struct Run {
   std::vector<fsdp::Buffer> params, compute, grads;
   std::vector<std::unique_ptr<fsdp::AdamW>> opts;
   std::vector<double> step_s, fwd_s, bwd_s, opt_s;
+  std::map<std::string, std::vector<double>> op_s;  // per op: its seconds in each step
+  std::map<std::string, int64_t> op_calls;          // per op: calls in one step
   double peak_core = 0;
   bool widened = false;  // a 16-bit dtype run on f32 GEMMs (no native 16-bit matmul)
 };
+
+// Each op's median time per step for every run, the ops that take the most first, with the
+// difference of each later run to the first.
+void PrintOpTimes(const std::vector<Run>& runs) {
+  std::map<std::string, double> longest;  // per op: its largest median over the runs
+  for (const Run& r : runs) {
+    for (const auto& [op, v] : r.op_s) longest[op] = std::max(longest[op], Median(v));
+  }
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& [op, t] : longest) order.emplace_back(-t, op);
+  std::sort(order.begin(), order.end());
+  std::printf("  where a step's time goes: each op's median ms per step (calls per step)\n");
+  std::printf("    %-26s", "op");
+  for (const Run& r : runs) std::printf(" %16s", fsdp::DTypeName(r.dtype).data());
+  for (size_t i = 1; i < runs.size(); ++i) {
+    std::printf("   %s-%s", fsdp::DTypeName(runs[i].dtype).data(),
+                fsdp::DTypeName(runs[0].dtype).data());
+  }
+  std::printf("\n");
+  std::vector<double> total(runs.size(), 0.0);
+  for (const auto& [neg, op] : order) {
+    std::vector<double> ms;
+    for (const Run& r : runs) {
+      const auto it = r.op_s.find(op);
+      ms.push_back(it == r.op_s.end() ? 0.0 : Median(it->second) * 1e3);
+    }
+    for (size_t i = 0; i < runs.size(); ++i) total[i] += ms[i];
+    if (-neg * 1e3 < 0.05) continue;  // below what a step's noise shows
+    std::printf("    %-26s", op.c_str());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto c = runs[i].op_calls.find(op);
+      std::printf(" %8.2f (%5lld)", ms[i],
+                  static_cast<long long>(c == runs[i].op_calls.end() ? 0 : c->second));
+    }
+    for (size_t i = 1; i < runs.size(); ++i) std::printf("   %+8.2f", ms[i] - ms[0]);
+    std::printf("\n");
+  }
+  std::printf("    %-26s", "(every op)");
+  for (size_t i = 0; i < runs.size(); ++i) std::printf(" %8.2f        ", total[i]);
+  for (size_t i = 1; i < runs.size(); ++i) std::printf("   %+8.2f", total[i] - total[0]);
+  std::printf("\n");
+}
 
 int main(int argc, char** argv) {
   using fsdp::Buffer;
   using fsdp::DType;
   const Args args = ParseArgs(argc, argv);
   const fsdp::nn::ModelConfig config = Get(fsdp::nn::ModelConfig::FromName(args.config));
-  auto backend = Get(fsdp::CpuBackend::Create({.num_threads = args.threads}));
+  auto backend = Get(fsdp::CpuBackend::Create({.num_threads = args.threads, .time_ops = true}));
   backend->BindCurrentThread();
   const int threads = backend->num_threads();
   const int B = args.batch, T = args.seq;
@@ -166,6 +213,7 @@ int main(int argc, char** argv) {
   for (int s = 0; s < args.warmup + args.steps; ++s) {
     for (Run& r : runs) {  // the dtypes alternate step by step: one run, the same noise
       std::vector<fsdp::View> p, g;
+      backend->ResetOpTimes();
       const double t0 = Now();
       for (int u = 0; u < num_units; ++u) {
         g.push_back(r.grads[u].view());
@@ -198,7 +246,16 @@ int main(int argc, char** argv) {
       r.bwd_s.push_back(t2 - t1);
       r.opt_s.push_back(t3 - t2);
       r.step_s.push_back(t3 - t0);
+      for (const fsdp::CpuOpTime& t : backend->op_times()) {
+        std::vector<double>& v = r.op_s[t.op];
+        v.resize(r.step_s.size() - 1, 0.0);  // an op a step did not run took 0 s there
+        v.push_back(t.seconds);
+        r.op_calls[t.op] = t.calls;
+      }
     }
+  }
+  for (Run& r : runs) {
+    for (auto& [op, v] : r.op_s) v.resize(r.step_s.size(), 0.0);
   }
 
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T;
@@ -245,5 +302,6 @@ int main(int argc, char** argv) {
                 Median(runs[i].step_s) / Median(runs[0].step_s),
                 Median(runs[0].step_s) / Median(runs[i].step_s));
   }
+  PrintOpTimes(runs);
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -25,20 +26,30 @@ constexpr bool kUnderThreadSanitizer = true;
 constexpr bool kUnderThreadSanitizer = false;
 #endif
 
-// Runs every op on the calling thread, now.
-struct Immediate {
+}  // namespace
+
+// Runs every op on the calling thread, now (timed per op name with a clock).
+struct CpuBackend::Executor {
+  OpClock* clock = nullptr;
   template <class F>
-  void Run(Stream, const char*, F&& work) {
+  void Run(Stream, const char* op, F&& work) {
+    if (clock == nullptr) {
+      work();
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
     work();
+    clock->Add(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 };
 
-Immediate& TheImmediate() {
-  static Immediate exec;
-  return exec;
+void CpuBackend::OpClock::Add(const char* op, double seconds) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = times.find(std::string_view(op));
+  if (it == times.end()) it = times.emplace(op, CpuOpTime{op, 0, 0}).first;
+  ++it->second.calls;
+  it->second.seconds += seconds;
 }
-
-}  // namespace
 
 int HardwareThreads() {
   cpu_set_t set;
@@ -76,13 +87,16 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(CpuBackendOptions
   // instrumented) and would report its team's work as races: under TSan each rank's kernels
   // run on the rank's own thread, and TSan checks the rank and communication threads.
   if (kUnderThreadSanitizer) threads = 1;
-  return std::unique_ptr<CpuBackend>(new CpuBackend(threads, options.memory_limit_bytes));
+  return std::unique_ptr<CpuBackend>(
+      new CpuBackend(threads, options.memory_limit_bytes, options.time_ops));
 }
 
-CpuBackend::CpuBackend(int num_threads, int64_t limit)
+CpuBackend::CpuBackend(int num_threads, int64_t limit, bool time_ops)
     : num_threads_(num_threads),
       limit_(limit),
-      ops_(std::make_unique<internal::HostOps<Immediate>>(&TheImmediate())) {}
+      clock_(time_ops ? std::make_unique<OpClock>() : nullptr),
+      exec_(std::make_unique<Executor>(Executor{clock_.get()})),
+      ops_(std::make_unique<internal::HostOps<Executor>>(exec_.get())) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -168,5 +182,19 @@ absl::StatusOr<std::unique_ptr<DataPlane>> CpuBackend::CreateDataPlane(Communica
 }
 
 void CpuBackend::BindCurrentThread() const { omp_set_num_threads(num_threads_); }
+
+std::vector<CpuOpTime> CpuBackend::op_times() const {
+  std::vector<CpuOpTime> out;
+  if (clock_ == nullptr) return out;
+  std::lock_guard<std::mutex> lock(clock_->mu);
+  for (const auto& [name, t] : clock_->times) out.push_back(t);
+  return out;
+}
+
+void CpuBackend::ResetOpTimes() {
+  if (clock_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(clock_->mu);
+  clock_->times.clear();
+}
 
 }  // namespace fsdp

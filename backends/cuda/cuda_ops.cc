@@ -65,7 +65,7 @@ class CudaOps final : public Ops {
     if (d != DType::kF32) {
       if (!Round(__func__, s, dout, M * N, d, &dout_r)) return;
       go = dout_r.get();
-      if (!dweight.empty()) {
+      if (!dweight.empty() && inp.dtype != d) {  // else a kept copy in d, read as is
         if (!Round(__func__, s, inp, M * K, d, &inp_r)) return;
         in = inp_r.get();
       }
@@ -106,7 +106,24 @@ class CudaOps final : public Ops {
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
     if (!Begin(__func__, s, {dinp, inp, dout})) return;
-    k::gelu_backward(stream(s), F32(dinp), F32(inp), F32(dout), inp.count);
+    const float* x = F32(inp);
+    Scratch widened;
+    if (inp.dtype != DType::kF32) {  // a kept bf16 / f16 copy: widened first
+      absl::StatusOr<Scratch> w = Scratch::Create(*b_, static_cast<size_t>(inp.count) * 4);
+      if (!w.ok()) {
+        Fail(__func__, w.status());
+        return;
+      }
+      widened = std::move(*w);
+      const auto* in16 = reinterpret_cast<const uint16_t*>(Ptr(inp));
+      if (inp.dtype == DType::kBF16) {
+        k::cast_bf16_to_f32(stream(s), widened.as<float>(), in16, inp.count);
+      } else {
+        k::cast_f16_to_f32(stream(s), widened.as<float>(), in16, inp.count);
+      }
+      x = widened.as<float>();
+    }
+    k::gelu_backward(stream(s), F32(dinp), x, F32(dout), inp.count);
     End(__func__);
   }
 

@@ -50,14 +50,17 @@ class HostOps final : public Ops {
   void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
                       View weight, int64_t M, int64_t K, int64_t N) override {
     const DType d = weight.dtype;
+    const DType id = inp.dtype;  // f32, or the weight's dtype (a kept copy)
     float *di = F32(dinp), *dw = F32(dweight), *db = F32(dbias);
-    const float *go = F32(dout), *i = F32(inp);
+    const float* go = F32(dout);
+    const void* i = Bytes(inp);
     const void* w = Bytes(weight);
     exec_->Run(s, __func__, [=] {
       if (d == DType::kF32) {
-        kernels::cpu::matmul_backward(di, dw, db, go, i, static_cast<const float*>(w), M, K, N);
+        kernels::cpu::matmul_backward(di, dw, db, go, static_cast<const float*>(i),
+                                      static_cast<const float*>(w), M, K, N);
       } else {
-        kernels::cpu::matmul_backward_lowp(di, dw, db, go, i, w, M, K, N, d);
+        kernels::cpu::matmul_backward_lowp(di, dw, db, go, i, w, M, K, N, d, id);
       }
     });
   }
@@ -81,9 +84,17 @@ class HostOps final : public Ops {
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
     float* di = F32(dinp);
-    const float *i = F32(inp), *go = F32(dout);
+    const float* go = F32(dout);
+    const void* i = Bytes(inp);
+    const DType d = inp.dtype;  // f32, or a kept bf16 / f16 copy
     const int64_t n = inp.count;
-    exec_->Run(s, __func__, [=] { kernels::cpu::gelu_backward(di, i, go, n); });
+    exec_->Run(s, __func__, [=] {
+      if (d == DType::kF32) {
+        kernels::cpu::gelu_backward(di, static_cast<const float*>(i), go, n);
+      } else {
+        kernels::cpu::gelu_backward_lowp(di, static_cast<const uint16_t*>(i), go, n, d);
+      }
+    });
   }
   void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
@@ -206,6 +217,16 @@ class HostOps final : public Ops {
                                       reinterpret_cast<const uint16_t*>(i), n);
       }
     });
+  }
+  void CastKeepingRounded(Stream s, View low, View x) override {
+    if (low.dtype != DType::kBF16) {
+      Ops::CastKeepingRounded(s, low, x);
+      return;
+    }
+    auto* l = reinterpret_cast<uint16_t*>(Bytes(low));
+    float* f = F32(x);
+    const int64_t n = x.count;
+    exec_->Run(s, __func__, [=] { kernels::cpu::round_f32_keeping_bf16(l, f, n); });
   }
   void Scale(Stream s, View x, float factor) override {
     float* p = F32(x);

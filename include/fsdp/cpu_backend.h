@@ -6,7 +6,12 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "fsdp/backend.h"
 #include "fsdp/ops.h"
@@ -22,6 +27,16 @@ struct CpuBackendOptions {
   // Device memory of this backend, in bytes (0 = only what the system gives): an allocation
   // past it fails with ResourceExhausted, as on an accelerator with that much memory.
   int64_t memory_limit_bytes = 0;
+  // Adds up each op's wall time per op name (CpuBackend::op_times()), for benchmarks that ask
+  // where a step's time goes: two clock reads and a locked map update per op.
+  bool time_ops = false;
+};
+
+// One op's calls and wall time since the last CpuBackend::ResetOpTimes().
+struct CpuOpTime {
+  std::string op;  // the Ops method, e.g. "MatmulBackward"
+  int64_t calls = 0;
+  double seconds = 0;
 };
 
 class CpuBackend final : public Backend {
@@ -50,14 +65,28 @@ class CpuBackend final : public Backend {
   // Each rank thread calls this once, so ranks sharing the cores do not oversubscribe them.
   void BindCurrentThread() const;
 
+  // With CpuBackendOptions::time_ops: the ops run since the last reset, by name (empty
+  // otherwise).
+  std::vector<CpuOpTime> op_times() const;
+  void ResetOpTimes();
+
  protected:
   absl::Status DoCopyToHost(void* dst, View src, Stream s) override;
 
  private:
-  CpuBackend(int num_threads, int64_t limit);
+  CpuBackend(int num_threads, int64_t limit, bool time_ops);
+  // Each op's wall time by name (with time_ops); the executor adds to it.
+  struct OpClock {
+    std::mutex mu;
+    std::map<std::string, CpuOpTime, std::less<>> times;
+    void Add(const char* op, double seconds);
+  };
   int num_threads_;
   int64_t limit_;
   std::atomic<int64_t> in_use_{0}, peak_{0}, allocs_{0};
+  std::unique_ptr<OpClock> clock_;  // null without time_ops
+  struct Executor;
+  std::unique_ptr<Executor> exec_;
   std::unique_ptr<Ops> ops_;
 };
 

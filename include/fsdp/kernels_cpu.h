@@ -35,9 +35,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // Semantics otherwise as matmul_forward / matmul_backward (forward overwrites, backward +=).
 void matmul_forward_lowp(float* out, const float* inp, const void* weight, const void* bias,
                          int64_t M, int64_t K, int64_t N, DType dtype);
+// Backward's inp is f32 (rounded here), or with inp_dtype == dtype a kept copy already in
+// that dtype, read as is: the same result, without a pass that widens and rounds it again.
 void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const void* weight, int64_t M, int64_t K, int64_t N,
-                          DType dtype);
+                          const void* inp, const void* weight, int64_t M, int64_t K, int64_t N,
+                          DType dtype, DType inp_dtype = DType::kF32);
 // The kernel the low-precision Linear layers of `dtype` run on this CPU. A product of two bf16
 // (f16) values is exact in f32, so the same rounded operands can be multiplied either by
 // oneDNN's native 16-bit matmul or, widened, by the f32 GEMM (the same products, summed in
@@ -77,6 +79,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // ---- tanh GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----------------------------
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+// The same with inp kept in bf16 / f16 (`dtype`), widened as it is read.
+void gelu_backward_lowp(float* dinp, const uint16_t* inp, const float* dout, int64_t n,
+                        DType dtype);
 
 // ---- Causal multi-head self-attention ------------------------------------------------------
 // qkv[B,T,3C]: q, k, v are columns [0,C), [C,2C), [2C,3C); head h uses [hD,(h+1)D), D = C/NH.
@@ -156,6 +161,9 @@ void cast_f16_to_f32(float* out, const uint16_t* in, int64_t n);
 // cast_bf16_to_f32(cast_f32_to_bf16(in)) (the same for f16). out may be in.
 void round_f32_through_bf16(float* out, const float* in, int64_t n);
 void round_f32_through_f16(float* out, const float* in, int64_t n);
+// low = x rounded to bf16, and x = low widened back to f32, in one pass: bitwise
+// cast_f32_to_bf16(low, x) then cast_bf16_to_f32(x, low).
+void round_f32_keeping_bf16(uint16_t* low, float* x, int64_t n);
 
 // ---- Block quantization (fsdp/wire_format.h) ----------------------------------------------
 // codes[n] and scales[QuantizedLayout{n, block}.blocks()] of in[n] in `format` (int8 or fp8).

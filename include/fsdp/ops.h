@@ -102,10 +102,19 @@ class Ops : public RuntimeOps {
     return true;
   }
 
+  // ---- a kept copy in the compute dtype ------------------------------------------------------
+  // low = x rounded to low's dtype (bf16 / f16), and x = low widened back, so that x holds the
+  // values low keeps: Cast(low, x) then Cast(x, low), which a backend may fuse into one pass.
+  virtual void CastKeepingRounded(Stream s, View low, View x) {
+    Cast(s, low, x);
+    Cast(s, x, low);
+  }
+
   // ---- Linear: out[M,N] = inp[M,K] . weight[N,K]^T + bias[N] --------------------------------
   // weight and bias are f32, or bf16 / f16 (mixed-precision compute: inp and dout are rounded
   // to that dtype, products accumulate in f32); inp, out and every gradient are f32. bias may
-  // be empty. Backward: dinp += dout . weight, dweight += dout^T . inp, dbias += sum dout.
+  // be empty. Backward: dinp += dout . weight, dweight += dout^T . inp, dbias += sum dout;
+  // backward's inp may also be in the weight's dtype (a kept copy, already rounded), read as is.
   virtual void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M,
                              int64_t K, int64_t N) = 0;
   virtual void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout,
@@ -120,6 +129,7 @@ class Ops : public RuntimeOps {
 
   // ---- tanh GELU (n = inp.count) ------------------------------------------------------------
   virtual void GeluForward(Stream s, View out, View inp) = 0;
+  // Backward's inp may also be a kept bf16 / f16 copy, widened as it is read.
   virtual void GeluBackward(Stream s, View dinp, View inp, View dout) = 0;
 
   // ---- causal multi-head attention (qkv[B,T,3C], out[B,T,C], lse[B,NH,T] f32) --------------

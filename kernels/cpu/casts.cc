@@ -42,6 +42,18 @@ constexpr int64_t kParallelMin = 1 << 16;  // below this, waking threads costs m
   }
 }
 
+[[gnu::always_inline]] inline void RoundKeepingBf16Body(uint16_t* low, float* x, int64_t lo,
+                                                        int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    const uint16_t b = internal::Bf16Bits(x[i]);
+    low[i] = b;
+    x[i] = std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+  }
+}
+
+FSDP_ISA_VARIANTS(RoundKeepingBf16Range, RoundKeepingBf16Body,
+                  (uint16_t* low, float* x, int64_t lo, int64_t hi), (low, x, lo, hi))
 FSDP_ISA_VARIANTS(RoundThroughBf16Range, RoundThroughBf16Body,
                   (float* out, const float* in, int64_t lo, int64_t hi), (out, in, lo, hi))
 FSDP_ISA_VARIANTS(F32ToBf16Range, F32ToBf16Body,
@@ -66,6 +78,12 @@ void cast_bf16_to_f32(float* out, const uint16_t* in, int64_t n) {
 void round_f32_through_bf16(float* out, const float* in, int64_t n) {
   internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
     FSDP_ISA_CALL(RoundThroughBf16Range, (out, in, lo, hi));
+  });
+}
+
+void round_f32_keeping_bf16(uint16_t* low, float* x, int64_t n) {
+  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+    FSDP_ISA_CALL(RoundKeepingBf16Range, (low, x, lo, hi));
   });
 }
 

@@ -1,5 +1,7 @@
 // Element-wise kernels: tanh GELU and the residual add, forward and backward.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 
 #include "fsdp/kernels_cpu.h"
 #include "kernels/cpu/isa.h"
@@ -59,6 +61,28 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
   internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
     FSDP_ISA_CALL(GeluBackwardRange, (dinp, inp, dout, lo, hi));
+  });
+}
+
+void gelu_backward_lowp(float* dinp, const uint16_t* inp, const float* dout, int64_t n,
+                        DType dtype) {
+  internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+    // A block widened on the stack (in L1), then the f32 kernel on it: bitwise the f32
+    // kernel's result on the widened input.
+    constexpr int64_t kBlock = 1024;
+    alignas(64) float x[kBlock];
+    for (int64_t b0 = lo; b0 < hi; b0 += kBlock) {
+      const int64_t len = std::min(kBlock, hi - b0);
+      if (dtype == DType::kBF16) {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) {
+          x[j] = std::bit_cast<float>(static_cast<uint32_t>(inp[b0 + j]) << 16);
+        }
+      } else {
+        cast_f16_to_f32(x, inp + b0, len);  // serial at this length
+      }
+      FSDP_ISA_CALL(GeluBackwardRange, (dinp + b0, x, dout + b0, 0, len));
+    }
   });
 }
 

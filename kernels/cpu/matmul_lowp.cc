@@ -2,12 +2,14 @@
 // operands are rounded into thread-local 16-bit scratch and multiplied by oneDNN with f32
 // accumulation (native), or rounded in f32 and multiplied with the weight widened by the f32
 // GEMM (widened: the same products), whichever lowp_gemm_choice picks for this CPU.
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -24,20 +26,28 @@ using internal::Gemm;
 using internal::Operand;
 using internal::TryGemm;
 
-// A growable scratch array that is never zero-filled (every use overwrites what it reads).
+// A growable scratch array that is never zero-filled (every use overwrites what it reads),
+// 64-byte aligned as the backends' buffers are: the GEMMs read it as an operand, and an
+// operand off a cache-line boundary costs them time (operator new gives 16 bytes).
 template <typename T>
 class Scratch {
  public:
   T* Get(int64_t n) {
     if (n > capacity_) {
-      data_.reset(new T[static_cast<size_t>(n)]);
+      const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+      data_.reset(static_cast<T*>(std::aligned_alloc(kAlign, bytes)));
+      if (data_ == nullptr) throw std::bad_alloc();
       capacity_ = n;
     }
     return data_.get();
   }
 
  private:
-  std::unique_ptr<T[]> data_;
+  static constexpr size_t kAlign = 64;
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
   int64_t capacity_ = 0;
 };
 
@@ -255,24 +265,48 @@ void matmul_forward_lowp(float* out, const float* inp, const void* weight, const
 }
 
 void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const void* weight, int64_t M, int64_t K, int64_t N,
-                          DType dtype) {
+                          const void* inp_any, const void* weight, int64_t M, int64_t K,
+                          int64_t N, DType dtype, DType inp_dtype) {
   if (dtype == DType::kF32) {
-    matmul_backward(dinp, dweight, dbias, dout, inp, static_cast<const float*>(weight), M, K, N);
+    matmul_backward(dinp, dweight, dbias, dout, static_cast<const float*>(inp_any),
+                    static_cast<const float*>(weight), M, K, N);
     return;
   }
+  // inp in the compute dtype: its 16-bit values are the rounded operand.
+  const bool inp_kept = inp_dtype == dtype;
+  const auto* inp = static_cast<const float*>(inp_any);  // read only when !inp_kept
   LowpScratch& s = ThreadScratch();
+  // The rounded input: f32 for the widened GEMMs, 16-bit for the native ones.
+  auto inp_f32 = [&]() -> const float* {
+    return inp_kept ? Widened(s.inp_f32, inp_any, M * K, dtype)
+                    : RoundedF32(s.inp_f32, inp, M * K, dtype);
+  };
+  auto inp_16 = [&]() -> const uint16_t* {
+    return inp_kept ? static_cast<const uint16_t*>(inp_any) : Rounded(s.inp, inp, M * K, dtype);
+  };
   const bool gemms = dinp != nullptr || dweight != nullptr;
   if (!matmul_lowp_native(dtype)) {
     // The f32 GEMMs on the rounded operands, each rounded in one pass.
-    if (dbias != nullptr) {
+    const float* dout32 = nullptr;
+    if (dbias != nullptr && dtype == DType::kBF16 && gemms) {
+      // One pass over dout for the bias gradient (the f32 dout, in the f32 kernel's order)
+      // and its rounding through bf16 for the GEMMs.
+      float* rounded = s.dout_f32.Get(M * N);
+      internal::AccumulateColumnSums(dbias, M, N, [=](int64_t r, int64_t c) {
+        const float x = dout[r * N + c];
+        rounded[r * N + c] = std::bit_cast<float>(static_cast<uint32_t>(internal::Bf16Bits(x))
+                                                  << 16);
+        return x;
+      });
+      dout32 = rounded;
+    } else if (dbias != nullptr) {
       internal::AccumulateColumnSums(dbias, M, N,
                                      [=](int64_t r, int64_t c) { return dout[r * N + c]; });
     }
     if (!gemms) return;
-    WidenedBackward(s, dinp, dweight, RoundedF32(s.dout_f32, dout, M * N, dtype),
-                    dweight != nullptr ? RoundedF32(s.inp_f32, inp, M * K, dtype) : nullptr,
-                    weight, M, K, N, dtype);
+    if (dout32 == nullptr) dout32 = RoundedF32(s.dout_f32, dout, M * N, dtype);
+    WidenedBackward(s, dinp, dweight, dout32, dweight != nullptr ? inp_f32() : nullptr, weight,
+                    M, K, N, dtype);
     return;
   }
   const uint16_t* dout_lp = nullptr;
@@ -292,7 +326,7 @@ void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float
   }
   if (!gemms) return;
   if (dout_lp == nullptr) dout_lp = Rounded(s.dout, dout, M * N, dtype);
-  const uint16_t* inp_lp = dweight != nullptr ? Rounded(s.inp, inp, M * K, dtype) : nullptr;
+  const uint16_t* inp_lp = dweight != nullptr ? inp_16() : nullptr;
   bool native = true;
   // dinp[M,K] += dout[M,N] . weight[N,K]
   if (native && dinp != nullptr) {

@@ -278,10 +278,9 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   // mlp: dx is also the gradient of its output (residual add)
   FSDP_RETURN_IF_ERROR(Zero(dfch_gelu));
   ops.MatmulBackward(cs, dfch_gelu, g[t::kFcProjW], g[t::kFcProjB], dx,
-                     KeptF32(b.fch_gelu, a.up32, 0, BT * 4 * C), p[t::kFcProjW], BT, 4 * C,
-                     C);
+                     Kept(b.fch_gelu, BT * 4 * C), p[t::kFcProjW], BT, 4 * C, C);
   FSDP_RETURN_IF_ERROR(Zero(dfch));
-  ops.GeluBackward(cs, dfch, KeptF32(b.fch, a.up32, 0, BT * 4 * C), dfch_gelu);
+  ops.GeluBackward(cs, dfch, Kept(b.fch, BT * 4 * C), dfch_gelu);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, g[t::kFcW], g[t::kFcB], dfch,
                      norm(b.ln2, b.resid2.view(), ln2w, ln2b, b.ln2_mean, b.ln2_rstd),
@@ -291,7 +290,7 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   // attention: dx is now d resid2, the gradient of the attention branch's output
   const View atty = KeptF32(b.atty, a.up32, 0, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
-  ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, atty,
+  ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, Kept(b.atty, BT * C),
                      p[t::kAttnProjW], BT, C, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
   ops.AttentionBackward(cs, dqkv, datty, KeptF32(b.qkv, a.up32, BT * C, BT * 3 * C), atty,

@@ -291,8 +291,8 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   };
   // mlp: dx is also the gradient of its output (residual add)
   FSDP_RETURN_IF_ERROR(Zero(dh));
-  ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, KeptF32(b.h, a.up32, 0, BT * F),
-                     p[t::kDown], BT, F, C);
+  ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, Kept(b.h, BT * F), p[t::kDown], BT, F,
+                     C);
   FSDP_RETURN_IF_ERROR(Zero(dgu));
   ops.SwigluBackward(cs, dgu, dh, KeptF32(b.gu, a.up32, 0, BT * 2 * F), BT, F);
   FSDP_RETURN_IF_ERROR(Zero(dln));
@@ -304,7 +304,8 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   // attention: dx is now d resid2, the gradient of the attention branch's output
   const View atty = KeptF32(b.atty, a.up32, 0, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
-  ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, atty, p[t::kO], BT, H * D, C);
+  ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, Kept(b.atty, BT * C), p[t::kO], BT,
+                     H * D, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
   ops.GqaAttentionBackward(cs, dqkv, datty, KeptF32(b.qkv, a.up32, BT * C, BT * QKV), atty,
                            b.lse.view(), B, T, H, KV, D);

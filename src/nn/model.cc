@@ -106,8 +106,11 @@ void StagedModel::KeepRounded(const Buffer& kept, View v32, bool reread) const {
   const DType cd = compute_dtype();
   if (cd == DType::kF32) return;
   const View low = kept.view(cd).Slice(0, v32.count);
-  backend_->ops().Cast(Stream::kCompute, low, v32);
-  if (reread) backend_->ops().Cast(Stream::kCompute, v32, low);
+  if (reread) {
+    backend_->ops().CastKeepingRounded(Stream::kCompute, low, v32);
+  } else {
+    backend_->ops().Cast(Stream::kCompute, low, v32);
+  }
 }
 
 View StagedModel::KeptF32(const Buffer& kept, const Buffer& scratch, int64_t at,
@@ -117,6 +120,10 @@ View StagedModel::KeptF32(const Buffer& kept, const Buffer& scratch, int64_t at,
   const View out = scratch.view().Slice(at, n);
   backend_->ops().Cast(Stream::kCompute, out, kept.view(cd).Slice(0, n));
   return out;
+}
+
+View StagedModel::Kept(const Buffer& kept, int64_t n) const {
+  return kept.view(compute_dtype()).Slice(0, n);
 }
 
 absl::Status StagedModel::NullArgument(const char* stage, const char* what) const {

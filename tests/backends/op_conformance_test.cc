@@ -162,6 +162,14 @@ TEST_P(OpConformanceTest, MatmulForwardAndBackwardInEveryComputeDtype) {
       Expect(dev_->Read(vdinp), dinp, DType::kF32, "dinp");
       Expect(dev_->Read(vdw), dw, DType::kF32, "dweight");
       Expect(dev_->Read(vdb), with_bias ? db : db0, DType::kF32, "dbias");
+      if (d == DType::kF32) continue;
+      // Backward's input as a kept copy in d (already rounded): the same gradients.
+      const View vdinp2 = dev_->In(dinp0), vdw2 = dev_->In(dw0), vdb2 = dev_->In(db0);
+      ops().MatmulBackward(cs, vdinp2, vdw2, with_bias ? vdb2 : View{}, vdout,
+                           dev_->In(ToLowp(inp, d), d), vw, M, K, N);
+      Expect(dev_->Read(vdinp2), dinp, DType::kF32, "dinp, kept input");
+      Expect(dev_->Read(vdw2), dw, DType::kF32, "dweight, kept input");
+      Expect(dev_->Read(vdb2), with_bias ? db : db0, DType::kF32, "dbias, kept input");
     }
   }
 }
@@ -202,6 +210,21 @@ TEST_P(OpConformanceTest, GeluAttentionAndSoftmaxCrossEntropy) {
   ops().GeluBackward(cs, vdx, vx, vdy);
   Expect(dev_->Read(vy), y, DType::kF32, "gelu");
   Expect(dev_->Read(vdx), dx, DType::kF32, "gelu'");
+  // Backward's input as a kept bf16 / f16 copy: the f32 kernel on its widened values.
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    const std::vector<uint16_t> xl = ToLowp(x, d);
+    std::vector<float> xw(n), want = Random(n, 3);
+    if (d == DType::kBF16) {
+      kernels::cpu::cast_bf16_to_f32(xw.data(), xl.data(), n);
+    } else {
+      kernels::cpu::cast_f16_to_f32(xw.data(), xl.data(), n);
+    }
+    kernels::cpu::gelu_backward(want.data(), xw.data(), dy.data(), n);
+    const View vdx2 = dev_->In(Random(n, 3));
+    ops().GeluBackward(cs, vdx2, dev_->In(xl, d), vdy);
+    const std::string what = "gelu', kept " + std::string(DTypeName(d));
+    Expect(dev_->Read(vdx2), want, DType::kF32, what.c_str());
+  }
 
   const int64_t B = 2, T = 5, C = 12, NH = 3;
   const auto qkv = Random(B * T * 3 * C, 4), dout = Random(B * T * C, 5);
@@ -365,6 +388,20 @@ TEST_P(OpConformanceTest, ElementwiseCastsAndReductionsOnSlices) {
     const View vback = dev_->In(std::vector<float>(n));
     ops().Cast(cs, vback, vl);
     Expect(dev_->Read(vback), back, DType::kF32, "cast back");
+    // The kept copy and the rounded values in place, at an odd offset: what the two casts
+    // give.
+    const View vx = dev_->In(a).Slice(3, n);
+    const View vkept = dev_->In(std::vector<uint16_t>(n + 1), d).Slice(1, n);
+    ops().CastKeepingRounded(cs, vkept, vx);
+    const std::vector<uint16_t> kept_want = ToLowp(std::vector<float>(a.begin() + 3, a.end()), d);
+    EXPECT_EQ(dev_->Read<uint16_t>(vkept), kept_want) << DTypeName(d);
+    std::vector<float> x_want(n);
+    if (d == DType::kBF16) {
+      kernels::cpu::cast_bf16_to_f32(x_want.data(), kept_want.data(), n);
+    } else {
+      kernels::cpu::cast_f16_to_f32(x_want.data(), kept_want.data(), n);
+    }
+    Expect(dev_->Read(vx), x_want, DType::kF32, "rounded in place");
   }
 
   // Scale by a host factor and by a device scalar.

@@ -160,6 +160,32 @@ TEST(CpuBackend, OpsRunTheKernelsAndReduceIntoDeviceScalars) {
   EXPECT_EQ(static_cast<double>(split[0]) + split[1], 31.0);
 }
 
+TEST(CpuBackend, TimesEachOpByNameOnlyWhenAsked) {
+  std::vector<float> a = {1, 2, 3, 4}, out(4);
+  {
+    auto quiet = MakeBackend();
+    const View va = *WrapHostMemory(quiet.get(), a.data(), 4, DType::kF32);
+    const View vo = *WrapHostMemory(quiet.get(), out.data(), 4, DType::kF32);
+    quiet->ops().Add(Stream::kCompute, vo, va, va);
+    EXPECT_TRUE(quiet->op_times().empty());
+  }
+  auto be = MakeBackend({.time_ops = true});
+  const View va = *WrapHostMemory(be.get(), a.data(), 4, DType::kF32);
+  const View vo = *WrapHostMemory(be.get(), out.data(), 4, DType::kF32);
+  for (int i = 0; i < 3; ++i) be->ops().Add(Stream::kCompute, vo, va, va);
+  be->ops().Scale(Stream::kCompute, vo, 0.5f);
+  EXPECT_EQ(out[3], 4.0f);  // timed ops still run
+  std::vector<CpuOpTime> times = be->op_times();
+  ASSERT_EQ(times.size(), 2u);
+  EXPECT_EQ(times[0].op, "Add");
+  EXPECT_EQ(times[0].calls, 3);
+  EXPECT_EQ(times[1].op, "Scale");
+  EXPECT_EQ(times[1].calls, 1);
+  for (const CpuOpTime& t : times) EXPECT_GE(t.seconds, 0.0) << t.op;
+  be->ResetOpTimes();
+  EXPECT_TRUE(be->op_times().empty());
+}
+
 TEST(CpuBackend, WrapHostMemory) {
   auto be = MakeBackend();
   std::vector<int32_t> ids = {3, 1, 4};

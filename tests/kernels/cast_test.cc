@@ -79,8 +79,14 @@ void ExpectMatchesScalar(const std::vector<float>& in) {
     std::vector<float> bf_round(n), hf_round(n);  // rounded and widened in one pass
     round_f32_through_bf16(bf_round.data(), in.data() + offset, n);
     round_f32_through_f16(hf_round.data(), in.data() + offset, n);
+    // Rounded in place, keeping the bf16 copy, in one pass.
+    std::vector<float> bf_kept_x(in.begin() + static_cast<int64_t>(offset), in.end());
+    Bits16 bf_kept(n);
+    round_f32_keeping_bf16(bf_kept.data(), bf_kept_x.data(), n);
     for (int64_t i = 0; i < n; ++i) {
       const float x = in[offset + i];
+      ASSERT_EQ(bf_kept[i], FloatToBf16(x)) << std::hex << Bits(x);
+      ASSERT_EQ(Bits(bf_kept_x[i]), Bits(Bf16ToFloat(FloatToBf16(x)))) << std::hex << Bits(x);
       ASSERT_EQ(bf[i], FloatToBf16(x)) << std::hex << Bits(x);
       ASSERT_EQ(hf[i], FloatToF16(x)) << std::hex << Bits(x);
       ASSERT_EQ(Bits(bf_round[i]), Bits(Bf16ToFloat(FloatToBf16(x)))) << std::hex << Bits(x);
@@ -154,10 +160,14 @@ TEST(Casts, LargeParallelRun) {
   cast_bf16_to_f32(bf_back.data(), bf.data(), n);
   cast_f16_to_f32(hf_back.data(), hf.data(), n);
   // In place: out may be in.
-  std::vector<float> bf_round = in, hf_round = in;
+  std::vector<float> bf_round = in, hf_round = in, bf_kept_x = in;
   round_f32_through_bf16(bf_round.data(), bf_round.data(), n);
   round_f32_through_f16(hf_round.data(), hf_round.data(), n);
+  Bits16 bf_kept(n);
+  round_f32_keeping_bf16(bf_kept.data(), bf_kept_x.data(), n);
   for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(bf_kept[i], bf[i]) << i;
+    ASSERT_EQ(Bits(bf_kept_x[i]), Bits(bf_back[i])) << i;
     ASSERT_EQ(bf[i], FloatToBf16(in[i])) << i;
     ASSERT_EQ(hf[i], FloatToF16(in[i])) << i;
     ASSERT_EQ(Bits(bf_back[i]), Bits(Bf16ToFloat(bf[i]))) << i;

@@ -40,6 +40,23 @@ TEST_P(ElementwiseTest, GeluBackwardMatchesFiniteDifferences) {
   Vec dinp = dinp0;
   gelu_backward(dinp.data(), inp.data(), dout.data(), n);
   ExpectAccumulatedClose(dinp, dinp0, want, 1e-5, 1e-4, "dinp");
+  // The input kept in bf16 / f16: bitwise the f32 kernel on the widened values, across the
+  // 1024-element widening blocks and the parallel threshold.
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> low(n);
+    Vec widened(n);
+    if (d == DType::kBF16) {
+      cast_f32_to_bf16(low.data(), inp.data(), n);
+      cast_bf16_to_f32(widened.data(), low.data(), n);
+    } else {
+      cast_f32_to_f16(low.data(), inp.data(), n);
+      cast_f16_to_f32(widened.data(), low.data(), n);
+    }
+    Vec got = dinp0, ref = dinp0;
+    gelu_backward_lowp(got.data(), low.data(), dout.data(), n, d);
+    gelu_backward(ref.data(), widened.data(), dout.data(), n);
+    EXPECT_EQ(got, ref) << DTypeName(d);
+  }
 }
 
 TEST_P(ElementwiseTest, Residual) {

@@ -132,6 +132,14 @@ TEST_P(MatmulLowpTest, BackwardAccumulatesLikeF32OnRoundedOperands) {
   ExpectClose(dinp, want_dinp, tol_n, tol_n, "dinp");
   ExpectClose(dweight, want_dweight, tol_m, tol_m, "dweight");
   EXPECT_EQ(dbias, want_dbias);
+  // The input given as a kept copy in dtype (its rounding done): bitwise the same.
+  Vec kdinp = dinp0, kdweight = dweight0, kdbias = dbias0;
+  const U16 inp16 = Down(inp, dtype);
+  matmul_backward_lowp(kdinp.data(), kdweight.data(), kdbias.data(), dout.data(), inp16.data(),
+                       w16.data(), M, K, N, dtype, dtype);
+  EXPECT_EQ(kdinp, dinp);
+  EXPECT_EQ(kdweight, dweight);
+  EXPECT_EQ(kdbias, dbias);
 
   // Against plain f32 gradients in double (what the f32 kernels approximate).
   DVec exact_dinp(M * K, 0.0), exact_dweight(N * K, 0.0);

@@ -155,6 +155,9 @@ class StagedModel {
   // The f32 values of the first n elements of a kept tensor: its own view in f32 compute,
   // else its upcast into `scratch` at element `at`.
   View KeptF32(const Buffer& kept, const Buffer& scratch, int64_t at, int64_t n) const;
+  // The first n elements of a kept tensor as kept (f32, or the compute dtype), for an op that
+  // reads either (a Linear's backward input).
+  View Kept(const Buffer& kept, int64_t n) const;
 
   Backend* backend_;
   const int B_, T_;
