@@ -71,6 +71,18 @@ std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
+// The f32 values of 16-bit elements of dtype d.
+std::vector<float> FromLowp(const std::vector<uint16_t>& x, DType d) {
+  std::vector<float> out(x.size());
+  const int64_t n = static_cast<int64_t>(x.size());
+  if (d == DType::kBF16) {
+    kernels::cpu::cast_bf16_to_f32(out.data(), x.data(), n);
+  } else {
+    kernels::cpu::cast_f16_to_f32(out.data(), x.data(), n);
+  }
+  return out;
+}
+
 std::vector<uint16_t> ToLowp(const std::vector<float>& x, DType d) {
   std::vector<uint16_t> out(x.size());
   const int64_t n = static_cast<int64_t>(x.size());
@@ -213,12 +225,8 @@ TEST_P(OpConformanceTest, GeluAttentionAndSoftmaxCrossEntropy) {
   // Backward's input as a kept bf16 / f16 copy: the f32 kernel on its widened values.
   for (DType d : {DType::kBF16, DType::kF16}) {
     const std::vector<uint16_t> xl = ToLowp(x, d);
-    std::vector<float> xw(n), want = Random(n, 3);
-    if (d == DType::kBF16) {
-      kernels::cpu::cast_bf16_to_f32(xw.data(), xl.data(), n);
-    } else {
-      kernels::cpu::cast_f16_to_f32(xw.data(), xl.data(), n);
-    }
+    const std::vector<float> xw = FromLowp(xl, d);
+    std::vector<float> want = Random(n, 3);
     kernels::cpu::gelu_backward(want.data(), xw.data(), dy.data(), n);
     const View vdx2 = dev_->In(Random(n, 3));
     ops().GeluBackward(cs, vdx2, dev_->In(xl, d), vdy);
@@ -379,15 +387,9 @@ TEST_P(OpConformanceTest, ElementwiseCastsAndReductionsOnSlices) {
     const View vl = dev_->In(std::vector<uint16_t>(n), d);
     ops().Cast(cs, vl, vb);
     EXPECT_EQ(dev_->Read<uint16_t>(vl), lowp) << DTypeName(d);
-    std::vector<float> back(n);
-    if (d == DType::kBF16) {
-      kernels::cpu::cast_bf16_to_f32(back.data(), lowp.data(), n);
-    } else {
-      kernels::cpu::cast_f16_to_f32(back.data(), lowp.data(), n);
-    }
     const View vback = dev_->In(std::vector<float>(n));
     ops().Cast(cs, vback, vl);
-    Expect(dev_->Read(vback), back, DType::kF32, "cast back");
+    Expect(dev_->Read(vback), FromLowp(lowp, d), DType::kF32, "cast back");
     // The kept copy and the rounded values in place, at an odd offset: what the two casts
     // give.
     const View vx = dev_->In(a).Slice(3, n);
@@ -395,13 +397,7 @@ TEST_P(OpConformanceTest, ElementwiseCastsAndReductionsOnSlices) {
     ops().CastKeepingRounded(cs, vkept, vx);
     const std::vector<uint16_t> kept_want = ToLowp(std::vector<float>(a.begin() + 3, a.end()), d);
     EXPECT_EQ(dev_->Read<uint16_t>(vkept), kept_want) << DTypeName(d);
-    std::vector<float> x_want(n);
-    if (d == DType::kBF16) {
-      kernels::cpu::cast_bf16_to_f32(x_want.data(), kept_want.data(), n);
-    } else {
-      kernels::cpu::cast_f16_to_f32(x_want.data(), kept_want.data(), n);
-    }
-    Expect(dev_->Read(vx), x_want, DType::kF32, "rounded in place");
+    Expect(dev_->Read(vx), FromLowp(kept_want, d), DType::kF32, "rounded in place");
   }
 
   // Scale by a host factor and by a device scalar.
