@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -188,6 +189,28 @@ const float* Widened(Scratch<float>& s, const void* x, int64_t n, DType dtype) {
   return out;
 }
 
+// dbias[N] += the column sums of the f32 dout[M,N], in the f32 kernel's order. With `rounded`,
+// the same pass stores dout rounded through bf16 there: its bits (uint16_t) for the native
+// GEMMs, or their f32 value (float) for the widened ones.
+template <typename T>
+void BiasGradient(float* dbias, const float* dout, int64_t M, int64_t N, T* rounded) {
+  if (rounded == nullptr) {
+    internal::AccumulateColumnSums(dbias, M, N,
+                                   [=](int64_t r, int64_t c) { return dout[r * N + c]; });
+    return;
+  }
+  internal::AccumulateColumnSums(dbias, M, N, [=](int64_t r, int64_t c) {
+    const float x = dout[r * N + c];
+    const uint16_t b = internal::Bf16Bits(x);
+    if constexpr (std::is_same_v<T, float>) {
+      rounded[r * N + c] = std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+    } else {
+      rounded[r * N + c] = b;
+    }
+    return x;
+  });
+}
+
 // The widened backward GEMMs on f32 operands holding the rounded values: dinp[M,K] += dout32 .
 // weight (widened), dweight[N,K] += dout32^T . inp32 (inp32 unread without dweight).
 void WidenedBackward(LowpScratch& s, float* dinp, float* dweight, const float* dout32,
@@ -285,47 +308,22 @@ void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float
     return inp_kept ? static_cast<const uint16_t*>(inp_any) : Rounded(s.inp, inp, M * K, dtype);
   };
   const bool gemms = dinp != nullptr || dweight != nullptr;
+  // With a bias gradient, bf16 rounds dout for the GEMMs in the pass that sums it.
+  const bool fuse_bf16 = dtype == DType::kBF16 && gemms;
   if (!matmul_lowp_native(dtype)) {
     // The f32 GEMMs on the rounded operands, each rounded in one pass.
-    const float* dout32 = nullptr;
-    if (dbias != nullptr && dtype == DType::kBF16 && gemms) {
-      // One pass over dout for the bias gradient (the f32 dout, in the f32 kernel's order)
-      // and its rounding through bf16 for the GEMMs.
-      float* rounded = s.dout_f32.Get(M * N);
-      internal::AccumulateColumnSums(dbias, M, N, [=](int64_t r, int64_t c) {
-        const float x = dout[r * N + c];
-        rounded[r * N + c] = std::bit_cast<float>(static_cast<uint32_t>(internal::Bf16Bits(x))
-                                                  << 16);
-        return x;
-      });
-      dout32 = rounded;
-    } else if (dbias != nullptr) {
-      internal::AccumulateColumnSums(dbias, M, N,
-                                     [=](int64_t r, int64_t c) { return dout[r * N + c]; });
-    }
+    float* fused = dbias != nullptr && fuse_bf16 ? s.dout_f32.Get(M * N) : nullptr;
+    if (dbias != nullptr) BiasGradient(dbias, dout, M, N, fused);
     if (!gemms) return;
-    if (dout32 == nullptr) dout32 = RoundedF32(s.dout_f32, dout, M * N, dtype);
+    const float* dout32 = fused != nullptr ? fused : RoundedF32(s.dout_f32, dout, M * N, dtype);
     WidenedBackward(s, dinp, dweight, dout32, dweight != nullptr ? inp_f32() : nullptr, weight,
                     M, K, N, dtype);
     return;
   }
-  const uint16_t* dout_lp = nullptr;
-  if (dbias != nullptr && dtype == DType::kBF16 && gemms) {
-    // One pass over dout for both the bias gradient (from the f32 dout, in the f32 kernel's
-    // order) and its rounding to bf16 for the GEMMs.
-    uint16_t* rounded = s.dout.Get(M * N);
-    internal::AccumulateColumnSums(dbias, M, N, [=](int64_t r, int64_t c) {
-      const float x = dout[r * N + c];
-      rounded[r * N + c] = internal::Bf16Bits(x);
-      return x;
-    });
-    dout_lp = rounded;
-  } else if (dbias != nullptr) {
-    internal::AccumulateColumnSums(dbias, M, N,
-                                   [=](int64_t r, int64_t c) { return dout[r * N + c]; });
-  }
+  uint16_t* fused = dbias != nullptr && fuse_bf16 ? s.dout.Get(M * N) : nullptr;
+  if (dbias != nullptr) BiasGradient(dbias, dout, M, N, fused);
   if (!gemms) return;
-  if (dout_lp == nullptr) dout_lp = Rounded(s.dout, dout, M * N, dtype);
+  const uint16_t* dout_lp = fused != nullptr ? fused : Rounded(s.dout, dout, M * N, dtype);
   const uint16_t* inp_lp = dweight != nullptr ? inp_16() : nullptr;
   bool native = true;
   // dinp[M,K] += dout[M,N] . weight[N,K]
