@@ -112,10 +112,17 @@ BENCHMARK(BM_MatmulForward)->MINI_LINEAR_SHAPES;
 BENCHMARK(BM_MatmulBackward)->MINI_LINEAR_SHAPES;
 
 // The same layers in bf16 compute (the mixed-precision Linear: bf16 weights, the f32
-// activations rounded to bf16, f32 accumulation), and the bf16 GEMM peak they are measured
-// against. A CPU without a native bf16 matmul in oneDNN says so and is skipped.
+// activations rounded to bf16, f32 accumulation) on the kernel the Linear layers use here
+// (kernels::cpu::lowp_gemm_choice: oneDNN's native bf16 matmul, or its operands widened to the
+// f32 GEMM; FSDP_LOWP_GEMM picks one), named in each row's label; and the native bf16 GEMM
+// peak, which a CPU without that matmul in oneDNN skips, saying so.
+void LabelBf16Kernel(benchmark::State& state) {
+  state.SetLabel(k::matmul_lowp_native(fsdp::DType::kBF16) ? "native bf16"
+                                                            : "widened to f32");
+}
+
 bool SkippedWithoutBf16(benchmark::State& state) {
-  if (k::matmul_lowp_native(fsdp::DType::kBF16)) return false;
+  if (k::lowp_gemm_choice(fsdp::DType::kBF16).native_available) return false;
   state.SkipWithError("skipped: oneDNN has no native bf16 matmul on this CPU");
   return true;
 }
@@ -140,7 +147,7 @@ std::vector<uint16_t> Bf16(const std::vector<float>& v) {
 }
 
 void BM_MatmulForwardBf16(benchmark::State& state) {
-  if (SkippedWithoutBf16(state)) return;
+  LabelBf16Kernel(state);
   const int64_t M = kTokens, K = state.range(0), N = state.range(1);
   ThreadScope scope(static_cast<int>(state.range(2)));
   const auto inp = Random(M * K), bias = Random(N);
@@ -155,7 +162,7 @@ void BM_MatmulForwardBf16(benchmark::State& state) {
 }
 
 void BM_MatmulBackwardBf16(benchmark::State& state) {
-  if (SkippedWithoutBf16(state)) return;
+  LabelBf16Kernel(state);
   const int64_t M = kTokens, K = state.range(0), N = state.range(1);
   ThreadScope scope(static_cast<int>(state.range(2)));
   const auto inp = Random(M * K), dout = Random(M * N);
