@@ -42,7 +42,7 @@ class CudaOps final : public Ops {
     if (!CheckWeight(__func__, d)) return;
     Scratch rounded;
     const void* b_operand = Ptr(inp);
-    if (d != DType::kF32) {
+    if (d != DType::kF32 && inp.dtype != d) {  // else a kept copy in d, read as is
       if (!Round(__func__, s, inp, M * K, d, &rounded)) return;
       b_operand = rounded.get();
     }
@@ -101,28 +101,18 @@ class CudaOps final : public Ops {
   }
   void GeluForward(Stream s, View out, View inp) override {
     if (!Begin(__func__, s, {out, inp})) return;
-    k::gelu_forward(stream(s), F32(out), F32(inp), inp.count);
+    Scratch wide;
+    float* y = F32Out(__func__, out, wide);
+    if (y == nullptr) return;
+    k::gelu_forward(stream(s), y, F32(inp), inp.count);
+    NarrowInto(s, out, y);
     End(__func__);
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
     if (!Begin(__func__, s, {dinp, inp, dout})) return;
-    const float* x = F32(inp);
     Scratch widened;
-    if (inp.dtype != DType::kF32) {  // a kept bf16 / f16 copy: widened first
-      absl::StatusOr<Scratch> w = Scratch::Create(*b_, static_cast<size_t>(inp.count) * 4);
-      if (!w.ok()) {
-        Fail(__func__, w.status());
-        return;
-      }
-      widened = std::move(*w);
-      const auto* in16 = reinterpret_cast<const uint16_t*>(Ptr(inp));
-      if (inp.dtype == DType::kBF16) {
-        k::cast_bf16_to_f32(stream(s), widened.as<float>(), in16, inp.count);
-      } else {
-        k::cast_f16_to_f32(stream(s), widened.as<float>(), in16, inp.count);
-      }
-      x = widened.as<float>();
-    }
+    const float* x = WidenedF32(__func__, s, inp, widened);
+    if (x == nullptr) return;
     k::gelu_backward(stream(s), F32(dinp), x, F32(dout), inp.count);
     End(__func__);
   }
@@ -145,11 +135,15 @@ class CudaOps final : public Ops {
   void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
     if (!Begin(__func__, s, {dqkv, dout, qkv, out, lse})) return;
+    Scratch qkv32, out32;  // kept bf16 / f16 copies, widened first
+    const float* q = WidenedF32(__func__, s, qkv, qkv32);
+    const float* o = q == nullptr ? nullptr : WidenedF32(__func__, s, out, out32);
+    if (o == nullptr) return;
     absl::StatusOr<Scratch> ws = Scratch::Create(
         *b_, static_cast<size_t>(k::attention_backward_workspace_bytes(B, T, NH)));
     if (!ws.ok()) return Fail(__func__, ws.status());
-    k::attention_backward(stream(s), F32(dqkv), F32(dout), F32(qkv), F32(out), F32(lse), B, T,
-                          NH, NKV, D, ws->as<float>());
+    k::attention_backward(stream(s), F32(dqkv), F32(dout), q, o, F32(lse), B, T, NH, NKV, D,
+                          ws->as<float>());
     End(__func__);
   }
 
@@ -181,12 +175,19 @@ class CudaOps final : public Ops {
   }
   void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
     if (!Begin(__func__, s, {out, gu})) return;
-    k::swiglu_forward(stream(s), F32(out), F32(gu), N, F);
+    Scratch wide;
+    float* y = F32Out(__func__, out, wide);
+    if (y == nullptr) return;
+    k::swiglu_forward(stream(s), y, F32(gu), N, F);
+    NarrowInto(s, out, y);
     End(__func__);
   }
   void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
     if (!Begin(__func__, s, {dgu, dout, gu})) return;
-    k::swiglu_backward(stream(s), F32(dgu), F32(dout), F32(gu), N, F);
+    Scratch widened;
+    const float* g = WidenedF32(__func__, s, gu, widened);
+    if (g == nullptr) return;
+    k::swiglu_backward(stream(s), F32(dgu), F32(dout), g, N, F);
     End(__func__);
   }
 
@@ -393,6 +394,58 @@ class CudaOps final : public Ops {
   void End(const char* op) {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) Fail(op, CudaStatus(e, "kernel launch"));
+  }
+  // Where an op that may write a 16-bit output computes it in f32: `out` itself when f32, else
+  // new stream-ordered scratch held by `holder` (then NarrowInto rounds it into `out`).
+  // nullptr after a failure (reported).
+  float* F32Out(const char* op, const View& out, Scratch& holder) {
+    if (out.dtype == DType::kF32) return F32(out);
+    if (out.dtype != DType::kBF16 && out.dtype != DType::kF16) {
+      Fail(op, absl::InvalidArgumentError(
+                   absl::StrCat("the output is ", std::string(DTypeName(out.dtype)),
+                                "; this op writes f32, bf16 or f16")));
+      return nullptr;
+    }
+    absl::StatusOr<Scratch> w = Scratch::Create(*b_, static_cast<size_t>(out.count) * 4);
+    if (!w.ok()) {
+      Fail(op, w.status());
+      return nullptr;
+    }
+    holder = std::move(*w);
+    return holder.as<float>();
+  }
+  // out (bf16 / f16) = y rounded; nothing when out is f32 (y is out).
+  void NarrowInto(Stream s, const View& out, const float* y) {
+    auto* o = reinterpret_cast<uint16_t*>(Ptr(out));
+    if (out.dtype == DType::kBF16) {
+      k::cast_f32_to_bf16(stream(s), o, y, out.count);
+    } else if (out.dtype == DType::kF16) {
+      k::cast_f32_to_f16(stream(s), o, y, out.count);
+    }
+  }
+  // The f32 values of `v`: its own memory when f32, else (a kept bf16 / f16 copy) widened into
+  // new stream-ordered scratch held by `holder`. nullptr after a failure (reported).
+  const float* WidenedF32(const char* op, Stream s, const View& v, Scratch& holder) {
+    if (v.dtype == DType::kF32) return F32(v);
+    if (v.dtype != DType::kBF16 && v.dtype != DType::kF16) {
+      Fail(op, absl::InvalidArgumentError(
+                   absl::StrCat("an input is ", std::string(DTypeName(v.dtype)),
+                                "; this op reads f32 or a kept bf16 / f16 copy")));
+      return nullptr;
+    }
+    absl::StatusOr<Scratch> w = Scratch::Create(*b_, static_cast<size_t>(v.count) * 4);
+    if (!w.ok()) {
+      Fail(op, w.status());
+      return nullptr;
+    }
+    holder = std::move(*w);
+    const auto* in16 = reinterpret_cast<const uint16_t*>(Ptr(v));
+    if (v.dtype == DType::kBF16) {
+      k::cast_bf16_to_f32(stream(s), holder.as<float>(), in16, v.count);
+    } else {
+      k::cast_f16_to_f32(stream(s), holder.as<float>(), in16, v.count);
+    }
+    return holder.as<float>();
   }
   // `n` f32 elements of `v` rounded to `d` into new scratch.
   bool Round(const char* op, Stream s, const View& v, int64_t n, DType d, Scratch* out) {

@@ -34,16 +34,18 @@ class HostOps final : public Ops {
   void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
                      int64_t N) override {
     const DType d = weight.dtype;
+    const DType id = inp.dtype;  // f32, or the weight's dtype (a kept copy)
     float* o = F32(out);
-    const float* i = F32(inp);
+    const void* i = Bytes(inp);
     const void* w = Bytes(weight);
     const void* b = Bytes(bias);
     exec_->Run(s, __func__, [=] {
       if (d == DType::kF32) {
-        kernels::cpu::matmul_forward(o, i, static_cast<const float*>(w),
-                                     static_cast<const float*>(b), M, K, N);
+        kernels::cpu::matmul_forward(o, static_cast<const float*>(i),
+                                     static_cast<const float*>(w), static_cast<const float*>(b),
+                                     M, K, N);
       } else {
-        kernels::cpu::matmul_forward_lowp(o, i, w, b, M, K, N, d);
+        kernels::cpu::matmul_forward_lowp(o, i, w, b, M, K, N, d, id);
       }
     });
   }
@@ -77,10 +79,17 @@ class HostOps final : public Ops {
     exec_->Run(s, __func__, [=] { kernels::cpu::layernorm_backward(di, dw, db, go, i, w, m, r, N, C); });
   }
   void GeluForward(Stream s, View out, View inp) override {
-    float* o = F32(out);
+    void* o = Bytes(out);
+    const DType od = out.dtype;  // f32, or bf16 / f16: rounded as written
     const float* i = F32(inp);
     const int64_t n = inp.count;
-    exec_->Run(s, __func__, [=] { kernels::cpu::gelu_forward(o, i, n); });
+    exec_->Run(s, __func__, [=] {
+      if (od == DType::kF32) {
+        kernels::cpu::gelu_forward(static_cast<float*>(o), i, n);
+      } else {
+        kernels::cpu::gelu_forward_lowp(static_cast<uint16_t*>(o), i, n, od);
+      }
+    });
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
     float* di = F32(dinp);
@@ -105,9 +114,13 @@ class HostOps final : public Ops {
   void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
     float* dq = F32(dqkv);
-    const float *go = F32(dout), *q = F32(qkv), *o = F32(out), *l = F32(lse);
-    exec_->Run(s, __func__,
-               [=] { kernels::cpu::attention_backward(dq, go, q, o, l, B, T, C, NH); });
+    const float *go = F32(dout), *l = F32(lse);
+    const void *q = Bytes(qkv), *o = Bytes(out);  // each f32, or a kept bf16 / f16 copy
+    const DType qd = qkv.dtype, od = out.dtype;
+    const int64_t D = NH > 0 ? C / NH : 0;  // attention_backward's heads, as grouped-query
+    exec_->Run(s, __func__, [=] {
+      kernels::cpu::gqa_attention_backward_kept(dq, go, q, qd, o, od, l, B, T, NH, NH, D);
+    });
   }
   void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t D) override {
@@ -119,9 +132,11 @@ class HostOps final : public Ops {
   void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
     float* dq = F32(dqkv);
-    const float *go = F32(dout), *q = F32(qkv), *o = F32(out), *l = F32(lse);
+    const float *go = F32(dout), *l = F32(lse);
+    const void *q = Bytes(qkv), *o = Bytes(out);  // each f32, or a kept bf16 / f16 copy
+    const DType qd = qkv.dtype, od = out.dtype;
     exec_->Run(s, __func__, [=] {
-      kernels::cpu::gqa_attention_backward(dq, go, q, o, l, B, T, NH, NKV, D);
+      kernels::cpu::gqa_attention_backward_kept(dq, go, q, qd, o, od, l, B, T, NH, NKV, D);
     });
   }
   void RmsnormForward(Stream s, View out, View rstd, View inp, View weight, int64_t N, int64_t C,
@@ -147,14 +162,29 @@ class HostOps final : public Ops {
     exec_->Run(s, __func__, [=] { kernels::cpu::rope_backward(p, B, T, W, NH, D, theta); });
   }
   void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
-    float* o = F32(out);
+    void* o = Bytes(out);
+    const DType od = out.dtype;  // f32, or bf16 / f16: rounded as written
     const float* g = F32(gu);
-    exec_->Run(s, __func__, [=] { kernels::cpu::swiglu_forward(o, g, N, F); });
+    exec_->Run(s, __func__, [=] {
+      if (od == DType::kF32) {
+        kernels::cpu::swiglu_forward(static_cast<float*>(o), g, N, F);
+      } else {
+        kernels::cpu::swiglu_forward_lowp(static_cast<uint16_t*>(o), g, N, F, od);
+      }
+    });
   }
   void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
     float* dg = F32(dgu);
-    const float *go = F32(dout), *g = F32(gu);
-    exec_->Run(s, __func__, [=] { kernels::cpu::swiglu_backward(dg, go, g, N, F); });
+    const float* go = F32(dout);
+    const void* g = Bytes(gu);
+    const DType d = gu.dtype;  // f32, or a kept bf16 / f16 copy
+    exec_->Run(s, __func__, [=] {
+      if (d == DType::kF32) {
+        kernels::cpu::swiglu_backward(dg, go, static_cast<const float*>(g), N, F);
+      } else {
+        kernels::cpu::swiglu_backward_lowp(dg, go, static_cast<const uint16_t*>(g), N, F, d);
+      }
+    });
   }
   void SoftmaxCrossEntropyForward(Stream s, View losses, View probs, View logits, View targets,
                                   int64_t N, int64_t V) override {

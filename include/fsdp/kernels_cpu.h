@@ -33,10 +33,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // has no such matmul on this CPU (or FSDP_FORCE_LOWP_FALLBACK=1 is set) the same rounded
 // operands are upcast and run through the f32 GEMM: the same result to f32 rounding, slower.
 // Semantics otherwise as matmul_forward / matmul_backward (forward overwrites, backward +=).
-void matmul_forward_lowp(float* out, const float* inp, const void* weight, const void* bias,
-                         int64_t M, int64_t K, int64_t N, DType dtype);
-// Backward's inp is f32 (rounded here), or with inp_dtype == dtype a kept copy already in
-// that dtype, read as is: the same result, without a pass that widens and rounds it again.
+// inp is f32 (rounded here), or with inp_dtype == dtype a kept copy already in that dtype, read
+// as is: the same result, without a pass that widens and rounds it again. So is backward's.
+void matmul_forward_lowp(float* out, const void* inp, const void* weight, const void* bias,
+                         int64_t M, int64_t K, int64_t N, DType dtype,
+                         DType inp_dtype = DType::kF32);
 void matmul_backward_lowp(float* dinp, float* dweight, float* dbias, const float* dout,
                           const void* inp, const void* weight, int64_t M, int64_t K, int64_t N,
                           DType dtype, DType inp_dtype = DType::kF32);
@@ -82,6 +83,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 // The same with inp kept in bf16 / f16 (`dtype`), widened as it is read.
 void gelu_backward_lowp(float* dinp, const uint16_t* inp, const float* dout, int64_t n,
                         DType dtype);
+// gelu_forward's values rounded to bf16 / f16 (`dtype`, round to nearest even) as they are
+// written: bitwise gelu_forward then the cast, without the f32 tensor between them.
+void gelu_forward_lowp(uint16_t* out, const float* inp, int64_t n, DType dtype);
 
 // ---- Causal multi-head self-attention ------------------------------------------------------
 // qkv[B,T,3C]: q, k, v are columns [0,C), [C,2C), [2C,3C); head h uses [hD,(h+1)D), D = C/NH.
@@ -105,6 +109,15 @@ void gqa_attention_forward(float* out, float* lse, const float* qkv, int64_t B, 
 void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                             int64_t D);
+// As gqa_attention_backward, with qkv and out each f32 or a kept bf16 / f16 copy (raw 16-bit
+// values, qkv_dtype / out_dtype): the rows a task reads are widened into per-thread scratch
+// (T x D floats for k, v and each query head of a kv group), so the result is the f32 kernel's
+// on the widened values, with no widened copy of the whole tensor. (The GPT's attention is
+// NKV = NH, D = C / NH.)
+void gqa_attention_backward_kept(float* dqkv, const float* dout, const void* qkv,
+                                 DType qkv_dtype, const void* out, DType out_dtype,
+                                 const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                 int64_t D);
 
 // ---- RMSNorm over the last dimension (Llama) -----------------------------------------------
 // out = inp / sqrt(mean(inp^2) + eps) * weight, the mean over C in f32; rstd[N] is saved for
@@ -127,8 +140,15 @@ void rope_backward(float* dx, int64_t B, int64_t T, int64_t W, int64_t NH, int64
 
 // ---- SwiGLU (Llama MLP): gu[N,2F] = [gate | up], out[N,F] = silu(gate) * up ----------------
 void swiglu_forward(float* out, const float* gu, int64_t N, int64_t F);
+// swiglu_forward's values rounded to bf16 / f16 (`dtype`) as they are written: bitwise
+// swiglu_forward then the cast.
+void swiglu_forward_lowp(uint16_t* out, const float* gu, int64_t N, int64_t F, DType dtype);
 // dgu[N,2F] += d out / d gu
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t F);
+// As swiglu_backward, with gu a kept bf16 / f16 copy (raw 16-bit values), widened a row block
+// at a time on the stack: the f32 kernel's result on the widened values.
+void swiglu_backward_lowp(float* dgu, const float* dout, const uint16_t* gu, int64_t N, int64_t F,
+                          DType dtype);
 
 // ---- Softmax cross-entropy over V classes --------------------------------------------------
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]].

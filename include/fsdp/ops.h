@@ -113,8 +113,9 @@ class Ops : public RuntimeOps {
   // ---- Linear: out[M,N] = inp[M,K] . weight[N,K]^T + bias[N] --------------------------------
   // weight and bias are f32, or bf16 / f16 (mixed-precision compute: inp and dout are rounded
   // to that dtype, products accumulate in f32); inp, out and every gradient are f32. bias may
-  // be empty. Backward: dinp += dout . weight, dweight += dout^T . inp, dbias += sum dout;
-  // backward's inp may also be in the weight's dtype (a kept copy, already rounded), read as is.
+  // be empty. Backward: dinp += dout . weight, dweight += dout^T . inp, dbias += sum dout.
+  // inp (forward's and backward's) may also be in the weight's dtype (a kept copy, already
+  // rounded), read as is.
   virtual void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M,
                              int64_t K, int64_t N) = 0;
   virtual void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout,
@@ -128,6 +129,8 @@ class Ops : public RuntimeOps {
                                  int64_t C) = 0;
 
   // ---- tanh GELU (n = inp.count) ------------------------------------------------------------
+  // Forward's out may be bf16 / f16: the f32 values rounded as they are written (a kept copy
+  // made without the f32 tensor).
   virtual void GeluForward(Stream s, View out, View inp) = 0;
   // Backward's inp may also be a kept bf16 / f16 copy, widened as it is read.
   virtual void GeluBackward(Stream s, View dinp, View inp, View dout) = 0;
@@ -138,11 +141,14 @@ class Ops : public RuntimeOps {
   // output) for the softmax's backward (FlashAttention-2's contract).
   virtual void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
+  // Backward's qkv and out may each also be a kept bf16 / f16 copy (the forward's rounded
+  // values), widened as they are read; dout, lse and dqkv are f32.
   virtual void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
                                  int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
 
   // ---- Llama layers (fsdp/kernels_cpu.h: gqa_attention_*, rmsnorm_*, rope_*, swiglu_*) ------
-  // Grouped-query causal attention: qkv[B,T,(NH+2*NKV)*D], out[B,T,NH*D], lse[B,NH,T].
+  // Grouped-query causal attention: qkv[B,T,(NH+2*NKV)*D], out[B,T,NH*D], lse[B,NH,T];
+  // backward's qkv and out as AttentionBackward's.
   virtual void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B,
                                    int64_t T, int64_t NH, int64_t NKV, int64_t D) = 0;
   virtual void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out,
@@ -159,7 +165,8 @@ class Ops : public RuntimeOps {
                            int64_t D, float theta) = 0;
   virtual void RopeBackward(Stream s, View dx, int64_t B, int64_t T, int64_t W, int64_t NH,
                             int64_t D, float theta) = 0;
-  // out[N,F] = silu(gu[:, :F]) * gu[:, F:]; backward dgu[N,2F] +=.
+  // out[N,F] = silu(gu[:, :F]) * gu[:, F:] (out f32, or bf16 / f16 rounded as written, as
+  // GeluForward's); backward dgu[N,2F] +=, its gu f32 or a kept bf16 / f16 copy.
   virtual void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) = 0;
   virtual void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N,
                               int64_t F) = 0;

@@ -20,8 +20,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -47,6 +49,16 @@ Head HeadAt(int64_t b, int64_t h, int64_t T, int64_t NH, int64_t NKV, int64_t D)
   const int64_t ld = (NH + 2 * NKV) * D, g = h / (NH / NKV), row0 = b * T * ld;
   return {row0 + h * D, row0 + (NH + g) * D, row0 + (NH + NKV + g) * D, b * T * NH * D + h * D,
           (b * NH + h) * T};
+}
+
+// out[0:n] = the 16-bit values in[0:n] (bf16 or f16) widened to f32.
+void WidenRow(float* out, const uint16_t* in, int64_t n, DType dtype) {
+  if (dtype == DType::kBF16) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] = std::bit_cast<float>(static_cast<uint32_t>(in[j]) << 16);
+  } else {
+    cast_f16_to_f32(out, in, n);  // serial at a row's length
+  }
 }
 
 }  // namespace
@@ -87,28 +99,60 @@ void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64
   }
 }
 
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                       const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                       int64_t D, int64_t block) {
+void AttentionBackward(float* dqkv, const float* dout, const void* qkv, DType qkv_dtype,
+                       const void* out, DType out_dtype, const float* lse, int64_t B, int64_t T,
+                       int64_t NH, int64_t NKV, int64_t D, int64_t block) {
   assert(NH > 0 && NKV > 0 && NH % NKV == 0 && D > 0 && block > 0);
   const int64_t ld = (NH + 2 * NKV) * D, ldo = NH * D, group = NH / NKV, bs = std::min(block, T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // A kept 16-bit qkv is widened per task: the task's k, v and the q of each head of its group
+  // into per-thread f32 scratch (T x D each, rows D apart), which the GEMMs then read.
+  const bool wide_qkv = qkv_dtype != DType::kF32;
+  const int64_t ldi = wide_qkv ? D : ld;  // row stride of the q, k, v the GEMMs read
 #pragma omp parallel
   {
     omp_set_num_threads(1);
     // Per-thread scratch for one key block (row stride T): the recomputed probabilities,
     // transposed (row j: key j against the queries t >= c0), and d(probabilities), turned into
     // d(scores) in place; the part left of the diagonal (queries before their key) is zeroed.
-    // Then dot[t] = dout[t] . out[t] of each query head of the group.
-    std::vector<float> scratch(static_cast<size_t>(2 * bs * T + group * T));
-    float *pt = scratch.data(), *dst = pt + bs * T, *dots = dst + bs * T;
+    // Then dot[t] = dout[t] . out[t] of each query head of the group, and one row of a
+    // widened out.
+    std::vector<float> scratch(static_cast<size_t>(2 * bs * T + group * T + D));
+    float *pt = scratch.data(), *dst = pt + bs * T, *dots = dst + bs * T, *orow = dots + group * T;
+    std::vector<float> widened(wide_qkv ? static_cast<size_t>((group + 2) * T * D) : 0);
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * NKV; ++bg) {
       const int64_t b = bg / NKV, g = bg % NKV;
+      // Where this task reads q of the group's head i, and k and v: in qkv, or widened.
+      auto q_of = [&](int64_t i) -> const float* {
+        const Head hd = HeadAt(b, g * group + i, T, NH, NKV, D);
+        return wide_qkv ? widened.data() + (2 + i) * T * D
+                        : static_cast<const float*>(qkv) + hd.q;
+      };
+      const Head h0 = HeadAt(b, g * group, T, NH, NKV, D);
+      const float* k = wide_qkv ? widened.data() : static_cast<const float*>(qkv) + h0.k;
+      const float* v = wide_qkv ? widened.data() + T * D : static_cast<const float*>(qkv) + h0.v;
+      if (wide_qkv) {
+        const auto* q16 = static_cast<const uint16_t*>(qkv);
+        for (int64_t t = 0; t < T; ++t) {
+          WidenRow(widened.data() + t * D, q16 + h0.k + t * ld, D, qkv_dtype);
+          WidenRow(widened.data() + (T + t) * D, q16 + h0.v + t * ld, D, qkv_dtype);
+          for (int64_t i = 0; i < group; ++i) {
+            const Head hd = HeadAt(b, g * group + i, T, NH, NKV, D);
+            WidenRow(widened.data() + ((2 + i) * T + t) * D, q16 + hd.q + t * ld, D, qkv_dtype);
+          }
+        }
+      }
       for (int64_t i = 0; i < group; ++i) {
         const Head hd = HeadAt(b, g * group + i, T, NH, NKV, D);
         for (int64_t t = 0; t < T; ++t) {
-          dots[i * T + t] = Dot(dout + hd.out + t * ldo, out + hd.out + t * ldo, D);
+          const float* o = orow;
+          if (out_dtype == DType::kF32) {
+            o = static_cast<const float*>(out) + hd.out + t * ldo;
+          } else {
+            WidenRow(orow, static_cast<const uint16_t*>(out) + hd.out + t * ldo, D, out_dtype);
+          }
+          dots[i * T + t] = Dot(dout + hd.out + t * ldo, o, D);
         }
       }
       // Key blocks [c0, c1), each meeting the queries [c0, T) that see it: dk and dv of the
@@ -118,15 +162,15 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
         const int64_t c1 = std::min(T, c0 + block), cols = c1 - c0, n = T - c0;
         for (int64_t i = 0; i < group; ++i) {
           const Head hd = HeadAt(b, g * group + i, T, NH, NKV, D);
-          const float *q = qkv + hd.q + c0 * ld, *k = qkv + hd.k + c0 * ld,
-                      *v = qkv + hd.v + c0 * ld;
+          const float *q = q_of(i) + c0 * ldi, *kc = k + c0 * ldi, *vc = v + c0 * ldi;
           const float *dy = dout + hd.out + c0 * ldo, *l = lse + hd.lse + c0,
                       *dot = dots + i * T + c0;
           float *dq = dqkv + hd.q + c0 * ld, *dk = dqkv + hd.k + c0 * ld,
                 *dv = dqkv + hd.v + c0 * ld;
           // pt[0:cols, 0:n] = k[c0:c1] q[c0:T]^T; dst = v[c0:c1] dy[c0:T]^T
-          Gemm(pt, T, Operand{k, ld, false}, Operand{q, ld, true}, nullptr, cols, D, n, false);
-          Gemm(dst, T, Operand{v, ld, false}, Operand{dy, ldo, true}, nullptr, cols, D, n, false);
+          Gemm(pt, T, Operand{kc, ldi, false}, Operand{q, ldi, true}, nullptr, cols, D, n, false);
+          Gemm(dst, T, Operand{vc, ldi, false}, Operand{dy, ldo, true}, nullptr, cols, D, n,
+               false);
           // Key c0 + jj meets the queries c0 + u, u >= jj: p = exp(scale s - lse[query]),
           // ds = scale p (dp - dot[query]).
           for (int64_t jj = 0; jj < cols; ++jj) {
@@ -142,8 +186,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
           }
           // dv[c0:c1] += pt dy[c0:T]; dk[c0:c1] += dst q[c0:T]; dq[c0:T] += dst^T k[c0:c1]
           Gemm(dv, ld, Operand{pt, T, false}, Operand{dy, ldo, false}, nullptr, cols, n, D, true);
-          Gemm(dk, ld, Operand{dst, T, false}, Operand{q, ld, false}, nullptr, cols, n, D, true);
-          Gemm(dq, ld, Operand{dst, T, true}, Operand{k, ld, false}, nullptr, n, cols, D, true);
+          Gemm(dk, ld, Operand{dst, T, false}, Operand{q, ldi, false}, nullptr, cols, n, D, true);
+          Gemm(dq, ld, Operand{dst, T, true}, Operand{kc, ldi, false}, nullptr, n, cols, D, true);
         }
       }
     }
@@ -161,8 +205,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
   assert(NH > 0 && C % NH == 0);
-  internal::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH,
-                              internal::kAttentionBlock);
+  internal::AttentionBackward(dqkv, dout, qkv, DType::kF32, out, DType::kF32, lse, B, T, NH, NH,
+                              C / NH, internal::kAttentionBlock);
 }
 
 void gqa_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
@@ -173,7 +217,15 @@ void gqa_attention_forward(float* out, float* lse, const float* qkv, int64_t B, 
 void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                             int64_t D) {
-  internal::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, D,
+  internal::AttentionBackward(dqkv, dout, qkv, DType::kF32, out, DType::kF32, lse, B, T, NH, NKV,
+                              D, internal::kAttentionBlock);
+}
+
+void gqa_attention_backward_kept(float* dqkv, const float* dout, const void* qkv,
+                                 DType qkv_dtype, const void* out, DType out_dtype,
+                                 const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                 int64_t D) {
+  internal::AttentionBackward(dqkv, dout, qkv, qkv_dtype, out, out_dtype, lse, B, T, NH, NKV, D,
                               internal::kAttentionBlock);
 }
 

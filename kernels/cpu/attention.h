@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "fsdp/dtype.h"
+
 namespace fsdp::kernels::cpu::internal {
 
 // Query rows per block of the public kernels. Smaller blocks skip more of the masked half
@@ -19,8 +21,9 @@ constexpr int64_t kAttentionBlock = 64;
 // NKV = NH, D = C / NH.
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                       int64_t NH, int64_t NKV, int64_t D, int64_t block);
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                       const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                       int64_t D, int64_t block);
+// qkv and out each f32 or a kept bf16 / f16 copy (gqa_attention_backward_kept).
+void AttentionBackward(float* dqkv, const float* dout, const void* qkv, DType qkv_dtype,
+                       const void* out, DType out_dtype, const float* lse, int64_t B, int64_t T,
+                       int64_t NH, int64_t NKV, int64_t D, int64_t block);
 
 }  // namespace fsdp::kernels::cpu::internal

@@ -267,22 +267,27 @@ bool matmul_lowp_native(DType dtype) {
   return !ForcedFallback() && lowp_gemm_choice(dtype).native;
 }
 
-void matmul_forward_lowp(float* out, const float* inp, const void* weight, const void* bias,
-                         int64_t M, int64_t K, int64_t N, DType dtype) {
+void matmul_forward_lowp(float* out, const void* inp_any, const void* weight, const void* bias,
+                         int64_t M, int64_t K, int64_t N, DType dtype, DType inp_dtype) {
   if (dtype == DType::kF32) {
-    matmul_forward(out, inp, static_cast<const float*>(weight), static_cast<const float*>(bias),
-                   M, K, N);
+    matmul_forward(out, static_cast<const float*>(inp_any), static_cast<const float*>(weight),
+                   static_cast<const float*>(bias), M, K, N);
     return;
   }
+  // inp in the compute dtype: its 16-bit values are the rounded operand.
+  const bool inp_kept = inp_dtype == dtype;
+  const auto* inp = static_cast<const float*>(inp_any);  // read only when !inp_kept
   LowpScratch& s = ThreadScratch();
   const float* bias32 = bias != nullptr ? Widened(s.bias, bias, N, dtype) : nullptr;
   // out[M,N] = inp[M,K] . (weight[N,K])^T + bias
   if (matmul_lowp_native(dtype) &&
-      TryGemm(out, N, Operand{Rounded(s.inp, inp, M * K, dtype), K, false, dtype},
+      TryGemm(out, N,
+              Operand{inp_kept ? inp_any : Rounded(s.inp, inp, M * K, dtype), K, false, dtype},
               Operand{weight, K, true, dtype}, bias32, M, K, N, false)) {
     return;
   }
-  const float* inp32 = RoundedF32(s.inp_f32, inp, M * K, dtype);
+  const float* inp32 = inp_kept ? Widened(s.inp_f32, inp_any, M * K, dtype)
+                                : RoundedF32(s.inp_f32, inp, M * K, dtype);
   const float* w32 = Widened(s.weight, weight, N * K, dtype);
   matmul_forward(out, inp32, w32, bias32, M, K, N);
 }

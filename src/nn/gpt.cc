@@ -41,8 +41,9 @@ struct Gpt::Activations {
   // residual adds pass it through unchanged, so one buffer accumulates it across blocks.
   // dbranch [B,T,8C] holds the branch gradients: the mlp's dfch_gelu and dfch (4C each), then,
   // once those are dead, the attention's datty (C) and dqkv (3C). In bf16 / f16 compute the
-  // forward computes in f32 in it (narrow [B,T,4C], then wide [B,T,4C]) before keeping the
-  // rounded copies, and the backward upcasts a block's kept tensors into up32 [B,T,4C].
+  // forward computes in f32 in it (narrow [B,T,C], then wide [B,T,4C]) before keeping the
+  // rounded copies (GELU writes its own), and the backward recomputes a LayerNorm's output into up32 [B,T,C] (the
+  // ops read the other kept tensors as kept).
   Buffer dx, dln, dbranch, up32;
   Buffer params32;  // bf16/f16 compute: f32 upcasts of the parameters the f32 kernels read
   int64_t bytes = 0;
@@ -100,7 +101,7 @@ absl::Status AllocateActivations(const GptConfig& config, int B, int T,
   FSDP_RETURN_IF_ERROR(alloc(a.probs, BT, V));
   FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT, 8 * C));
   if (lowp) {
-    FSDP_RETURN_IF_ERROR(alloc(a.up32, BT, 4 * C));
+    FSDP_RETURN_IF_ERROR(alloc(a.up32, BT, C));
     // The largest set one stage reads in f32: wte and the first T rows of wpe (ForwardEmbed).
     FSDP_RETURN_IF_ERROR(alloc(a.params32, std::max<int64_t>((V + T) * C, 4 * C)));
   }
@@ -175,23 +176,25 @@ void Gpt::RunForwardBlock(int layer, View block) {
   const View ln1w = ParamF32(p[t::kLn1W], 0), ln1b = ParamF32(p[t::kLn1B], C);
   const View ln2w = ParamF32(p[t::kLn2W], 2 * C), ln2b = ParamF32(p[t::kLn2B], 3 * C);
   // f32 results: the kept buffers in f32 compute; else scratch in dbranch, kept rounded.
-  const View narrow = a.dbranch.view().Slice(0, BT * 4 * C);
+  const View narrow = a.dbranch.view().Slice(0, BT * C);
   const View wide = a.dbranch.view().Slice(BT * 4 * C, BT * 4 * C);
   const View ln1 = lowp ? narrow.Slice(0, BT * C) : b.ln1.view();
   const View qkv = lowp ? wide.Slice(0, BT * 3 * C) : b.qkv.view();
   const View atty = lowp ? narrow.Slice(0, BT * C) : b.atty.view();
   const View ln2 = lowp ? narrow.Slice(0, BT * C) : b.ln2.view();
   const View fch = lowp ? wide : b.fch.view();
-  const View fch_gelu = lowp ? narrow : b.fch_gelu.view();
+  // GELU writes its kept copy itself (rounded as written in bf16 / f16 compute).
+  const View fch_gelu = Kept(b.fch_gelu, BT * 4 * C);
   // x + attn(ln_1(x)). The Linear layers round their f32 inputs to the compute dtype
-  // themselves, so they read the values the kept copies hold.
+  // themselves or read the kept copies, so they read the values the kept copies hold.
   ops.LayernormForward(cs, ln1, b.ln1_mean.view(), b.ln1_rstd.view(), x, ln1w, ln1b, BT, C,
                        1e-5f);
   ops.MatmulForward(cs, qkv, ln1, p[t::kAttnW], p[t::kAttnB], BT, C, 3 * C);
   KeepRounded(b.qkv, qkv, /*reread=*/true);
   ops.AttentionForward(cs, atty, b.lse.view(), qkv, B, T, C, NH);
   KeepRounded(b.atty, atty, false);
-  ops.MatmulForward(cs, proj, atty, p[t::kAttnProjW], p[t::kAttnProjB], BT, C, C);
+  ops.MatmulForward(cs, proj, Kept(b.atty, BT * C), p[t::kAttnProjW], p[t::kAttnProjB], BT, C,
+                    C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + mlp(ln_2(.))
   ops.LayernormForward(cs, ln2, b.ln2_mean.view(), b.ln2_rstd.view(), b.resid2.view(), ln2w,
@@ -199,7 +202,6 @@ void Gpt::RunForwardBlock(int layer, View block) {
   ops.MatmulForward(cs, fch, ln2, p[t::kFcW], p[t::kFcB], BT, C, 4 * C);
   KeepRounded(b.fch, fch, /*reread=*/true);
   ops.GeluForward(cs, fch_gelu, fch);
-  KeepRounded(b.fch_gelu, fch_gelu, false);
   ops.MatmulForward(cs, proj, fch_gelu, p[t::kFcProjW], p[t::kFcProjB], BT, 4 * C, C);
   ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
 }
@@ -288,13 +290,13 @@ absl::Status Gpt::RunBackwardBlock(int layer, View block, View dblock) {
   ops.LayernormBackward(cs, dx, g[t::kLn2W], g[t::kLn2B], dln, b.resid2.view(), ln2w,
                         b.ln2_mean.view(), b.ln2_rstd.view(), BT, C);
   // attention: dx is now d resid2, the gradient of the attention branch's output
-  const View atty = KeptF32(b.atty, a.up32, 0, BT * C);
+  const View atty = Kept(b.atty, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
-  ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, Kept(b.atty, BT * C),
-                     p[t::kAttnProjW], BT, C, C);
+  ops.MatmulBackward(cs, datty, g[t::kAttnProjW], g[t::kAttnProjB], dx, atty, p[t::kAttnProjW],
+                     BT, C, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.AttentionBackward(cs, dqkv, datty, KeptF32(b.qkv, a.up32, BT * C, BT * 3 * C), atty,
-                        b.lse.view(), B, T, C, NH);
+  ops.AttentionBackward(cs, dqkv, datty, Kept(b.qkv, BT * 3 * C), atty, b.lse.view(), B, T, C,
+                        NH);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, g[t::kAttnW], g[t::kAttnB], dqkv,
                      norm(b.ln1, a.resid[layer].view(), ln1w, ln1b, b.ln1_mean, b.ln1_rstd),

@@ -37,9 +37,10 @@ struct Llama::Activations {
   Buffer lnf, lnf_rstd, logits, probs, losses, loss;
   // Gradient scratch reused by every layer: dx is the residual stream's gradient; dbranch
   // holds the mlp's dh (F) and dgu (2F), then the attention's datty (C) and dqkv (QKV). In
-  // bf16 / f16 compute the forward computes in f32 in dbranch (narrow [B,T,max(C,F)], then
-  // wide [B,T,max(QKV,2F)]) before keeping the rounded copies, and the backward upcasts a
-  // layer's kept tensors into up32 [B,T,max(2F,C+QKV)].
+  // bf16 / f16 compute the forward computes in f32 in dbranch (narrow [B,T,C], then wide
+  // [B,T,max(QKV,2F)]) before keeping the rounded copies (SwiGLU writes its own), and the
+  // backward recomputes an RMSNorm's output into up32 [B,T,C] (the ops read the other kept
+  // tensors as kept).
   Buffer dx, dln, dbranch, up32;
   Buffer params32;  // bf16/f16 compute: f32 upcasts of the parameters the f32 kernels read
   int64_t bytes = 0;
@@ -73,7 +74,7 @@ View SliceOrEmpty(const View& flat, int64_t offset, int64_t count) {
 int64_t DbranchWidth(const LlamaConfig& c, bool lowp) {
   const int64_t C = c.channels, F = c.mlp_hidden, QKV = c.qkv_width();
   const int64_t grads = std::max(3 * F, C + QKV);
-  return lowp ? std::max(grads, std::max(C, F) + std::max(QKV, 2 * F)) : grads;
+  return lowp ? std::max(grads, C + std::max(QKV, 2 * F)) : grads;
 }
 
 // Allocates (or, counting only, sizes) every buffer of one B x T step.
@@ -116,7 +117,7 @@ absl::Status AllocateActivations(const LlamaConfig& config, int B, int T,
   FSDP_RETURN_IF_ERROR(alloc(a.probs, BT, V));
   FSDP_RETURN_IF_ERROR(alloc(a.dbranch, BT, DbranchWidth(config, lowp)));
   if (lowp) {
-    FSDP_RETURN_IF_ERROR(alloc(a.up32, BT, std::max(2 * F, C + QKV)));
+    FSDP_RETURN_IF_ERROR(alloc(a.up32, BT, C));
     // The largest set one stage reads in f32: the embedding table (ForwardEmbed).
     FSDP_RETURN_IF_ERROR(alloc(a.params32, std::max(V * C, 2 * C)));
   }
@@ -188,7 +189,7 @@ void Llama::RunForwardBlock(int layer, View block) {
   const View x = a.resid[layer].view();
   const View proj = a.proj.view();
   // f32 results: the kept buffers in f32 compute; else scratch in dbranch, kept rounded.
-  const int64_t narrow_n = BT * std::max(C, F);
+  const int64_t narrow_n = BT * C;
   const View narrow = a.dbranch.view().Slice(0, narrow_n);
   const View wide = a.dbranch.view().Slice(narrow_n, BT * std::max(QKV, 2 * F));
   const View ln1 = lowp ? narrow.Slice(0, BT * C) : b.ln1.view();
@@ -196,17 +197,18 @@ void Llama::RunForwardBlock(int layer, View block) {
   const View atty = lowp ? narrow.Slice(0, BT * C) : b.atty.view();
   const View ln2 = lowp ? narrow.Slice(0, BT * C) : b.ln2.view();
   const View gu = lowp ? wide.Slice(0, BT * 2 * F) : b.gu.view();
-  const View h = lowp ? narrow.Slice(0, BT * F) : b.h.view();
+  // SwiGLU writes its kept copy itself (rounded as written in bf16 / f16 compute).
+  const View h = Kept(b.h, BT * F);
   // x + attn(rmsnorm(x)): one GEMM for q, k and v; RoPE on q and k (H + KV heads) in place.
-  // The Linear layers round their f32 inputs to the compute dtype themselves, so they read the
-  // values the kept copies hold.
+  // The Linear layers round their f32 inputs to the compute dtype themselves or read the kept
+  // copies, so they read the values the kept copies hold.
   ops.RmsnormForward(cs, ln1, b.ln1_rstd.view(), x, ParamF32(p[t::kInNorm], 0), BT, C, eps);
   ops.MatmulForward(cs, qkv, ln1, block.Slice(fused.qkv, QKV * C), View{}, BT, C, QKV);
   ops.RopeForward(cs, qkv, B, T, QKV, H + KV, D, theta);
   KeepRounded(b.qkv, qkv, /*reread=*/true);
   ops.GqaAttentionForward(cs, atty, b.lse.view(), qkv, B, T, H, KV, D);
   KeepRounded(b.atty, atty, false);
-  ops.MatmulForward(cs, proj, atty, p[t::kO], View{}, BT, H * D, C);
+  ops.MatmulForward(cs, proj, Kept(b.atty, BT * C), p[t::kO], View{}, BT, H * D, C);
   ops.Add(cs, b.resid2.view(), x, proj);
   // + down(silu(gate(.)) * up(.)) of rmsnorm(.): one GEMM for gate and up.
   ops.RmsnormForward(cs, ln2, b.ln2_rstd.view(), b.resid2.view(), ParamF32(p[t::kPostNorm], C),
@@ -214,7 +216,6 @@ void Llama::RunForwardBlock(int layer, View block) {
   ops.MatmulForward(cs, gu, ln2, block.Slice(fused.gate_up, 2 * F * C), View{}, BT, C, 2 * F);
   KeepRounded(b.gu, gu, /*reread=*/true);
   ops.SwigluForward(cs, h, gu, BT, F);
-  KeepRounded(b.h, h, false);
   ops.MatmulForward(cs, proj, h, p[t::kDown], View{}, BT, F, C);
   ops.Add(cs, a.resid[layer + 1].view(), b.resid2.view(), proj);
 }
@@ -294,7 +295,7 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   ops.MatmulBackward(cs, dh, g[t::kDown], View{}, dx, Kept(b.h, BT * F), p[t::kDown], BT, F,
                      C);
   FSDP_RETURN_IF_ERROR(Zero(dgu));
-  ops.SwigluBackward(cs, dgu, dh, KeptF32(b.gu, a.up32, 0, BT * 2 * F), BT, F);
+  ops.SwigluBackward(cs, dgu, dh, Kept(b.gu, BT * 2 * F), BT, F);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.gate_up, 2 * F * C), View{}, dgu,
                      norm(b.ln2, b.resid2.view(), post_norm, b.ln2_rstd),
@@ -302,13 +303,12 @@ absl::Status Llama::RunBackwardBlock(int layer, View block, View dblock) {
   ops.RmsnormBackward(cs, dx, g[t::kPostNorm], dln, b.resid2.view(), post_norm,
                       b.ln2_rstd.view(), BT, C);
   // attention: dx is now d resid2, the gradient of the attention branch's output
-  const View atty = KeptF32(b.atty, a.up32, 0, BT * C);
+  const View atty = Kept(b.atty, BT * C);
   FSDP_RETURN_IF_ERROR(Zero(datty));
-  ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, Kept(b.atty, BT * C), p[t::kO], BT,
-                     H * D, C);
+  ops.MatmulBackward(cs, datty, g[t::kO], View{}, dx, atty, p[t::kO], BT, H * D, C);
   FSDP_RETURN_IF_ERROR(Zero(dqkv));
-  ops.GqaAttentionBackward(cs, dqkv, datty, KeptF32(b.qkv, a.up32, BT * C, BT * QKV), atty,
-                           b.lse.view(), B, T, H, KV, D);
+  ops.GqaAttentionBackward(cs, dqkv, datty, Kept(b.qkv, BT * QKV), atty, b.lse.view(), B, T, H,
+                           KV, D);
   ops.RopeBackward(cs, dqkv, B, T, QKV, H + KV, D, config_.rope_theta);
   FSDP_RETURN_IF_ERROR(Zero(dln));
   ops.MatmulBackward(cs, dln, SliceOrEmpty(dblock, fused.qkv, QKV * C), View{}, dqkv,

@@ -113,15 +113,6 @@ void StagedModel::KeepRounded(const Buffer& kept, View v32, bool reread) const {
   }
 }
 
-View StagedModel::KeptF32(const Buffer& kept, const Buffer& scratch, int64_t at,
-                          int64_t n) const {
-  const DType cd = compute_dtype();
-  if (cd == DType::kF32) return kept.view();
-  const View out = scratch.view().Slice(at, n);
-  backend_->ops().Cast(Stream::kCompute, out, kept.view(cd).Slice(0, n));
-  return out;
-}
-
 View StagedModel::Kept(const Buffer& kept, int64_t n) const {
   return kept.view(compute_dtype()).Slice(0, n);
 }

@@ -182,6 +182,10 @@ TEST_P(OpConformanceTest, MatmulForwardAndBackwardInEveryComputeDtype) {
       Expect(dev_->Read(vdinp2), dinp, DType::kF32, "dinp, kept input");
       Expect(dev_->Read(vdw2), dw, DType::kF32, "dweight, kept input");
       Expect(dev_->Read(vdb2), with_bias ? db : db0, DType::kF32, "dbias, kept input");
+      // Forward's input as a kept copy: the same output.
+      const View vout2 = dev_->In(std::vector<float>(M * N, -1.0f));
+      ops().MatmulForward(cs, vout2, dev_->In(ToLowp(inp, d), d), vw, vb, M, K, N);
+      Expect(dev_->Read(vout2), out, DType::kF32, "out, kept input");
     }
   }
 }
@@ -222,6 +226,13 @@ TEST_P(OpConformanceTest, GeluAttentionAndSoftmaxCrossEntropy) {
   ops().GeluBackward(cs, vdx, vx, vdy);
   Expect(dev_->Read(vy), y, DType::kF32, "gelu");
   Expect(dev_->Read(vdx), dx, DType::kF32, "gelu'");
+  // Forward's output in bf16 / f16: the f32 values rounded as written.
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    const View vy16 = dev_->In(std::vector<uint16_t>(n, 0xabcd), d);
+    ops().GeluForward(cs, vy16, vx);
+    const std::string what = "gelu into " + std::string(DTypeName(d));
+    Expect(FromLowp(dev_->Read<uint16_t>(vy16), d), FromLowp(ToLowp(y, d), d), d, what.c_str());
+  }
   // Backward's input as a kept bf16 / f16 copy: the f32 kernel on its widened values.
   for (DType d : {DType::kBF16, DType::kF16}) {
     const std::vector<uint16_t> xl = ToLowp(x, d);
@@ -249,6 +260,18 @@ TEST_P(OpConformanceTest, GeluAttentionAndSoftmaxCrossEntropy) {
   Expect(dev_->Read(vout), out, DType::kF32, "attention");
   Expect(dev_->Read(vlse), lse, DType::kF32, "lse");
   Expect(dev_->Read(vdqkv), dqkv, DType::kF32, "dqkv");
+  // Backward's qkv and out as kept bf16 / f16 copies: the f32 kernel on their widened values.
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    const std::vector<uint16_t> qkv16 = ToLowp(qkv, d), out16 = ToLowp(out, d);
+    std::vector<float> want = Random(B * T * 3 * C, 6);
+    kernels::cpu::gqa_attention_backward_kept(want.data(), dout.data(), qkv16.data(), d,
+                                              out16.data(), d, lse.data(), B, T, NH, NH, C / NH);
+    const View vdqkv2 = dev_->In(Random(B * T * 3 * C, 6));
+    ops().AttentionBackward(cs, vdqkv2, vdout, dev_->In(qkv16, d), dev_->In(out16, d),
+                            dev_->In(lse), B, T, C, NH);
+    const std::string what = "dqkv, kept " + std::string(DTypeName(d));
+    Expect(dev_->Read(vdqkv2), want, DType::kF32, what.c_str());
+  }
 
   const int64_t N = 6, V = 13;
   const auto logits = Random(N * V, 7, 3.0f);
@@ -332,6 +355,18 @@ TEST_P(OpConformanceTest, LlamaLayers) {
     Expect(dev_->Read(vout), out, DType::kF32, "gqa attention");
     Expect(dev_->Read(vlse), lse, DType::kF32, "gqa lse");
     Expect(dev_->Read(vdqkv), dqkv, DType::kF32, "gqa dqkv");
+    for (DType d : {DType::kBF16, DType::kF16}) {  // kept qkv (out f32), as AttentionBackward
+      const std::vector<uint16_t> qkv16 = ToLowp(qkv, d);
+      std::vector<float> want = Random(B * T * W, 11);
+      kernels::cpu::gqa_attention_backward_kept(want.data(), dout.data(), qkv16.data(), d,
+                                                out.data(), DType::kF32, lse.data(), B, T, NH,
+                                                NKV, D);
+      const View vdqkv2 = dev_->In(Random(B * T * W, 11));
+      ops().GqaAttentionBackward(cs, vdqkv2, vdout, dev_->In(qkv16, d), dev_->In(out),
+                                 dev_->In(lse), B, T, NH, NKV, D);
+      const std::string what = "gqa dqkv, kept qkv " + std::string(DTypeName(d));
+      Expect(dev_->Read(vdqkv2), want, DType::kF32, what.c_str());
+    }
   }
   // SwiGLU.
   {
@@ -345,7 +380,23 @@ TEST_P(OpConformanceTest, LlamaLayers) {
     ops().SwigluForward(cs, vout, vgu, N, F);
     ops().SwigluBackward(cs, vdgu, dev_->In(dout), vgu, N, F);
     Expect(dev_->Read(vout), out, DType::kF32, "swiglu");
+    for (DType d : {DType::kBF16, DType::kF16}) {  // forward's output rounded as written
+      const View vout16 = dev_->In(std::vector<uint16_t>(N * F, 0xabcd), d);
+      ops().SwigluForward(cs, vout16, vgu, N, F);
+      const std::string what = "swiglu into " + std::string(DTypeName(d));
+      Expect(FromLowp(dev_->Read<uint16_t>(vout16), d), FromLowp(ToLowp(out, d), d), d,
+             what.c_str());
+    }
     Expect(dev_->Read(vdgu), dgu, DType::kF32, "swiglu dgu");
+    for (DType d : {DType::kBF16, DType::kF16}) {  // backward's gu a kept copy
+      const std::vector<uint16_t> gu16 = ToLowp(gu, d);
+      std::vector<float> want = Random(N * 2 * F, 14);
+      kernels::cpu::swiglu_backward(want.data(), dout.data(), FromLowp(gu16, d).data(), N, F);
+      const View vdgu2 = dev_->In(Random(N * 2 * F, 14));
+      ops().SwigluBackward(cs, vdgu2, dev_->In(dout), dev_->In(gu16, d), N, F);
+      const std::string what = "swiglu dgu, kept " + std::string(DTypeName(d));
+      Expect(dev_->Read(vdgu2), want, DType::kF32, what.c_str());
+    }
   }
 }
 

@@ -86,8 +86,8 @@ TEST_P(BlockedAttentionTest, ForwardAndBackwardMatchReferenceAndFiniteDifference
       [&](const DVec& x) { return Dot(AttentionRef(x, B, T, C, NH), dout); }, ToDouble(qkv));
   const Vec dqkv0 = Random(qkv.size(), rng);
   Vec dqkv = dqkv0;
-  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
-                              NH, NH, C / NH, block);
+  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), DType::kF32, out.data(),
+                              DType::kF32, lse.data(), B, T, NH, NH, C / NH, block);
   ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
 }
 

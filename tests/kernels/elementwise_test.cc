@@ -24,6 +24,18 @@ TEST_P(ElementwiseTest, GeluForwardMatchesReference) {
   Vec out(n);
   gelu_forward(out.data(), inp.data(), n);
   ExpectClose(out, want, 1e-6, 1e-5, "gelu");
+  // Written in bf16 / f16: bitwise the f32 values cast, across the 1024-element blocks and the
+  // parallel threshold.
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> got(n, 0xabcd), want16(n);
+    gelu_forward_lowp(got.data(), inp.data(), n, d);
+    if (d == DType::kBF16) {
+      cast_f32_to_bf16(want16.data(), out.data(), n);
+    } else {
+      cast_f32_to_f16(want16.data(), out.data(), n);
+    }
+    EXPECT_EQ(got, want16) << DTypeName(d);
+  }
 }
 
 TEST_P(ElementwiseTest, GeluBackwardMatchesFiniteDifferences) {

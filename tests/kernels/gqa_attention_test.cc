@@ -1,10 +1,13 @@
 // Grouped-query causal attention (gqa_attention_forward / gqa_attention_backward) against a
 // double reference and finite differences, with multi-query (NKV = 1) and grouped (NKV =
-// NH/2) heads and small blocks; and bitwise the GPT's attention when NKV = NH.
+// NH/2) heads and small blocks; and bitwise the GPT's attention when NKV = NH. The backward
+// with kept bf16 / f16 qkv and out is the f32 kernel on their widened values.
 #include <omp.h>
 
 #include <array>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "fsdp/kernels_cpu.h"
 #include "kernels/cpu/attention.h"
@@ -18,6 +21,26 @@ using namespace fsdp::kernels::cpu::testing;
 void ExpectBitwiseEqual(const Vec& got, const Vec& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+}
+
+// x rounded to bf16 / f16 (raw 16-bit values), and those widened back.
+std::vector<uint16_t> ToLowp(const Vec& x, DType d) {
+  std::vector<uint16_t> out(x.size());
+  if (d == DType::kBF16) {
+    cast_f32_to_bf16(out.data(), x.data(), static_cast<int64_t>(x.size()));
+  } else {
+    cast_f32_to_f16(out.data(), x.data(), static_cast<int64_t>(x.size()));
+  }
+  return out;
+}
+Vec FromLowp(const std::vector<uint16_t>& x, DType d) {
+  Vec out(x.size());
+  if (d == DType::kBF16) {
+    cast_bf16_to_f32(out.data(), x.data(), static_cast<int64_t>(x.size()));
+  } else {
+    cast_f16_to_f32(out.data(), x.data(), static_cast<int64_t>(x.size()));
+  }
+  return out;
 }
 
 struct Shape {
@@ -48,9 +71,39 @@ TEST_P(GqaAttentionTest, ForwardAndBackwardMatchReferenceAndFiniteDifferences) {
       ToDouble(qkv));
   const Vec dqkv0 = Random(qkv.size(), rng);
   Vec dqkv = dqkv0;
-  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
-                              NH, NKV, D, block);
+  internal::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), DType::kF32, out.data(),
+                              DType::kF32, lse.data(), B, T, NH, NKV, D, block);
   ExpectAccumulatedClose(dqkv, dqkv0, want, 1e-4, 1e-4, "dqkv");
+
+  // qkv and out as kept bf16 / f16 copies, each or both: the f32 kernel on their widened values
+  // (the task's rows are widened into scratch, then the same arithmetic).
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    const std::vector<uint16_t> qkv16 = ToLowp(qkv, d), out16 = ToLowp(out, d);
+    const Vec qkvw = FromLowp(qkv16, d), outw = FromLowp(out16, d);
+    for (const auto& [kept_qkv, kept_out] :
+         {std::pair{true, true}, {true, false}, {false, true}}) {
+      const Vec& qkv_want = kept_qkv ? qkvw : qkv;
+      const Vec& out_want = kept_out ? outw : out;
+      Vec want_d = dqkv0, got = dqkv0;
+      internal::AttentionBackward(want_d.data(), dout.data(), qkv_want.data(), DType::kF32,
+                                  out_want.data(), DType::kF32, lse.data(), B, T, NH, NKV, D,
+                                  block);
+      internal::AttentionBackward(
+          got.data(), dout.data(), kept_qkv ? static_cast<const void*>(qkv16.data()) : qkv.data(),
+          kept_qkv ? d : DType::kF32,
+          kept_out ? static_cast<const void*>(out16.data()) : out.data(),
+          kept_out ? d : DType::kF32, lse.data(), B, T, NH, NKV, D, block);
+      // The GEMMs read the widened q, k, v from compact scratch rather than at qkv's row
+      // stride, which oneDNN may sum in another order: f32 rounding apart, the same values.
+      const std::string what = absl::StrCat("dqkv, kept ", std::string(DTypeName(d)),
+                                            kept_qkv ? " qkv" : "", kept_out ? " out" : "");
+      if (kept_qkv) {
+        ExpectClose(got, want_d, 1e-6, 1e-5, what);
+      } else {
+        ExpectBitwiseEqual(got, want_d, what);
+      }
+    }
+  }
 }
 
 // Multi-query (NKV = 1), grouped (NKV = NH / 2 and others), odd head sizes, one row per block,

@@ -136,6 +136,12 @@ TEST_P(MatmulLowpTest, ForwardMatchesF32OnRoundedOperandsAndPlainF32) {
                                  with_bias ? ToDouble(bias) : DVec{}, M, K, N);
     const double loose = Eps(dtype) * (1.0 + std::sqrt(static_cast<double>(K)));
     ExpectClose(got, exact, loose, 0.0, absl::StrCat("vs plain f32, bias=", with_bias));
+    // The input given as a kept copy in dtype (its rounding done): bitwise the same.
+    const U16 inp16 = Down(inp, dtype);
+    Vec kept(M * N, 123.0f);
+    matmul_forward_lowp(kept.data(), inp16.data(), w16.data(), with_bias ? b16.data() : nullptr,
+                        M, K, N, dtype, dtype);
+    EXPECT_EQ(kept, got) << "kept input, bias=" << with_bias;
   }
 }
 

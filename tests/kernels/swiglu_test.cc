@@ -1,4 +1,6 @@
-// swiglu_forward / swiglu_backward against a double reference and finite differences.
+// swiglu_forward / swiglu_backward against a double reference and finite differences;
+// the 16-bit forms (swiglu_forward_lowp's output, swiglu_backward_lowp's kept input) bitwise
+// against the f32 kernel.
 #include "fsdp/kernels_cpu.h"
 #include "tests/kernels/reference.h"
 
@@ -21,6 +23,17 @@ TEST_P(SwigluTest, ForwardMatchesReference) {
   Vec out(N * F, 5.0f);
   swiglu_forward(out.data(), gu.data(), N, F);
   ExpectClose(out, want, 1e-6, 1e-6, "out");
+  // Written in bf16 / f16: bitwise the f32 values cast.
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> got(N * F, 0xabcd), want16(N * F);
+    swiglu_forward_lowp(got.data(), gu.data(), N, F, d);
+    if (d == DType::kBF16) {
+      cast_f32_to_bf16(want16.data(), out.data(), N * F);
+    } else {
+      cast_f32_to_f16(want16.data(), out.data(), N * F);
+    }
+    EXPECT_EQ(got, want16) << DTypeName(d);
+  }
 }
 
 TEST_P(SwigluTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
@@ -48,9 +61,33 @@ TEST_P(SwigluTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   ExpectAccumulatedClose(dgu, dgu0, twice, 2e-5, 1e-5, "dgu twice");
 }
 
+TEST_P(SwigluTest, KeptInputIsTheF32KernelOnItsWidenedValues) {
+  const auto [N, F] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(N * 3 + F * 5));
+  const Vec gu = Random(N * 2 * F, rng, -5.0f, 5.0f), dout = Random(N * F, rng),
+            dgu0 = Random(gu.size(), rng);
+  const int64_t n = N * 2 * F;
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> low(gu.size());
+    Vec widened(gu.size());
+    if (d == DType::kBF16) {
+      cast_f32_to_bf16(low.data(), gu.data(), n);
+      cast_bf16_to_f32(widened.data(), low.data(), n);
+    } else {
+      cast_f32_to_f16(low.data(), gu.data(), n);
+      cast_f16_to_f32(widened.data(), low.data(), n);
+    }
+    Vec got = dgu0, want = dgu0;
+    swiglu_backward_lowp(got.data(), dout.data(), low.data(), N, F, d);
+    swiglu_backward(want.data(), dout.data(), widened.data(), N, F);
+    EXPECT_EQ(got, want) << DTypeName(d);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, SwigluTest,
                          ::testing::Values(Shape{1, 1}, Shape{3, 2}, Shape{5, 7}, Shape{4, 16},
-                                           Shape{9, 37}, Shape{70, 300}),
+                                           Shape{9, 37}, Shape{70, 300},
+                                           Shape{3, 1100}, Shape{16, 1030}),
                          [](const auto& info) {
                            return absl::StrCat("N", info.param.N, "F", info.param.F);
                          });

@@ -152,11 +152,8 @@ class StagedModel {
   // kept buffer itself): `kept` takes v32 rounded; with `reread`, v32 then holds the rounded
   // values too, so that the forward reads what the backward will.
   void KeepRounded(const Buffer& kept, View v32, bool reread) const;
-  // The f32 values of the first n elements of a kept tensor: its own view in f32 compute,
-  // else its upcast into `scratch` at element `at`.
-  View KeptF32(const Buffer& kept, const Buffer& scratch, int64_t at, int64_t n) const;
-  // The first n elements of a kept tensor as kept (f32, or the compute dtype), for an op that
-  // reads either (a Linear's backward input).
+  // The first n elements of a kept tensor as kept (f32, or the compute dtype), for the ops
+  // that read either (fsdp/ops.h: the backward of a Linear, GELU, SwiGLU and attention).
   View Kept(const Buffer& kept, int64_t n) const;
 
   Backend* backend_;
