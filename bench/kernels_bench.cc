@@ -289,6 +289,36 @@ void BM_GeluForward(benchmark::State& state) {
 }
 BENCHMARK(BM_GeluForward)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// bf16 compute keeps GELU's output in bf16: written rounded by the kernel (Bf16), against the
+// f32 kernel followed by a cast (ThenCast), what the model ran before.
+void BM_GeluForwardBf16(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const int64_t n = kTokens * 4 * kC;
+  const auto inp = Random(n, 3.0f);
+  std::vector<uint16_t> out(n);
+  for (auto _ : state) {
+    k::gelu_forward_lowp(out.data(), inp.data(), n, fsdp::DType::kBF16);
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetBytes(state, 1.5 * n * sizeof(float));
+}
+BENCHMARK(BM_GeluForwardBf16)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_GeluForwardThenCast(benchmark::State& state) {
+  ThreadScope scope(static_cast<int>(state.range(0)));
+  const int64_t n = kTokens * 4 * kC;
+  const auto inp = Random(n, 3.0f);
+  std::vector<float> out(n);
+  std::vector<uint16_t> low(n);
+  for (auto _ : state) {
+    k::gelu_forward(out.data(), inp.data(), n);
+    k::cast_f32_to_bf16(low.data(), out.data(), n);
+    benchmark::DoNotOptimize(low.data());
+  }
+  SetBytes(state, 1.5 * n * sizeof(float));
+}
+BENCHMARK(BM_GeluForwardThenCast)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 void BM_GeluBackward(benchmark::State& state) {
   ThreadScope scope(static_cast<int>(state.range(0)));
   const int64_t n = kTokens * 4 * kC;

@@ -44,6 +44,18 @@ constexpr int64_t kParallelMin = 1 << 14;
   }
 }
 
+// GeluForwardBody's values rounded to bf16 as they are stored.
+[[gnu::always_inline]] inline void GeluForwardBf16Body(uint16_t* out, const float* inp,
+                                                       int64_t lo, int64_t hi) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    const float x = inp[i];
+    out[i] = internal::Bf16Bits(x / (1.0f + GeluExp(x)));
+  }
+}
+
+FSDP_ISA_VARIANTS(GeluForwardBf16Range, GeluForwardBf16Body,
+                  (uint16_t* out, const float* inp, int64_t lo, int64_t hi), (out, inp, lo, hi))
 FSDP_ISA_VARIANTS(GeluForwardRange, GeluForwardBody,
                   (float* out, const float* inp, int64_t lo, int64_t hi), (out, inp, lo, hi))
 FSDP_ISA_VARIANTS(GeluBackwardRange, GeluBackwardBody,
@@ -75,6 +87,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 }
 
 void gelu_forward_lowp(uint16_t* out, const float* inp, int64_t n, DType dtype) {
+  if (dtype == DType::kBF16) {  // rounded in the loop that computes it
+    internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
+      FSDP_ISA_CALL(GeluForwardBf16Range, (out, inp, lo, hi));
+    });
+    return;
+  }
   internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
     // A block computed on the stack (in L1), then rounded into out.
     constexpr int64_t kBlock = 1024;
