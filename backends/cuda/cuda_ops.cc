@@ -395,24 +395,29 @@ class CudaOps final : public Ops {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) Fail(op, CudaStatus(e, "kernel launch"));
   }
-  // Where an op that may write a 16-bit output computes it in f32: `out` itself when f32, else
-  // new stream-ordered scratch held by `holder` (then NarrowInto rounds it into `out`).
-  // nullptr after a failure (reported).
-  float* F32Out(const char* op, const View& out, Scratch& holder) {
-    if (out.dtype == DType::kF32) return F32(out);
-    if (out.dtype != DType::kBF16 && out.dtype != DType::kF16) {
-      Fail(op, absl::InvalidArgumentError(
-                   absl::StrCat("the output is ", std::string(DTypeName(out.dtype)),
-                                "; this op writes f32, bf16 or f16")));
+  // New stream-ordered f32 scratch of v.count elements, held by `holder`, for a view of a
+  // 16-bit type (bf16 / f16; `what` names the view's role in the error otherwise). nullptr
+  // after a failure (reported).
+  float* F32ScratchFor(const char* op, const View& v, const char* what, Scratch& holder) {
+    if (v.dtype != DType::kBF16 && v.dtype != DType::kF16) {
+      Fail(op, absl::InvalidArgumentError(absl::StrCat(what, " is ",
+                                                       std::string(DTypeName(v.dtype)),
+                                                       "; this op takes f32, bf16 or f16 there")));
       return nullptr;
     }
-    absl::StatusOr<Scratch> w = Scratch::Create(*b_, static_cast<size_t>(out.count) * 4);
+    absl::StatusOr<Scratch> w = Scratch::Create(*b_, static_cast<size_t>(v.count) * 4);
     if (!w.ok()) {
       Fail(op, w.status());
       return nullptr;
     }
     holder = std::move(*w);
     return holder.as<float>();
+  }
+  // Where an op that may write a 16-bit output computes it in f32: `out` itself when f32, else
+  // scratch (then NarrowInto rounds it into `out`). nullptr after a failure (reported).
+  float* F32Out(const char* op, const View& out, Scratch& holder) {
+    if (out.dtype == DType::kF32) return F32(out);
+    return F32ScratchFor(op, out, "the output", holder);
   }
   // out (bf16 / f16) = y rounded; nothing when out is f32 (y is out).
   void NarrowInto(Stream s, const View& out, const float* y) {
@@ -424,21 +429,10 @@ class CudaOps final : public Ops {
     }
   }
   // The f32 values of `v`: its own memory when f32, else (a kept bf16 / f16 copy) widened into
-  // new stream-ordered scratch held by `holder`. nullptr after a failure (reported).
+  // scratch held by `holder`. nullptr after a failure (reported).
   const float* WidenedF32(const char* op, Stream s, const View& v, Scratch& holder) {
     if (v.dtype == DType::kF32) return F32(v);
-    if (v.dtype != DType::kBF16 && v.dtype != DType::kF16) {
-      Fail(op, absl::InvalidArgumentError(
-                   absl::StrCat("an input is ", std::string(DTypeName(v.dtype)),
-                                "; this op reads f32 or a kept bf16 / f16 copy")));
-      return nullptr;
-    }
-    absl::StatusOr<Scratch> w = Scratch::Create(*b_, static_cast<size_t>(v.count) * 4);
-    if (!w.ok()) {
-      Fail(op, w.status());
-      return nullptr;
-    }
-    holder = std::move(*w);
+    if (F32ScratchFor(op, v, "an input", holder) == nullptr) return nullptr;
     const auto* in16 = reinterpret_cast<const uint16_t*>(Ptr(v));
     if (v.dtype == DType::kBF16) {
       k::cast_bf16_to_f32(stream(s), holder.as<float>(), in16, v.count);
