@@ -302,7 +302,8 @@ void BM_GeluForwardBf16(benchmark::State& state) {
   }
   SetBytes(state, 1.5 * n * sizeof(float));
 }
-BENCHMARK(BM_GeluForwardBf16)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_GeluForwardBf16)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 void BM_GeluForwardThenCast(benchmark::State& state) {
   ThreadScope scope(static_cast<int>(state.range(0)));
@@ -317,7 +318,8 @@ void BM_GeluForwardThenCast(benchmark::State& state) {
   }
   SetBytes(state, 1.5 * n * sizeof(float));
 }
-BENCHMARK(BM_GeluForwardThenCast)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_GeluForwardThenCast)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 void BM_GeluBackward(benchmark::State& state) {
   ThreadScope scope(static_cast<int>(state.range(0)));

@@ -16,7 +16,9 @@
 // adds p^T dout into dv[c0:c1], d(scores)^T q into dk[c0:c1] (both with the long query range as
 // the inner dimension, each written once per head) and d(scores) k into dq[c0:T]. Key-major
 // order is 1.6x faster here than query-major (which writes dk and dv[0:r1] once per query
-// block): five GEMMs a block, the masked half skipped block by block in both passes.
+// block): five GEMMs a block, the masked half skipped block by block in both passes. A kept
+// bf16 / f16 qkv (and out) is widened by each task into its own scratch (k, v and the group's
+// q, T x D each), so no f32 copy of the whole tensor exists.
 #include <omp.h>
 
 #include <algorithm>
@@ -55,7 +57,9 @@ Head HeadAt(int64_t b, int64_t h, int64_t T, int64_t NH, int64_t NKV, int64_t D)
 void WidenRow(float* out, const uint16_t* in, int64_t n, DType dtype) {
   if (dtype == DType::kBF16) {
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) out[j] = std::bit_cast<float>(static_cast<uint32_t>(in[j]) << 16);
+    for (int64_t j = 0; j < n; ++j) {
+      out[j] = std::bit_cast<float>(static_cast<uint32_t>(in[j]) << 16);
+    }
   } else {
     cast_f16_to_f32(out, in, n);  // serial at a row's length
   }
@@ -118,7 +122,8 @@ void AttentionBackward(float* dqkv, const float* dout, const void* qkv, DType qk
     // Then dot[t] = dout[t] . out[t] of each query head of the group, and one row of a
     // widened out.
     std::vector<float> scratch(static_cast<size_t>(2 * bs * T + group * T + D));
-    float *pt = scratch.data(), *dst = pt + bs * T, *dots = dst + bs * T, *orow = dots + group * T;
+    float *pt = scratch.data(), *dst = pt + bs * T, *dots = dst + bs * T,
+          *orow = dots + group * T;
     std::vector<float> widened(wide_qkv ? static_cast<size_t>((group + 2) * T * D) : 0);
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * NKV; ++bg) {

@@ -42,8 +42,8 @@ struct Gpt::Activations {
   // dbranch [B,T,8C] holds the branch gradients: the mlp's dfch_gelu and dfch (4C each), then,
   // once those are dead, the attention's datty (C) and dqkv (3C). In bf16 / f16 compute the
   // forward computes in f32 in it (narrow [B,T,C], then wide [B,T,4C]) before keeping the
-  // rounded copies (GELU writes its own), and the backward recomputes a LayerNorm's output into up32 [B,T,C] (the
-  // ops read the other kept tensors as kept).
+  // rounded copies (GELU writes its own), and the backward recomputes a LayerNorm's output
+  // into up32 [B,T,C] (the ops read the other kept tensors as kept).
   Buffer dx, dln, dbranch, up32;
   Buffer params32;  // bf16/f16 compute: f32 upcasts of the parameters the f32 kernels read
   int64_t bytes = 0;
