@@ -62,16 +62,6 @@ FSDP_ISA_VARIANTS(GeluBackwardRange, GeluBackwardBody,
                   (float* dinp, const float* inp, const float* dout, int64_t lo, int64_t hi),
                   (dinp, inp, dout, lo, hi))
 
-// out[0:len] = x[0:len] rounded to `dtype` (bf16 or f16), serially.
-void RoundInto(uint16_t* out, const float* x, int64_t len, DType dtype) {
-  if (dtype == DType::kBF16) {
-#pragma omp simd
-    for (int64_t j = 0; j < len; ++j) out[j] = internal::Bf16Bits(x[j]);
-  } else {
-    cast_f32_to_f16(out, x, len);  // serial at a block's length
-  }
-}
-
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
@@ -94,13 +84,13 @@ void gelu_forward_lowp(uint16_t* out, const float* inp, int64_t n, DType dtype) 
     return;
   }
   internal::RunRanges(n, kParallelMin, [=](int64_t lo, int64_t hi) {
-    // A block computed on the stack (in L1), then rounded into out.
+    // f16: a block computed on the stack (in L1), then rounded into out by F16C.
     constexpr int64_t kBlock = 1024;
     alignas(64) float y[kBlock];
     for (int64_t b0 = lo; b0 < hi; b0 += kBlock) {
       const int64_t len = std::min(kBlock, hi - b0);
       FSDP_ISA_CALL(GeluForwardRange, (y, inp + b0, 0, len));
-      RoundInto(out + b0, y, len, dtype);
+      cast_f32_to_f16(out + b0, y, len);  // serial at a block's length
     }
   });
 }

@@ -27,14 +27,9 @@ TEST_P(ElementwiseTest, GeluForwardMatchesReference) {
   // Written in bf16 / f16: bitwise the f32 values cast, across the 1024-element blocks and the
   // parallel threshold.
   for (DType d : {DType::kBF16, DType::kF16}) {
-    std::vector<uint16_t> got(n, 0xabcd), want16(n);
+    std::vector<uint16_t> got(n, 0xabcd);
     gelu_forward_lowp(got.data(), inp.data(), n, d);
-    if (d == DType::kBF16) {
-      cast_f32_to_bf16(want16.data(), out.data(), n);
-    } else {
-      cast_f32_to_f16(want16.data(), out.data(), n);
-    }
-    EXPECT_EQ(got, want16) << DTypeName(d);
+    EXPECT_EQ(got, ToLowp(out, d)) << DTypeName(d);
   }
 }
 
@@ -55,15 +50,8 @@ TEST_P(ElementwiseTest, GeluBackwardMatchesFiniteDifferences) {
   // The input kept in bf16 / f16: bitwise the f32 kernel on the widened values, across the
   // 1024-element widening blocks and the parallel threshold.
   for (DType d : {DType::kBF16, DType::kF16}) {
-    std::vector<uint16_t> low(n);
-    Vec widened(n);
-    if (d == DType::kBF16) {
-      cast_f32_to_bf16(low.data(), inp.data(), n);
-      cast_bf16_to_f32(widened.data(), low.data(), n);
-    } else {
-      cast_f32_to_f16(low.data(), inp.data(), n);
-      cast_f16_to_f32(widened.data(), low.data(), n);
-    }
+    const std::vector<uint16_t> low = ToLowp(inp, d);
+    const Vec widened = FromLowp(low, d);
     Vec got = dinp0, ref = dinp0;
     gelu_backward_lowp(got.data(), low.data(), dout.data(), n, d);
     gelu_backward(ref.data(), widened.data(), dout.data(), n);

@@ -23,26 +23,6 @@ void ExpectBitwiseEqual(const Vec& got, const Vec& want, const std::string& what
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
 }
 
-// x rounded to bf16 / f16 (raw 16-bit values), and those widened back.
-std::vector<uint16_t> ToLowp(const Vec& x, DType d) {
-  std::vector<uint16_t> out(x.size());
-  if (d == DType::kBF16) {
-    cast_f32_to_bf16(out.data(), x.data(), static_cast<int64_t>(x.size()));
-  } else {
-    cast_f32_to_f16(out.data(), x.data(), static_cast<int64_t>(x.size()));
-  }
-  return out;
-}
-Vec FromLowp(const std::vector<uint16_t>& x, DType d) {
-  Vec out(x.size());
-  if (d == DType::kBF16) {
-    cast_bf16_to_f32(out.data(), x.data(), static_cast<int64_t>(x.size()));
-  } else {
-    cast_f16_to_f32(out.data(), x.data(), static_cast<int64_t>(x.size()));
-  }
-  return out;
-}
-
 struct Shape {
   int64_t B, T, NH, NKV, D, block;
 };

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/dtype.h"
+#include "fsdp/kernels_cpu.h"
 #include "gtest/gtest.h"
 
 namespace fsdp::kernels::cpu::testing {
@@ -25,6 +27,28 @@ inline Vec Random(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f
   Vec v(n);
   for (float& x : v) x = dist(rng);
   return v;
+}
+
+// x rounded to bf16 / f16 by the library's casts (raw 16-bit values), and those widened back.
+inline std::vector<uint16_t> ToLowp(const Vec& x, DType d) {
+  std::vector<uint16_t> out(x.size());
+  const auto n = static_cast<int64_t>(x.size());
+  if (d == DType::kBF16) {
+    cast_f32_to_bf16(out.data(), x.data(), n);
+  } else {
+    cast_f32_to_f16(out.data(), x.data(), n);
+  }
+  return out;
+}
+inline Vec FromLowp(const std::vector<uint16_t>& x, DType d) {
+  Vec out(x.size());
+  const auto n = static_cast<int64_t>(x.size());
+  if (d == DType::kBF16) {
+    cast_bf16_to_f32(out.data(), x.data(), n);
+  } else {
+    cast_f16_to_f32(out.data(), x.data(), n);
+  }
+  return out;
 }
 
 inline DVec ToDouble(const Vec& v) { return DVec(v.begin(), v.end()); }

@@ -25,14 +25,9 @@ TEST_P(SwigluTest, ForwardMatchesReference) {
   ExpectClose(out, want, 1e-6, 1e-6, "out");
   // Written in bf16 / f16: bitwise the f32 values cast.
   for (DType d : {DType::kBF16, DType::kF16}) {
-    std::vector<uint16_t> got(N * F, 0xabcd), want16(N * F);
+    std::vector<uint16_t> got(N * F, 0xabcd);
     swiglu_forward_lowp(got.data(), gu.data(), N, F, d);
-    if (d == DType::kBF16) {
-      cast_f32_to_bf16(want16.data(), out.data(), N * F);
-    } else {
-      cast_f32_to_f16(want16.data(), out.data(), N * F);
-    }
-    EXPECT_EQ(got, want16) << DTypeName(d);
+    EXPECT_EQ(got, ToLowp(out, d)) << DTypeName(d);
   }
 }
 
@@ -66,17 +61,9 @@ TEST_P(SwigluTest, KeptInputIsTheF32KernelOnItsWidenedValues) {
   std::mt19937 rng(static_cast<unsigned>(N * 3 + F * 5));
   const Vec gu = Random(N * 2 * F, rng, -5.0f, 5.0f), dout = Random(N * F, rng),
             dgu0 = Random(gu.size(), rng);
-  const int64_t n = N * 2 * F;
   for (DType d : {DType::kBF16, DType::kF16}) {
-    std::vector<uint16_t> low(gu.size());
-    Vec widened(gu.size());
-    if (d == DType::kBF16) {
-      cast_f32_to_bf16(low.data(), gu.data(), n);
-      cast_bf16_to_f32(widened.data(), low.data(), n);
-    } else {
-      cast_f32_to_f16(low.data(), gu.data(), n);
-      cast_f16_to_f32(widened.data(), low.data(), n);
-    }
+    const std::vector<uint16_t> low = ToLowp(gu, d);
+    const Vec widened = FromLowp(low, d);
     Vec got = dgu0, want = dgu0;
     swiglu_backward_lowp(got.data(), dout.data(), low.data(), N, F, d);
     swiglu_backward(want.data(), dout.data(), widened.data(), N, F);
