@@ -6,14 +6,18 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "backends/common/host_event.h"
 #include "backends/host/host_ops.h"
 #include "fsdp/data_plane.h"
+#include "fsdp/status.h"
 
 namespace fsdp {
 namespace {
@@ -28,11 +32,29 @@ constexpr bool kUnderThreadSanitizer = false;
 
 }  // namespace
 
-// Runs every op on the calling thread, now (timed per op name with a clock).
+// Runs every op on the calling thread, now (timed per op name with a clock). An op whose views
+// are wrong fails the backend: later ops are not run, and its copies, events and waits return
+// the first failure (sticky, as a device's).
 struct CpuBackend::Executor {
   OpClock* clock = nullptr;
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  absl::Status failure;  // the first, under mu
+
+  void Fail(Stream, const char* op, const absl::Status& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failure.ok()) return;
+    failure = absl::Status(why.code(), absl::StrCat("cpu op ", op, ": ", why.message()));
+    failed.store(true, std::memory_order_release);
+  }
+  absl::Status status() {
+    if (!failed.load(std::memory_order_acquire)) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(mu);
+    return failure;
+  }
   template <class F>
   void Run(Stream, const char* op, F&& work) {
+    if (failed.load(std::memory_order_relaxed)) return;
     if (clock == nullptr) {
       work();
       return;
@@ -95,8 +117,10 @@ CpuBackend::CpuBackend(int num_threads, int64_t limit, bool time_ops)
     : num_threads_(num_threads),
       limit_(limit),
       clock_(time_ops ? std::make_unique<OpClock>() : nullptr),
-      exec_(std::make_unique<Executor>(Executor{clock_.get()})),
-      ops_(std::make_unique<internal::HostOps<Executor>>(exec_.get())) {}
+      exec_(std::make_unique<Executor>()),
+      ops_(std::make_unique<internal::HostOps<Executor>>(exec_.get())) {
+  exec_->clock = clock_.get();
+}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -145,16 +169,19 @@ MemoryStats CpuBackend::memory_stats() const {
 void CpuBackend::ResetPeak() { peak_.store(in_use_.load()); }
 
 absl::Status CpuBackend::DoCopyToHost(void* dst, View src, Stream) {
+  FSDP_RETURN_IF_ERROR(exec_->status());
   if (src.count > 0) std::memcpy(dst, src.host(), static_cast<size_t>(src.bytes()));
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyFromHost(View dst, const void* src, Stream) {
+  FSDP_RETURN_IF_ERROR(exec_->status());
   if (dst.count > 0) std::memcpy(dst.host(), src, static_cast<size_t>(dst.bytes()));
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Copy(View dst, View src, Stream) {
+  FSDP_RETURN_IF_ERROR(exec_->status());
   if (dst.bytes() != src.bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("CpuBackend::Copy: ", dst.bytes(),
                                                    " bytes into ", src.bytes()));
@@ -166,13 +193,23 @@ absl::Status CpuBackend::Copy(View dst, View src, Stream) {
 }
 
 absl::Status CpuBackend::Memset(View dst, int byte, Stream) {
+  FSDP_RETURN_IF_ERROR(exec_->status());
   if (dst.count > 0) std::memset(dst.host(), byte, static_cast<size_t>(dst.bytes()));
   return absl::OkStatus();
 }
 
-Event CpuBackend::Record(Stream) { return Event(); }
+Event CpuBackend::Record(Stream) {
+  absl::Status failure = exec_->status();
+  if (failure.ok()) return Event();
+  auto done = std::make_shared<backend_kit::HostEvent>();
+  done->Complete(std::move(failure));
+  return Event(std::move(done));
+}
 
-absl::Status CpuBackend::Wait(Stream, const Event& e) { return e.Wait(); }
+absl::Status CpuBackend::Wait(Stream, const Event& e) {
+  FSDP_RETURN_IF_ERROR(exec_->status());
+  return e.Wait();
+}
 
 RuntimeOps& CpuBackend::runtime_ops() { return *ops_; }
 Ops* CpuBackend::model_ops() { return ops_.get(); }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/common/op_checks.h"
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/gemm.h"
 #include "kernels/cuda/kernels.h"
@@ -37,9 +38,11 @@ class CudaOps final : public Ops {
   // B = inp stored K x M (op N).
   void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
                      int64_t N) override {
-    if (!Begin(__func__, s, {out, inp, weight, bias})) return;
+    if (!Begin(__func__, s, {out, inp, weight, bias}) ||
+        !Checked(__func__, backend_kit::CheckMatmulForward(out, inp, weight, bias, M, K, N))) {
+      return;
+    }
     const DType d = weight.dtype;
-    if (!CheckWeight(__func__, d)) return;
     Scratch rounded;
     const void* b_operand = Ptr(inp);
     if (d != DType::kF32 && inp.dtype != d) {  // else a kept copy in d, read as is
@@ -56,9 +59,12 @@ class CudaOps final : public Ops {
   // dweight^T (K x N) += inp^T (stored K x M, op N) . dout (stored N x M, op T).
   void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
                       View weight, int64_t M, int64_t K, int64_t N) override {
-    if (!Begin(__func__, s, {dinp, dweight, dbias, dout, inp, weight})) return;
+    if (!Begin(__func__, s, {dinp, dweight, dbias, dout, inp, weight}) ||
+        !Checked(__func__, backend_kit::CheckMatmulBackward(dinp, dweight, dbias, dout, inp,
+                                                            weight, M, K, N))) {
+      return;
+    }
     const DType d = weight.dtype;
-    if (!CheckWeight(__func__, d)) return;
     Scratch dout_r, inp_r;
     const void* go = Ptr(dout);
     const void* in = Ptr(inp);
@@ -100,7 +106,10 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void GeluForward(Stream s, View out, View inp) override {
-    if (!Begin(__func__, s, {out, inp})) return;
+    if (!Begin(__func__, s, {out, inp}) ||
+        !Checked(__func__, backend_kit::CheckGeluForward(out, inp))) {
+      return;
+    }
     Scratch wide;
     float* y = F32Out(__func__, out, wide);
     if (y == nullptr) return;
@@ -109,7 +118,10 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
-    if (!Begin(__func__, s, {dinp, inp, dout})) return;
+    if (!Begin(__func__, s, {dinp, inp, dout}) ||
+        !Checked(__func__, backend_kit::CheckGeluBackward(dinp, inp, dout))) {
+      return;
+    }
     Scratch widened;
     const float* x = WidenedF32(__func__, s, inp, widened);
     if (x == nullptr) return;
@@ -120,21 +132,31 @@ class CudaOps final : public Ops {
   // ---- attention ---------------------------------------------------------------------------------
   void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
+    if (!Checked(__func__, backend_kit::CheckHeadsSplit(C, NH))) return;
     GqaAttentionForward(s, out, lse, qkv, B, T, NH, NH, NH > 0 ? C / NH : 0);
   }
   void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
+    if (!Checked(__func__, backend_kit::CheckHeadsSplit(C, NH))) return;
     GqaAttentionBackward(s, dqkv, dout, qkv, out, lse, B, T, NH, NH, NH > 0 ? C / NH : 0);
   }
   void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Begin(__func__, s, {out, lse, qkv})) return;
+    if (!Begin(__func__, s, {out, lse, qkv}) ||
+        !Checked(__func__,
+                 backend_kit::CheckAttentionForward(out, lse, qkv, B, T, NH, NKV, D))) {
+      return;
+    }
     k::attention_forward(stream(s), F32(out), F32(lse), F32(qkv), B, T, NH, NKV, D);
     End(__func__);
   }
   void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Begin(__func__, s, {dqkv, dout, qkv, out, lse})) return;
+    if (!Begin(__func__, s, {dqkv, dout, qkv, out, lse}) ||
+        !Checked(__func__, backend_kit::CheckAttentionBackward(dqkv, dout, qkv, out, lse, B, T,
+                                                                NH, NKV, D))) {
+      return;
+    }
     Scratch qkv32, out32;  // kept bf16 / f16 copies, widened first
     const float* q = WidenedF32(__func__, s, qkv, qkv32);
     const float* o = q == nullptr ? nullptr : WidenedF32(__func__, s, out, out32);
@@ -174,7 +196,10 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
-    if (!Begin(__func__, s, {out, gu})) return;
+    if (!Begin(__func__, s, {out, gu}) ||
+        !Checked(__func__, backend_kit::CheckSwigluForward(out, gu, N, F))) {
+      return;
+    }
     Scratch wide;
     float* y = F32Out(__func__, out, wide);
     if (y == nullptr) return;
@@ -183,7 +208,10 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
-    if (!Begin(__func__, s, {dgu, dout, gu})) return;
+    if (!Begin(__func__, s, {dgu, dout, gu}) ||
+        !Checked(__func__, backend_kit::CheckSwigluBackward(dgu, dout, gu, N, F))) {
+      return;
+    }
     Scratch widened;
     const float* g = WidenedF32(__func__, s, gu, widened);
     if (g == nullptr) return;
@@ -379,12 +407,10 @@ class CudaOps final : public Ops {
     (void)cudaGetLastError();
     return true;
   }
-  // The Linear ops' weight dtype: f32, bf16 or f16 (fsdp/ops.h).
-  bool CheckWeight(const char* op, DType d) {
-    if (d == DType::kF32 || d == DType::kBF16 || d == DType::kF16) return true;
-    Fail(op, absl::InvalidArgumentError(absl::StrCat(
-                 "the weight is ", std::string(DTypeName(d)),
-                 "; Linear takes f32, bf16 or f16 weights (and a bias of the same dtype)")));
+  // True when `why` is OK; else the backend fails with it (backends/common/op_checks.h).
+  bool Checked(const char* op, const absl::Status& why) {
+    if (why.ok()) return true;
+    Fail(op, why);
     return false;
   }
   void Fail(const char* op, const absl::Status& st) {

@@ -145,6 +145,12 @@ struct internal::SimExec {
       w();
     });
   }
+  // An op's views were wrong: the stream fails there, in order (the work before it runs).
+  void Fail(Stream s, const char* op, const absl::Status& why) {
+    backend_kit::WorkerStream* stream = &impl->stream(s);
+    const absl::Status failure(why.code(), absl::StrCat("sim op ", op, ": ", why.message()));
+    stream->Submit(op, [stream, failure] { stream->SetFailure(failure); });
+  }
 };
 
 namespace {

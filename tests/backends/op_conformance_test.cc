@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -536,6 +538,124 @@ TEST_P(OpConformanceTest, OptimizersOnAShardSlice) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, OpConformanceTest,
                          ::testing::Values("cpu", "sim", "pjrt", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// The ops whose element types vary check their views (backends/common/op_checks.h): a 16-bit
+// tensor of the other type, a view too small for the sizes, or sizes that do not split into
+// heads fail the backend with a message naming the op and the view, and the op is not run (it
+// would read a 16-bit tensor as f32, past its end: AddressSanitizer's CI stage sees that). The
+// failure is sticky: the next copy and every event after it return it. pjrt builds each op as
+// a program from the views' dtypes and shapes, and is not in this list.
+class OpViewChecksTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda") {
+      const std::string why = testing::CudaUnavailable();
+      if (!why.empty()) GTEST_SKIP() << why;
+    }
+  }
+  // What a fresh backend says after `issue` ran its op: the status of the copy after it.
+  absl::Status After(const std::function<void(Ops&, Device&)>& issue) {
+    std::unique_ptr<Backend> b = MakeBackend(GetParam());
+    EXPECT_NE(b, nullptr);
+    if (b == nullptr) return absl::InternalError("no backend");
+    Device dev(b.get());
+    const View probe = dev.In(std::vector<float>(4, 1.0f));
+    issue(b->ops(), dev);
+    std::vector<float> host(4);
+    const absl::Status copied = b->CopyToHost(host.data(), probe);
+    // Sticky: an event recorded later carries it too.
+    const absl::Status later = b->Record(Stream::kCompute).Wait();
+    EXPECT_EQ(copied.ok(), later.ok()) << copied << " / " << later;
+    return copied;
+  }
+  static constexpr Stream cs = Stream::kCompute;
+};
+
+// A failed status whose message names all of `words`.
+void ExpectRefused(const absl::Status& s, std::initializer_list<const char*> words) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (const char* w : words) EXPECT_NE(s.message().find(w), std::string::npos) << w << ": " << s;
+}
+
+TEST_P(OpViewChecksTest, LinearRefusesAnInputOfTheOther16BitTypeAndShortViews) {
+  const int64_t M = 4, K = 8, N = 3;
+  const auto inp = Random(M * K, 1), w = Random(N * K, 2), bias = Random(N, 3);
+  // The control: the same call with good views runs.
+  EXPECT_TRUE(After([&](Ops& ops, Device& d) {
+                ops.MatmulForward(cs, d.In(std::vector<float>(M * N)),
+                                  d.In(ToLowp(inp, DType::kBF16), DType::kBF16),
+                                  d.In(ToLowp(w, DType::kBF16), DType::kBF16), View{}, M, K, N);
+              }).ok());
+  // A bf16 weight with an f16 kept input (read as f32, it would be read past its end).
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.MatmulForward(cs, d.In(std::vector<float>(M * N)),
+                                    d.In(ToLowp(inp, DType::kF16), DType::kF16),
+                                    d.In(ToLowp(w, DType::kBF16), DType::kBF16), View{}, M, K,
+                                    N);
+                }),
+                {"MatmulForward", "the input is f16", "f32 or bf16"});
+  // The same in backward, and a bias of another dtype than the weight, and a short output.
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.MatmulBackward(cs, View{}, d.In(std::vector<float>(N * K)), View{},
+                                     d.In(std::vector<float>(M * N)),
+                                     d.In(ToLowp(inp, DType::kF16), DType::kF16),
+                                     d.In(ToLowp(w, DType::kBF16), DType::kBF16), M, K, N);
+                }),
+                {"MatmulBackward", "the input is f16"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.MatmulForward(cs, d.In(std::vector<float>(M * N)), d.In(inp),
+                                    d.In(ToLowp(w, DType::kBF16), DType::kBF16), d.In(bias), M,
+                                    K, N);
+                }),
+                {"MatmulForward", "the bias is f32", "bf16"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.MatmulForward(cs, d.In(std::vector<float>(M * N - 1)), d.In(inp), d.In(w),
+                                    View{}, M, K, N);
+                }),
+                {"MatmulForward", "the output", std::to_string(M * N - 1).c_str()});
+}
+
+TEST_P(OpViewChecksTest, KeptCopyOpsRefuseOtherTypesAndShortViews) {
+  const int64_t B = 1, T = 3, C = 8, NH = 2, n = 12;
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.GeluBackward(cs, d.In(std::vector<float>(n)),
+                                   d.In(std::vector<int32_t>(n), DType::kI32),
+                                   d.In(std::vector<float>(n)));
+                }),
+                {"GeluBackward", "the input is i32"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.GeluForward(cs, d.In(std::vector<uint16_t>(n - 1), DType::kBF16),
+                                  d.In(std::vector<float>(n)));
+                }),
+                {"GeluForward", "the output is bf16 with 11 elements"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.SwigluBackward(cs, d.In(std::vector<float>(2 * n)),
+                                     d.In(std::vector<float>(n)),
+                                     d.In(std::vector<uint16_t>(n), DType::kF16), n, 1);
+                }),
+                {"SwigluBackward", "gu is f16 with 12 elements", "at least 24"});
+  // qkv kept in bf16 but one row short; C that does not split into heads.
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.AttentionBackward(cs, d.In(std::vector<float>(B * T * 3 * C)),
+                                        d.In(std::vector<float>(B * T * C)),
+                                        d.In(std::vector<uint16_t>((B * T - 1) * 3 * C),
+                                             DType::kBF16),
+                                        d.In(std::vector<float>(B * T * C)),
+                                        d.In(std::vector<float>(B * NH * T)), B, T, C, NH);
+                }),
+                {"AttentionBackward", "qkv is bf16"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.AttentionForward(cs, d.In(std::vector<float>(B * T * C)),
+                                       d.In(std::vector<float>(B * 3 * T)),
+                                       d.In(std::vector<float>(B * T * 3 * C)), B, T, C, 3);
+                }),
+                {"AttentionForward", "C=8 does not split into NH=3"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpViewChecksTest, ::testing::Values("cpu", "sim", "cuda"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
