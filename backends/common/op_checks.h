@@ -28,9 +28,8 @@ inline absl::Status CheckView(const char* what, const View& v, int64_t need,
   }
   if (typed && v.count >= need) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(what, " is ", std::string(DTypeName(v.dtype)), " with ", v.count,
-                   " elements; the op takes ", names, " with at least ", need,
-                   " elements there"));
+      absl::StrCat(what, ": ", std::string(DTypeName(v.dtype)), " with ", v.count,
+                   " elements, where the op takes ", names, " with at least ", need));
 }
 // As CheckView, but an empty view (a gradient not computed, no bias) passes.
 inline absl::Status CheckOptionalView(const char* what, const View& v, int64_t need,

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "backends/common/checked_ops.h"
 #include "backends/common/host_event.h"
 #include "backends/host/host_ops.h"
 #include "fsdp/data_plane.h"
@@ -118,7 +119,11 @@ CpuBackend::CpuBackend(int num_threads, int64_t limit, bool time_ops)
       limit_(limit),
       clock_(time_ops ? std::make_unique<OpClock>() : nullptr),
       exec_(std::make_unique<Executor>()),
-      ops_(std::make_unique<internal::HostOps<Executor>>(exec_.get())) {
+      ops_(std::make_unique<backend_kit::CheckedOps>(
+          std::make_unique<internal::HostOps<Executor>>(exec_.get()),
+          [exec = exec_.get()](Stream s, const char* op, const absl::Status& why) {
+            exec->Fail(s, op, why);
+          })) {
   exec_->clock = clock_.get();
 }
 

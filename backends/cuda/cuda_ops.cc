@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "backends/common/op_checks.h"
+#include "backends/common/checked_ops.h"
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/gemm.h"
 #include "kernels/cuda/kernels.h"
@@ -38,10 +38,7 @@ class CudaOps final : public Ops {
   // B = inp stored K x M (op N).
   void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
                      int64_t N) override {
-    if (!Begin(__func__, s, {out, inp, weight, bias}) ||
-        !Checked(__func__, backend_kit::CheckMatmulForward(out, inp, weight, bias, M, K, N))) {
-      return;
-    }
+    if (!Begin(__func__, s, {out, inp, weight, bias})) return;
     const DType d = weight.dtype;
     Scratch rounded;
     const void* b_operand = Ptr(inp);
@@ -59,11 +56,7 @@ class CudaOps final : public Ops {
   // dweight^T (K x N) += inp^T (stored K x M, op N) . dout (stored N x M, op T).
   void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
                       View weight, int64_t M, int64_t K, int64_t N) override {
-    if (!Begin(__func__, s, {dinp, dweight, dbias, dout, inp, weight}) ||
-        !Checked(__func__, backend_kit::CheckMatmulBackward(dinp, dweight, dbias, dout, inp,
-                                                            weight, M, K, N))) {
-      return;
-    }
+    if (!Begin(__func__, s, {dinp, dweight, dbias, dout, inp, weight})) return;
     const DType d = weight.dtype;
     Scratch dout_r, inp_r;
     const void* go = Ptr(dout);
@@ -106,10 +99,7 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void GeluForward(Stream s, View out, View inp) override {
-    if (!Begin(__func__, s, {out, inp}) ||
-        !Checked(__func__, backend_kit::CheckGeluForward(out, inp))) {
-      return;
-    }
+    if (!Begin(__func__, s, {out, inp})) return;
     Scratch wide;
     float* y = F32Out(__func__, out, wide);
     if (y == nullptr) return;
@@ -118,10 +108,7 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
-    if (!Begin(__func__, s, {dinp, inp, dout}) ||
-        !Checked(__func__, backend_kit::CheckGeluBackward(dinp, inp, dout))) {
-      return;
-    }
+    if (!Begin(__func__, s, {dinp, inp, dout})) return;
     Scratch widened;
     const float* x = WidenedF32(__func__, s, inp, widened);
     if (x == nullptr) return;
@@ -132,31 +119,21 @@ class CudaOps final : public Ops {
   // ---- attention ---------------------------------------------------------------------------------
   void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
-    if (!Checked(__func__, backend_kit::CheckHeadsSplit(C, NH))) return;
     GqaAttentionForward(s, out, lse, qkv, B, T, NH, NH, NH > 0 ? C / NH : 0);
   }
   void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
-    if (!Checked(__func__, backend_kit::CheckHeadsSplit(C, NH))) return;
     GqaAttentionBackward(s, dqkv, dout, qkv, out, lse, B, T, NH, NH, NH > 0 ? C / NH : 0);
   }
   void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Begin(__func__, s, {out, lse, qkv}) ||
-        !Checked(__func__,
-                 backend_kit::CheckAttentionForward(out, lse, qkv, B, T, NH, NKV, D))) {
-      return;
-    }
+    if (!Begin(__func__, s, {out, lse, qkv})) return;
     k::attention_forward(stream(s), F32(out), F32(lse), F32(qkv), B, T, NH, NKV, D);
     End(__func__);
   }
   void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Begin(__func__, s, {dqkv, dout, qkv, out, lse}) ||
-        !Checked(__func__, backend_kit::CheckAttentionBackward(dqkv, dout, qkv, out, lse, B, T,
-                                                                NH, NKV, D))) {
-      return;
-    }
+    if (!Begin(__func__, s, {dqkv, dout, qkv, out, lse})) return;
     Scratch qkv32, out32;  // kept bf16 / f16 copies, widened first
     const float* q = WidenedF32(__func__, s, qkv, qkv32);
     const float* o = q == nullptr ? nullptr : WidenedF32(__func__, s, out, out32);
@@ -196,10 +173,7 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
-    if (!Begin(__func__, s, {out, gu}) ||
-        !Checked(__func__, backend_kit::CheckSwigluForward(out, gu, N, F))) {
-      return;
-    }
+    if (!Begin(__func__, s, {out, gu})) return;
     Scratch wide;
     float* y = F32Out(__func__, out, wide);
     if (y == nullptr) return;
@@ -208,10 +182,7 @@ class CudaOps final : public Ops {
     End(__func__);
   }
   void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
-    if (!Begin(__func__, s, {dgu, dout, gu}) ||
-        !Checked(__func__, backend_kit::CheckSwigluBackward(dgu, dout, gu, N, F))) {
-      return;
-    }
+    if (!Begin(__func__, s, {dgu, dout, gu})) return;
     Scratch widened;
     const float* g = WidenedF32(__func__, s, gu, widened);
     if (g == nullptr) return;
@@ -407,12 +378,6 @@ class CudaOps final : public Ops {
     (void)cudaGetLastError();
     return true;
   }
-  // True when `why` is OK; else the backend fails with it (backends/common/op_checks.h).
-  bool Checked(const char* op, const absl::Status& why) {
-    if (why.ok()) return true;
-    Fail(op, why);
-    return false;
-  }
   void Fail(const char* op, const absl::Status& st) {
     FailureOf(*b_)->Set(absl::Status(st.code(), absl::StrCat("cuda op ", op, ": ", st.message())));
   }
@@ -509,6 +474,15 @@ class CudaOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> MakeCudaOps(CudaBackend* backend) { return std::make_unique<CudaOps>(backend); }
+std::unique_ptr<Ops> MakeCudaOps(CudaBackend* backend) {
+  // Every call's views checked first (backends/common/checked_ops.h); a bad one fails the
+  // backend as a failed launch does.
+  return std::make_unique<backend_kit::CheckedOps>(
+      std::make_unique<CudaOps>(backend),
+      [backend](Stream, const char* op, const absl::Status& why) {
+        FailureOf(*backend)->Set(
+            absl::Status(why.code(), absl::StrCat("cuda op ", op, ": ", why.message())));
+      });
+}
 
 }  // namespace fsdp::cuda_internal

@@ -3,9 +3,8 @@
 // thread). Each op resolves its Views to the storage pointers and calls the CPU reference
 // kernel; `Exec` decides where and when: it provides
 //   template <class F> void Run(Stream s, const char* op, F&& work);
-//   void Fail(Stream s, const char* op, const absl::Status& why);
-// The ops whose element types vary check their views first (backends/common/op_checks.h): a
-// bad one fails the backend with the reason (Fail, in stream order) and runs nothing.
+// A backend wraps the table in backends/common/checked_ops.h, which checks each call's views
+// first: the kernels here trust them.
 #pragma once
 
 #include <cmath>
@@ -13,7 +12,6 @@
 #include <span>
 #include <vector>
 
-#include "backends/common/op_checks.h"
 #include "collectives/reduce.h"
 #include "fsdp/kernels_cpu.h"
 #include "fsdp/ops.h"
@@ -37,10 +35,6 @@ class HostOps final : public Ops {
 
   void MatmulForward(Stream s, View out, View inp, View weight, View bias, int64_t M, int64_t K,
                      int64_t N) override {
-    if (!Checked(s, __func__,
-                 backend_kit::CheckMatmulForward(out, inp, weight, bias, M, K, N))) {
-      return;
-    }
     const DType d = weight.dtype;
     const DType id = inp.dtype;  // f32, or the weight's dtype (a kept copy)
     float* o = F32(out);
@@ -59,11 +53,6 @@ class HostOps final : public Ops {
   }
   void MatmulBackward(Stream s, View dinp, View dweight, View dbias, View dout, View inp,
                       View weight, int64_t M, int64_t K, int64_t N) override {
-    if (!Checked(s, __func__,
-                 backend_kit::CheckMatmulBackward(dinp, dweight, dbias, dout, inp, weight, M,
-                                                  K, N))) {
-      return;
-    }
     const DType d = weight.dtype;
     const DType id = inp.dtype;  // f32, or the weight's dtype (a kept copy)
     float *di = F32(dinp), *dw = F32(dweight), *db = F32(dbias);
@@ -92,7 +81,6 @@ class HostOps final : public Ops {
     exec_->Run(s, __func__, [=] { kernels::cpu::layernorm_backward(di, dw, db, go, i, w, m, r, N, C); });
   }
   void GeluForward(Stream s, View out, View inp) override {
-    if (!Checked(s, __func__, backend_kit::CheckGeluForward(out, inp))) return;
     void* o = Bytes(out);
     const DType od = out.dtype;  // f32, or bf16 / f16: rounded as written
     const float* i = F32(inp);
@@ -106,7 +94,6 @@ class HostOps final : public Ops {
     });
   }
   void GeluBackward(Stream s, View dinp, View inp, View dout) override {
-    if (!Checked(s, __func__, backend_kit::CheckGeluBackward(dinp, inp, dout))) return;
     float* di = F32(dinp);
     const float* go = F32(dout);
     const void* i = Bytes(inp);
@@ -122,22 +109,12 @@ class HostOps final : public Ops {
   }
   void AttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override {
-    if (!Checked(s, __func__, backend_kit::CheckHeadsSplit(C, NH)) ||
-        !Checked(s, __func__,
-                 backend_kit::CheckAttentionForward(out, lse, qkv, B, T, NH, NH, C / NH))) {
-      return;
-    }
     float *o = F32(out), *l = F32(lse);
     const float* q = F32(qkv);
     exec_->Run(s, __func__, [=] { kernels::cpu::attention_forward(o, l, q, B, T, C, NH); });
   }
   void AttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
-    if (!Checked(s, __func__, backend_kit::CheckHeadsSplit(C, NH)) ||
-        !Checked(s, __func__, backend_kit::CheckAttentionBackward(dqkv, dout, qkv, out, lse, B,
-                                                                   T, NH, NH, C / NH))) {
-      return;
-    }
     float* dq = F32(dqkv);
     const float *go = F32(dout), *l = F32(lse);
     const void *q = Bytes(qkv), *o = Bytes(out);  // each f32, or a kept bf16 / f16 copy
@@ -149,10 +126,6 @@ class HostOps final : public Ops {
   }
   void GqaAttentionForward(Stream s, View out, View lse, View qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Checked(s, __func__,
-                 backend_kit::CheckAttentionForward(out, lse, qkv, B, T, NH, NKV, D))) {
-      return;
-    }
     float *o = F32(out), *l = F32(lse);
     const float* q = F32(qkv);
     exec_->Run(s, __func__,
@@ -160,10 +133,6 @@ class HostOps final : public Ops {
   }
   void GqaAttentionBackward(Stream s, View dqkv, View dout, View qkv, View out, View lse,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) override {
-    if (!Checked(s, __func__, backend_kit::CheckAttentionBackward(dqkv, dout, qkv, out, lse, B,
-                                                                   T, NH, NKV, D))) {
-      return;
-    }
     float* dq = F32(dqkv);
     const float *go = F32(dout), *l = F32(lse);
     const void *q = Bytes(qkv), *o = Bytes(out);  // each f32, or a kept bf16 / f16 copy
@@ -195,7 +164,6 @@ class HostOps final : public Ops {
     exec_->Run(s, __func__, [=] { kernels::cpu::rope_backward(p, B, T, W, NH, D, theta); });
   }
   void SwigluForward(Stream s, View out, View gu, int64_t N, int64_t F) override {
-    if (!Checked(s, __func__, backend_kit::CheckSwigluForward(out, gu, N, F))) return;
     void* o = Bytes(out);
     const DType od = out.dtype;  // f32, or bf16 / f16: rounded as written
     const float* g = F32(gu);
@@ -208,7 +176,6 @@ class HostOps final : public Ops {
     });
   }
   void SwigluBackward(Stream s, View dgu, View dout, View gu, int64_t N, int64_t F) override {
-    if (!Checked(s, __func__, backend_kit::CheckSwigluBackward(dgu, dout, gu, N, F))) return;
     float* dg = F32(dgu);
     const float* go = F32(dout);
     const void* g = Bytes(gu);
@@ -397,12 +364,6 @@ class HostOps final : public Ops {
   }
 
  private:
-  // True when `why` is OK; else the backend fails with it (in stream order), the op not run.
-  bool Checked(Stream s, const char* op, const absl::Status& why) {
-    if (why.ok()) return true;
-    exec_->Fail(s, op, why);
-    return false;
-  }
   Exec* exec_;
 };
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backends/common/checked_ops.h"
 #include "backends/common/deferred_frees.h"
 #include "backends/common/host_event.h"
 #include "backends/common/memory_counter.h"
@@ -711,7 +712,16 @@ absl::StatusOr<std::unique_ptr<PjrtBackend>> PjrtBackend::Create(
   auto run = [m](Queue& q, const std::vector<pjrt::OpBuilder>& ops) { m->RunOnQueue(q, ops); };
   impl->compute = std::make_unique<Queue>(run, max_ops);
   impl->comm = std::make_unique<Queue>(run, max_ops);
-  impl->ops = pjrt::MakeOps([m](Stream s, pjrt::OpBuilder op) { m->stream(s).AddOp(std::move(op)); });
+  // Every call's views checked first (backends/common/checked_ops.h): a bad one fails the
+  // stream in order (the ops held before it run) and no program is built for it.
+  impl->ops = std::make_unique<backend_kit::CheckedOps>(
+      pjrt::MakeOps([m](Stream s, pjrt::OpBuilder op) { m->stream(s).AddOp(std::move(op)); }),
+      [m](Stream s, const char* op, const absl::Status& why) {
+        Queue* q = &m->stream(s);
+        const absl::Status failure(why.code(),
+                                   absl::StrCat("pjrt op ", op, ": ", why.message()));
+        q->Submit([q, failure] { q->SetFailure(failure); });
+      });
   return std::unique_ptr<PjrtBackend>(new PjrtBackend(std::move(impl)));
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backends/common/checked_ops.h"
 #include "backends/common/deferred_frees.h"
 #include "backends/common/host_event.h"
 #include "backends/common/memory_counter.h"
@@ -255,7 +256,10 @@ absl::StatusOr<std::unique_ptr<SimBackend>> SimBackend::Create(SimBackendOptions
       SimStream::Options{std::string(kDeviceCommStream), [] { omp_set_num_threads(1); }, nullptr});
   std::unique_ptr<SimBackend> b(new SimBackend(std::move(impl)));
   b->impl_->exec = std::make_unique<internal::SimExec>(internal::SimExec{b->impl_.get()});
-  b->impl_->ops = std::make_unique<internal::HostOps<internal::SimExec>>(b->impl_->exec.get());
+  internal::SimExec* exec = b->impl_->exec.get();
+  b->impl_->ops = std::make_unique<backend_kit::CheckedOps>(
+      std::make_unique<internal::HostOps<internal::SimExec>>(exec),
+      [exec](Stream s, const char* op, const absl::Status& why) { exec->Fail(s, op, why); });
   return b;
 }
 

@@ -9,7 +9,10 @@
 // that many elements; *Backward ops ACCUMULATE (+=) into their gradient outputs, and an empty
 // View as a gradient output means "not computed". Reductions (sums of squares, the mean loss,
 // the global norm) write to device memory: reading them on the host is the caller's choice
-// (a CopyToHost, which synchronises).
+// (a CopyToHost, which synchronises). A call whose views do not fit the op (a dtype it does not
+// take, fewer elements than its sizes need) runs nothing and fails the backend, naming the op
+// and the view: the next copy, event or wait returns that error (backends/common/checked_ops.h).
+
 #pragma once
 
 #include <cstdint>

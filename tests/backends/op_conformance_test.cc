@@ -542,17 +542,18 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpConformanceTest,
                            return info.param;
                          });
 
-// The ops whose element types vary check their views (backends/common/op_checks.h): a 16-bit
-// tensor of the other type, a view too small for the sizes, or sizes that do not split into
-// heads fail the backend with a message naming the op and the view, and the op is not run (it
-// would read a 16-bit tensor as f32, past its end: AddressSanitizer's CI stage sees that). The
-// failure is sticky: the next copy and every event after it return it. pjrt builds each op as
-// a program from the views' dtypes and shapes, and is not in this list.
+// Every op checks its views (backends/common/checked_ops.h): a 16-bit tensor of the other
+// type, a view too small for the sizes, a cast between types it has no conversion for, or
+// sizes that do not split into heads fail the backend with a message naming the op and the
+// view, and the op is not run (it would read a 16-bit tensor as f32, past its end:
+// AddressSanitizer's CI stage sees that; or leave its output unwritten). The failure is
+// sticky: the next copy and every event after it return it.
 class OpViewChecksTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "cuda") {
-      const std::string why = testing::CudaUnavailable();
+    if (GetParam() == "pjrt" || GetParam() == "cuda") {
+      const std::string why =
+          GetParam() == "pjrt" ? testing::PjrtUnavailable() : testing::CudaUnavailable();
       if (!why.empty()) GTEST_SKIP() << why;
     }
   }
@@ -596,7 +597,7 @@ TEST_P(OpViewChecksTest, LinearRefusesAnInputOfTheOther16BitTypeAndShortViews) {
                                     d.In(ToLowp(w, DType::kBF16), DType::kBF16), View{}, M, K,
                                     N);
                 }),
-                {"MatmulForward", "the input is f16", "f32 or bf16"});
+                {"MatmulForward", "the input: f16", "f32 or bf16"});
   // The same in backward, and a bias of another dtype than the weight, and a short output.
   ExpectRefused(After([&](Ops& ops, Device& d) {
                   ops.MatmulBackward(cs, View{}, d.In(std::vector<float>(N * K)), View{},
@@ -604,13 +605,13 @@ TEST_P(OpViewChecksTest, LinearRefusesAnInputOfTheOther16BitTypeAndShortViews) {
                                      d.In(ToLowp(inp, DType::kF16), DType::kF16),
                                      d.In(ToLowp(w, DType::kBF16), DType::kBF16), M, K, N);
                 }),
-                {"MatmulBackward", "the input is f16"});
+                {"MatmulBackward", "the input: f16"});
   ExpectRefused(After([&](Ops& ops, Device& d) {
                   ops.MatmulForward(cs, d.In(std::vector<float>(M * N)), d.In(inp),
                                     d.In(ToLowp(w, DType::kBF16), DType::kBF16), d.In(bias), M,
                                     K, N);
                 }),
-                {"MatmulForward", "the bias is f32", "bf16"});
+                {"MatmulForward", "the bias: f32", "bf16"});
   ExpectRefused(After([&](Ops& ops, Device& d) {
                   ops.MatmulForward(cs, d.In(std::vector<float>(M * N - 1)), d.In(inp), d.In(w),
                                     View{}, M, K, N);
@@ -625,18 +626,18 @@ TEST_P(OpViewChecksTest, KeptCopyOpsRefuseOtherTypesAndShortViews) {
                                    d.In(std::vector<int32_t>(n), DType::kI32),
                                    d.In(std::vector<float>(n)));
                 }),
-                {"GeluBackward", "the input is i32"});
+                {"GeluBackward", "the input: i32"});
   ExpectRefused(After([&](Ops& ops, Device& d) {
                   ops.GeluForward(cs, d.In(std::vector<uint16_t>(n - 1), DType::kBF16),
                                   d.In(std::vector<float>(n)));
                 }),
-                {"GeluForward", "the output is bf16 with 11 elements"});
+                {"GeluForward", "the output: bf16 with 11 elements"});
   ExpectRefused(After([&](Ops& ops, Device& d) {
                   ops.SwigluBackward(cs, d.In(std::vector<float>(2 * n)),
                                      d.In(std::vector<float>(n)),
                                      d.In(std::vector<uint16_t>(n), DType::kF16), n, 1);
                 }),
-                {"SwigluBackward", "gu is f16 with 12 elements", "at least 24"});
+                {"SwigluBackward", "gu: f16 with 12 elements", "at least 24"});
   // qkv kept in bf16 but one row short; C that does not split into heads.
   ExpectRefused(After([&](Ops& ops, Device& d) {
                   ops.AttentionBackward(cs, d.In(std::vector<float>(B * T * 3 * C)),
@@ -646,7 +647,7 @@ TEST_P(OpViewChecksTest, KeptCopyOpsRefuseOtherTypesAndShortViews) {
                                         d.In(std::vector<float>(B * T * C)),
                                         d.In(std::vector<float>(B * NH * T)), B, T, C, NH);
                 }),
-                {"AttentionBackward", "qkv is bf16"});
+                {"AttentionBackward", "qkv: bf16"});
   ExpectRefused(After([&](Ops& ops, Device& d) {
                   ops.AttentionForward(cs, d.In(std::vector<float>(B * T * C)),
                                        d.In(std::vector<float>(B * 3 * T)),
@@ -655,7 +656,55 @@ TEST_P(OpViewChecksTest, KeptCopyOpsRefuseOtherTypesAndShortViews) {
                 {"AttentionForward", "C=8 does not split into NH=3"});
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OpViewChecksTest, ::testing::Values("cpu", "sim", "cuda"),
+TEST_P(OpViewChecksTest, RuntimeOpsAndF32LayersRefuseWrongViews) {
+  const int64_t n = 12;
+  // Cast has no bf16 -> f16 conversion: it used to leave the output unwritten.
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.Cast(cs, d.In(std::vector<uint16_t>(n), DType::kF16),
+                           d.In(std::vector<uint16_t>(n), DType::kBF16));
+                }),
+                {"Cast", "no cast from bf16 to f16"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.Cast(cs, d.In(std::vector<uint16_t>(n - 2), DType::kBF16),
+                           d.In(std::vector<float>(n)));
+                }),
+                {"Cast", "out: bf16 with 10 elements", "at least 12"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.AdamW(cs, d.In(std::vector<float>(n)), d.In(std::vector<float>(n)),
+                            d.In(std::vector<float>(n - 1)), d.In(std::vector<float>(n)),
+                            AdamWScalars{});
+                }),
+                {"AdamW", "m: f32 with 11 elements"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  const View out = d.In(std::vector<float>(n));
+                  const View other = d.In(std::vector<uint16_t>(n), DType::kBF16);
+                  const View ins[] = {out, other};
+                  ops.Reduce(cs, out, ins, ReduceOp::kSum);
+                }),
+                {"Reduce", "an input: bf16"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.LayernormForward(cs, d.In(std::vector<float>(2 * 6)),
+                                       d.In(std::vector<float>(2)), d.In(std::vector<float>(2)),
+                                       d.In(std::vector<float>(2 * 6)),
+                                       d.In(std::vector<float>(5)), d.In(std::vector<float>(6)),
+                                       2, 6, 1e-5f);
+                }),
+                {"LayernormForward", "the weight: f32 with 5 elements", "at least 6"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.SoftmaxCrossEntropyForward(cs, d.In(std::vector<float>(3)),
+                                                 d.In(std::vector<float>(3 * 4)),
+                                                 d.In(std::vector<float>(3 * 4)),
+                                                 d.In(std::vector<float>(3)), 3, 4);
+                }),
+                {"SoftmaxCrossEntropyForward", "the targets: f32", "i32"});
+  ExpectRefused(After([&](Ops& ops, Device& d) {
+                  ops.RopeForward(cs, d.In(std::vector<float>(2 * 8)), 1, 2, 8, 2, 5, 1e4f);
+                }),
+                {"RopeForward", "the head size must be even"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpViewChecksTest,
+                         ::testing::Values("cpu", "sim", "pjrt", "cuda"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
