@@ -96,14 +96,19 @@ std::vector<uint16_t> ToLowp(const std::vector<float>& x, DType d) {
   return out;
 }
 
+// Why the backend cannot run here ("" when it can): pjrt without its plugin, cuda without a
+// device.
+std::string Unavailable(const std::string& backend) {
+  if (backend == "pjrt") return testing::PjrtUnavailable();
+  if (backend == "cuda") return testing::CudaUnavailable();
+  return "";
+}
+
 class OpConformanceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "pjrt" || GetParam() == "cuda") {
-      const std::string why =
-          GetParam() == "pjrt" ? testing::PjrtUnavailable() : testing::CudaUnavailable();
-      if (!why.empty()) GTEST_SKIP() << why;
-    }
+    const std::string why = Unavailable(GetParam());
+    if (!why.empty()) GTEST_SKIP() << why;
     backend_ = MakeBackend(GetParam());
     ASSERT_NE(backend_, nullptr);
     dev_ = std::make_unique<Device>(backend_.get());
@@ -551,11 +556,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpConformanceTest,
 class OpViewChecksTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "pjrt" || GetParam() == "cuda") {
-      const std::string why =
-          GetParam() == "pjrt" ? testing::PjrtUnavailable() : testing::CudaUnavailable();
-      if (!why.empty()) GTEST_SKIP() << why;
-    }
+    const std::string why = Unavailable(GetParam());
+    if (!why.empty()) GTEST_SKIP() << why;
   }
   // What a fresh backend says after `issue` ran its op: the status of the copy after it.
   absl::Status After(const std::function<void(Ops&, Device&)>& issue) {
